@@ -1,0 +1,1 @@
+"""The ``polyfuse`` command line."""
