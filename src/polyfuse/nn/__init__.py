@@ -6,6 +6,20 @@ Every fusion module implements ``forward(inputs, masks=None) -> (B, out_dim)`` (
 """
 
 from polyfuse.nn.base import FusionModule
+from polyfuse.nn.baselines import LMF, TFN, Concat
+from polyfuse.nn.man import MAN, MANOutput, MultiLinearAttentionLayer
 from polyfuse.nn.registry import available, create, get, register
 
-__all__ = ["FusionModule", "available", "create", "get", "register"]
+__all__ = [
+    "LMF",
+    "MAN",
+    "TFN",
+    "Concat",
+    "FusionModule",
+    "MANOutput",
+    "MultiLinearAttentionLayer",
+    "available",
+    "create",
+    "get",
+    "register",
+]

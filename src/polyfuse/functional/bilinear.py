@@ -1,0 +1,345 @@
+"""Bilinear attention: the attention map and joint representation of BAN.
+
+J.-H. Kim, J. Jun, B.-T. Zhang. "Bilinear Attention Networks." NeurIPS 2018.
+
+Legend for shapes: ``B`` batch, ``T_x`` number of channels of the first input
+(BAN's rho, e.g. image regions), ``T_y`` of the second (BAN's phi, e.g. question
+tokens), ``d_x`` and ``d_y`` their feature sizes, ``K'`` the rank of the attention
+(BAN uses K' = 3K), ``K`` the rank of the joint representation, ``G`` the number
+of glimpses.
+
+The paper writes inputs as columns, X in R^{N x rho}; here a sample is a row-major
+sequence ``x`` of shape (T_x, d_x), i.e. X^T, and a weight is stored as in
+:func:`torch.nn.functional.linear`, i.e. ``x_weight`` is U^T of shape (K', d_x).
+With the ReLU of section 5.3 the two halves of BAN are
+
+    logits_g[i, j] = p_g^T ( relu(U^T x_i) o relu(V^T y_j) )          (Eq. 9, 10, 13)
+    A_g = softmax over all (i, j) of logits_g                          (Eq. 8, 10)
+    f'_k = sum_{i, j} A[i, j] relu(U'^T x_i)_k relu(V'^T y_j)_k        (Eq. 6, 12)
+
+One softmax covers the whole T_x x T_y map of a glimpse (note 8 of the papers'
+README); a padded pair gets logit -inf and therefore attention exactly 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from polyfuse._checks import check_finite
+
+__all__ = [
+    "bilinear_attention_logits",
+    "bilinear_attention_map",
+    "bilinear_attention_pooling",
+]
+
+
+# ---------------------------------------------------------------------------
+# Validation helpers (private)
+# ---------------------------------------------------------------------------
+
+
+def _check_sequence(tensor: Tensor, name: str, owner: str) -> None:
+    if not isinstance(tensor, Tensor):
+        raise ValueError(f"{owner}: {name} must be a tensor, got {type(tensor).__name__}")
+    if tensor.dim() != 3:
+        raise ValueError(
+            f"{owner}: {name} must have shape (B, T_{name}, d_{name}), got {tuple(tensor.shape)}"
+        )
+    if not tensor.is_floating_point():
+        raise ValueError(f"{owner}: {name} has dtype {tensor.dtype}; expected a float tensor")
+    if tensor.shape[1] == 0:
+        raise ValueError(f"{owner}: {name} is an empty sequence (T_{name} = 0)")
+
+
+def _check_mask(mask: Tensor | None, tensor: Tensor, name: str, owner: str) -> Tensor:
+    """A (B, T) bool mask for ``tensor`` (B, T, d): all True when ``mask`` is None."""
+    expected = tensor.shape[:2]
+    if mask is None:
+        return torch.ones(expected, dtype=torch.bool, device=tensor.device)
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise ValueError(f"{owner}: {name} must be a bool tensor (True = real step)")
+    try:
+        mask = mask.expand(expected)
+    except RuntimeError:
+        raise ValueError(
+            f"{owner}: {name} has shape {tuple(mask.shape)}, expected {tuple(expected)}"
+        ) from None
+    empty = ~mask.any(dim=-1)
+    if bool(empty.any()):
+        rows = empty.nonzero().flatten().tolist()[:10]
+        raise ValueError(
+            f"{owner}: {name} is all padding for sample(s) {rows}: the bilinear attention "
+            "of such a sample is undefined (every sample needs a real step in x and in y)"
+        )
+    return mask
+
+
+def _check_pair(
+    x: Tensor, y: Tensor, x_mask: Tensor | None, y_mask: Tensor | None, owner: str
+) -> tuple[Tensor, Tensor]:
+    """Validate the two inputs and their masks; return full (B, T_x) and (B, T_y) masks."""
+    _check_sequence(x, "x", owner)
+    _check_sequence(y, "y", owner)
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"{owner}: x has batch size {x.shape[0]} but y has {y.shape[0]}")
+    if x.dtype != y.dtype:
+        raise ValueError(f"{owner}: x has dtype {x.dtype} but y has {y.dtype}")
+    x_mask = _check_mask(x_mask, x, "x_mask", owner)
+    y_mask = _check_mask(y_mask, y, "y_mask", owner)
+    check_finite(x, f"{owner}: x", x_mask)
+    check_finite(y, f"{owner}: y", y_mask)
+    return x_mask, y_mask
+
+
+def _check_projection(
+    weight: Tensor, bias: Tensor | None, in_features: int, name: str, owner: str
+) -> None:
+    """``weight`` (rank, in_features) and ``bias`` None or (rank,), finite."""
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        shape = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"{owner}: {name}_weight must have shape (rank, {in_features}), got {shape}")
+    if weight.shape[1] != in_features:
+        raise ValueError(
+            f"{owner}: {name}_weight has shape {tuple(weight.shape)}, but {name} has feature "
+            f"size {in_features} (expected (rank, {in_features}))"
+        )
+    check_finite(weight, f"{owner}: {name}_weight")
+    if bias is not None:
+        if not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[0],):
+            shape = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+            raise ValueError(
+                f"{owner}: {name}_bias must have shape ({weight.shape[0]},), got {shape}"
+            )
+        check_finite(bias, f"{owner}: {name}_bias")
+
+
+def _check_dropout(dropout: float, owner: str) -> None:
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{owner}: dropout must lie in [0, 1), got {dropout}")
+
+
+def _project(x: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """relu(W x + b) of the real steps, (B, T, d) -> (B, T, rank) (BAN Eq. 12, 13).
+
+    Padded steps are zeroed before the projection so that whatever they hold
+    (even NaN) cannot reach the result; the caller gives them zero weight.
+    """
+    x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
+    return F.relu(F.linear(x, weight, bias))
+
+
+# ---------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------
+
+
+def bilinear_attention_logits(
+    x: Tensor,
+    y: Tensor,
+    x_weight: Tensor,
+    y_weight: Tensor,
+    glimpse_weight: Tensor,
+    *,
+    x_bias: Tensor | None = None,
+    y_bias: Tensor | None = None,
+    glimpse_bias: Tensor | None = None,
+    x_mask: Tensor | None = None,
+    y_mask: Tensor | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Logits of the bilinear attention maps of all glimpses (BAN Eq. 10 with Eq. 13).
+
+    ``logits[b, g, i, j] = p_g^T (relu(U^T x_i + u) o relu(V^T y_j + v)) + c_g``:
+    low-rank bilinear pooling of every pair of channels (Eq. 9) with the ReLU of
+    section 5.3; U and V are shared by all glimpses, p_g is one row of
+    ``glimpse_weight`` per glimpse.
+
+    Args:
+        x: (B, T_x, d_x), the first input (BAN's X^T; image regions in VQA).
+        y: (B, T_y, d_y), the second input (BAN's Y^T; question tokens in VQA).
+        x_weight: U^T, shape (K', d_x).
+        y_weight: V^T, shape (K', d_y).
+        glimpse_weight: the vectors p_g stacked, shape (G, K').
+        x_bias: None or (K',), added before the ReLU of the x side.
+        y_bias: None or (K',), added before the ReLU of the y side.
+        glimpse_bias: None or (G,), one constant per glimpse (the reference code's
+            ``h_bias``); it shifts a whole map and cancels in its softmax.
+        x_mask: None or (B, T_x) bool, True at real channels of x.
+        y_mask: None or (B, T_y) bool, True at real channels of y.
+        dropout: dropout probability on relu(U^T x) (the reference code's attention
+            dropout), applied only when ``training`` is True.
+        training: apply ``dropout``.
+
+    Returns:
+        (B, G, T_x, T_y) logits; pairs with a padded x or y channel hold -inf.
+
+    Raises:
+        ValueError: wrong shapes or dtypes, NaN/Inf at a real channel or in a
+            weight, a sample whose x or y is all padding.
+    """
+    owner = "bilinear_attention_logits"
+    x_mask, y_mask = _check_pair(x, y, x_mask, y_mask, owner)
+    _check_projection(x_weight, x_bias, x.shape[-1], "x", owner)
+    _check_projection(y_weight, y_bias, y.shape[-1], "y", owner)
+    rank = x_weight.shape[0]
+    if y_weight.shape[0] != rank:
+        raise ValueError(
+            f"{owner}: x_weight has rank {rank} but y_weight has rank {y_weight.shape[0]}; "
+            "both project onto the same K' features"
+        )
+    if not isinstance(glimpse_weight, Tensor) or glimpse_weight.dim() != 2:
+        raise ValueError(f"{owner}: glimpse_weight must have shape (G, {rank})")
+    if glimpse_weight.shape[1] != rank or glimpse_weight.shape[0] == 0:
+        raise ValueError(
+            f"{owner}: glimpse_weight has shape {tuple(glimpse_weight.shape)}, expected "
+            f"(G, {rank}) with G >= 1"
+        )
+    check_finite(glimpse_weight, f"{owner}: glimpse_weight")
+    glimpses = glimpse_weight.shape[0]
+    if glimpse_bias is not None:
+        if not isinstance(glimpse_bias, Tensor) or tuple(glimpse_bias.shape) != (glimpses,):
+            raise ValueError(f"{owner}: glimpse_bias must have shape ({glimpses},)")
+        check_finite(glimpse_bias, f"{owner}: glimpse_bias")
+    _check_dropout(dropout, owner)
+
+    x_features = _project(x, x_mask, x_weight, x_bias)  # relu(X^T U): (B, T_x, K'), Eq. 13
+    x_features = F.dropout(x_features, dropout, training)
+    y_features = _project(y, y_mask, y_weight, y_bias)  # relu(V^T Y)^T: (B, T_y, K'), Eq. 13
+    # BAN Eq. 10: ((1 p_g^T) o relu(X^T U)) relu(V^T Y). The Hadamard product with p_g
+    # is put on the shorter sequence, which keeps the (B, G, T, K') intermediate small.
+    weights = glimpse_weight[None, :, None, :]  # (1, G, 1, K')
+    if y.shape[1] <= x.shape[1]:
+        weighted_y = y_features.unsqueeze(1) * weights  # (B, G, T_y, K')
+        logits = x_features.unsqueeze(1) @ weighted_y.transpose(-1, -2)  # (B, G, T_x, T_y)
+    else:
+        weighted_x = x_features.unsqueeze(1) * weights  # (B, G, T_x, K')
+        logits = weighted_x @ y_features.unsqueeze(1).transpose(-1, -2)  # (B, G, T_x, T_y)
+    if glimpse_bias is not None:
+        logits = logits + glimpse_bias[None, :, None, None]
+    pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
+    return logits.masked_fill(~pair_mask, float("-inf"))  # BAN section 5.2: mask with -inf
+
+
+def bilinear_attention_map(
+    logits: Tensor, *, x_mask: Tensor | None = None, y_mask: Tensor | None = None
+) -> Tensor:
+    """Softmax over the whole T_x x T_y map of each glimpse (BAN Eq. 8, 10).
+
+    Args:
+        logits: (B, G, T_x, T_y), e.g. from :func:`bilinear_attention_logits`;
+            -inf marks a pair that gets no attention.
+        x_mask: None or (B, T_x) bool, True at real channels; pairs with a padded
+            x channel are set to -inf first.
+        y_mask: None or (B, T_y) bool, the same for y.
+
+    Returns:
+        (B, G, T_x, T_y) attention maps: each (b, g) map sums to 1 over the real
+        pairs and is exactly 0 on padded ones.
+
+    Raises:
+        ValueError: wrong shape, NaN or +Inf in ``logits``, a mask that is all
+            padding, or a map in which every pair is -inf.
+    """
+    owner = "bilinear_attention_map"
+    if not isinstance(logits, Tensor) or logits.dim() != 4 or not logits.is_floating_point():
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"{owner}: logits must be a float tensor (B, G, T_x, T_y), got {shape}")
+    batch, _, length_x, length_y = logits.shape
+    if bool(torch.isnan(logits).any()) or bool((logits == float("inf")).any()):
+        raise ValueError(f"{owner}: logits contain NaN or +Inf")
+    reference_x = logits.new_empty(batch, length_x, 0)
+    reference_y = logits.new_empty(batch, length_y, 0)
+    if x_mask is not None:
+        x_mask = _check_mask(x_mask, reference_x, "x_mask", owner)
+        logits = logits.masked_fill(~x_mask[:, None, :, None], float("-inf"))
+    if y_mask is not None:
+        y_mask = _check_mask(y_mask, reference_y, "y_mask", owner)
+        logits = logits.masked_fill(~y_mask[:, None, None, :], float("-inf"))
+    flat = logits.flatten(start_dim=2)  # (B, G, T_x * T_y): one softmax per whole map
+    if bool(torch.isinf(flat).all(dim=-1).any()):
+        raise ValueError(f"{owner}: a glimpse's map has no finite logit (every pair is -inf)")
+    return torch.softmax(flat, dim=-1).view_as(logits)
+
+
+def bilinear_attention_pooling(
+    x: Tensor,
+    y: Tensor,
+    attention: Tensor,
+    x_weight: Tensor,
+    y_weight: Tensor,
+    *,
+    x_bias: Tensor | None = None,
+    y_bias: Tensor | None = None,
+    x_mask: Tensor | None = None,
+    y_mask: Tensor | None = None,
+    pool: int = 1,
+) -> Tensor:
+    """Joint representation f' of two sequences under a bilinear attention map (BAN Eq. 12).
+
+    ``f'_k = sum_{i, j} A[i, j] relu(U'^T x_i + u)_k relu(V'^T y_j + v)_k``, i.e.
+    ``relu(X^T U')_k^T A relu(Y^T V')_k`` (Eq. 5, 6 with the ReLU of Eq. 12); with
+    ``pool > 1`` consecutive groups of ``pool`` features are then summed (the
+    reference code's sum pooling ``AvgPool1d(pool) * pool``).
+
+    Args:
+        x: (B, T_x, d_x), the first input.
+        y: (B, T_y, d_y), the second input.
+        attention: (B, T_x, T_y) one map, or (B, G, T_x, T_y) one map per glimpse.
+        x_weight: U'^T, shape (K * pool, d_x).
+        y_weight: V'^T, shape (K * pool, d_y).
+        x_bias: None or (K * pool,).
+        y_bias: None or (K * pool,).
+        x_mask: None or (B, T_x) bool, True at real channels of x.
+        y_mask: None or (B, T_y) bool, True at real channels of y. Pairs with a
+            padded channel get zero weight whatever ``attention`` holds there.
+        pool: size of the sum pooling over features, a divisor of the rank.
+
+    Returns:
+        (B, K), or (B, G, K) for a 4-d ``attention``.
+
+    Raises:
+        ValueError: wrong shapes or dtypes, NaN/Inf at a real channel, in a weight
+            or at a real pair of ``attention``, a sample that is all padding, or a
+            ``pool`` that does not divide the rank.
+    """
+    owner = "bilinear_attention_pooling"
+    x_mask, y_mask = _check_pair(x, y, x_mask, y_mask, owner)
+    _check_projection(x_weight, x_bias, x.shape[-1], "x", owner)
+    _check_projection(y_weight, y_bias, y.shape[-1], "y", owner)
+    rank = x_weight.shape[0]
+    if y_weight.shape[0] != rank:
+        raise ValueError(
+            f"{owner}: x_weight has rank {rank} but y_weight has rank {y_weight.shape[0]}"
+        )
+    if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1 or rank % pool:
+        raise ValueError(f"{owner}: pool must be a positive divisor of the rank {rank}, got {pool}")
+    batch, length_x, length_y = x.shape[0], x.shape[1], y.shape[1]
+    if not isinstance(attention, Tensor) or attention.dim() not in (3, 4):
+        raise ValueError(f"{owner}: attention must have shape (B, T_x, T_y) or (B, G, T_x, T_y)")
+    if (attention.shape[0], *attention.shape[-2:]) != (batch, length_x, length_y):
+        raise ValueError(
+            f"{owner}: attention has shape {tuple(attention.shape)}, but x and y give "
+            f"(B, T_x, T_y) = {(batch, length_x, length_y)}"
+        )
+    if attention.dtype != x.dtype:
+        raise ValueError(f"{owner}: attention has dtype {attention.dtype} but x has {x.dtype}")
+    single = attention.dim() == 3
+    if single:
+        attention = attention.unsqueeze(1)  # (B, 1, T_x, T_y)
+    pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
+    if bool((~torch.isfinite(attention) & pair_mask).any()):
+        raise ValueError(f"{owner}: attention contains NaN or Inf at a real (x, y) pair")
+    attention = attention.masked_fill(~pair_mask, 0.0)
+
+    x_features = _project(x, x_mask, x_weight, x_bias)  # relu(X^T U'): (B, T_x, rank)
+    y_features = _project(y, y_mask, y_weight, y_bias)  # relu(Y^T V'): (B, T_y, rank)
+    # BAN Eq. 12: f'_k = relu(X^T U')_k^T A relu(Y^T V')_k, for every k at once
+    attended_y = attention @ y_features.unsqueeze(1)  # (B, G, T_x, rank)
+    joint = (x_features.unsqueeze(1) * attended_y).sum(dim=-2)  # (B, G, rank)
+    if pool > 1:
+        joint = joint.unflatten(-1, (rank // pool, pool)).sum(dim=-1)  # (B, G, K)
+    return joint.squeeze(1) if single else joint

@@ -1,0 +1,311 @@
+"""Multi-linear pooling and multi-linear attention (MAN, Jin and Zhao, NeurIPS 2021).
+
+Shapes: ``B`` batch (any number of leading dims, e.g. batch and heads), ``m`` number
+of modalities, ``T_j`` length of modality j, ``K'`` attention feature size, ``K``
+value size, ``H`` number of random features, ``C`` LSC chunks.
+
+The attention over all prod_j T_j tuples of time steps (one per modality) is
+
+    A = softmax_{t_1..t_m}( L[t_1, .., t_m] ),      f'_k = sum_t A[t] prod_j values_j[t_j, k]
+
+(MAN Eq. 5), with the combinational additive (CAO) logits L = sum_{j<k} <a_j, a_k>
+(Eq. 7; counted once per unordered pair, see note 1 of the papers' README). The
+``"had"`` mode computes the same quantity at linear cost with positive random
+features (Eq. 9 to 12); the ``"exact"`` and ``"hadamard"`` modes build the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from polyfuse._checks import check_finite, check_masks, check_modality_list
+from polyfuse.functional.random_features import positive_random_features
+
+__all__ = [
+    "MODES",
+    "lsc_encoding",
+    "lsc_encoding_from_mask",
+    "multilinear_attention",
+    "multilinear_pooling",
+]
+
+MODES = ("exact", "hadamard", "had")
+# Einsum letters for the time axes of up to 25 modalities ("k" is the channel axis).
+_TIME_LETTERS = string.ascii_letters.replace("k", "")
+
+
+def multilinear_pooling(
+    inputs: Sequence[Tensor], projections: Sequence[Tensor], pooling: Tensor
+) -> Tensor:
+    """Low-rank multi-linear pooling f = P^T (U_1^T v_1 o ... o U_m^T v_m) (MAN Eq. 3).
+
+    With m = 2 this is the low-rank bilinear pooling of BAN Eq. 2.
+
+    Args:
+        inputs: m tensors v_j of shape (..., d_j) with the same leading dims.
+        projections: m matrices U_j of shape (d_j, d).
+        pooling: P, shape (d, c).
+
+    Returns:
+        (..., c) tensor.
+    """
+    check_modality_list(inputs, "inputs", min_count=1)
+    if len(projections) != len(inputs):
+        raise ValueError(f"got {len(inputs)} inputs but {len(projections)} projections")
+    joint = None
+    for j, (v, u) in enumerate(zip(inputs, projections, strict=True)):
+        if v.shape[-1] != u.shape[0]:
+            raise ValueError(
+                f"inputs[{j}] has feature size {v.shape[-1]} but projections[{j}] has "
+                f"{u.shape[0]} rows"
+            )
+        if u.shape[1] != pooling.shape[0]:
+            raise ValueError(
+                f"projections[{j}] has rank {u.shape[1]} but pooling has {pooling.shape[0]} rows"
+            )
+        projected = v @ u
+        joint = projected if joint is None else joint * projected  # Hadamard product, Eq. 3
+    return joint @ pooling
+
+
+def lsc_encoding(
+    length: int,
+    chunks: int,
+    scale: float,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Local sequential constraint vectors E_t (MAN Eq. 8; note 3 of the papers' README).
+
+    Step t falls in the relative chunk c(t) = floor(t * C / length); E_t holds
+    ``+scale`` at positions i <= c(t) and ``-scale`` elsewhere, so that
+    E_t1 . E_t2 = (C - 2 |c(t1) - c(t2)|) scale^2 decreases with the distance in
+    chunks. Relative chunks let modalities of different lengths share the scale.
+
+    Returns:
+        (length, chunks) tensor.
+    """
+    if length <= 0 or chunks <= 0:
+        raise ValueError(f"length and chunks must be positive, got {length} and {chunks}")
+    positions = torch.arange(length, device=device)
+    chunk_of_step = torch.div(positions * chunks, length, rounding_mode="floor")
+    return _lsc_from_chunks(chunk_of_step, chunks, scale, dtype or torch.get_default_dtype())
+
+
+def lsc_encoding_from_mask(mask: Tensor, chunks: int, scale: float, *, dtype: torch.dtype) -> Tensor:
+    """LSC vectors for padded sequences: chunks relative to each sample's real length.
+
+    Real steps are numbered in order (their rank among the real steps of the
+    sample), so that padding, wherever it sits, changes neither the real steps'
+    chunks nor their vectors; padded steps get zeros. For an all-True mask this
+    equals :func:`lsc_encoding` row for row.
+
+    Args:
+        mask: (..., T) bool, True at real steps; every sample needs one.
+
+    Returns:
+        (..., T, chunks) tensor.
+    """
+    rank = mask.long().cumsum(-1) - 1
+    length = mask.sum(-1, keepdim=True).clamp_min(1)
+    chunk_of_step = torch.div(rank.clamp_min(0) * chunks, length, rounding_mode="floor")
+    encoding = _lsc_from_chunks(chunk_of_step, chunks, scale, dtype)
+    return encoding * mask.unsqueeze(-1)
+
+
+def _lsc_from_chunks(chunk_of_step: Tensor, chunks: int, scale: float, dtype: torch.dtype) -> Tensor:
+    positions = torch.arange(chunks, device=chunk_of_step.device)
+    plus = positions <= chunk_of_step.unsqueeze(-1)
+    return torch.where(plus, scale, -scale).to(dtype)
+
+
+def multilinear_attention(
+    features: Sequence[Tensor],
+    values: Sequence[Tensor],
+    masks: Sequence[Tensor | None] | None = None,
+    *,
+    mode: str,
+    random_features: Tensor | None = None,
+    temperature: float = 1.0,
+    return_attention: bool = False,
+) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
+    """Multi-linear attention over m >= 2 modalities of unequal lengths (MAN Eq. 5).
+
+    Args:
+        features: m tensors a_j of shape (B, T_j, K'): the attention features
+            U''_j^T v_j (with LSC vectors appended, if used).
+        values: m tensors of shape (B, T_j, K): the values U'_j^T v_j.
+        masks: None or m bool tensors broadcastable to (B, T_j), True at real steps.
+            Padded steps get zero attention and their content is never read.
+            Every sample needs at least one real step in every modality.
+        mode: ``"exact"`` (CAO logits, Eq. 7, one softmax over the whole tensor),
+            ``"hadamard"`` (the "w/o CAO" ablation: logits sum_k prod_j a_j[t_j, k]),
+            or ``"had"`` (hierarchical approximation decomposition with positive
+            random features, Eq. 9 to 12, cost O(sum_j H T_j K)).
+        random_features: W of shape (H, K') (or (..., H, K') broadcasting against
+            B), one matrix shared by all modalities (note 2); required for ``"had"``.
+        temperature: multiplies the logits (in ``"had"`` mode the features are
+            scaled by its square root, which is the same thing); must be > 0 there.
+        return_attention: also return the attention: in exact and hadamard modes
+            the full tensor (B, T_1, ..., T_m); in had mode the list of per-modality
+            marginals (B, T_j), each the sum of the estimated attention over all
+            other modalities' steps, computed at linear cost.
+
+    Returns:
+        (B, K) tensor, or ``(output, attention)`` when ``return_attention``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    check_modality_list(features, "features")
+    check_modality_list(values, "values", min_count=len(features), max_count=len(features))
+    for j, (a, v) in enumerate(zip(features, values, strict=True)):
+        if a.dim() < 2 or a.shape[-1] != features[0].shape[-1]:
+            raise ValueError(
+                f"features[{j}] (modality {j}) has shape {tuple(a.shape)}; expected "
+                f"(B, T_{j}, K') with K' = {features[0].shape[-1]} like modality 0"
+            )
+        if v.shape[-2] != a.shape[-2] or v.shape[-1] != values[0].shape[-1]:
+            raise ValueError(
+                f"values[{j}] (modality {j}) has shape {tuple(v.shape)}; expected "
+                f"(B, {a.shape[-2]}, K) with K = {values[0].shape[-1]} like modality 0"
+            )
+        try:
+            torch.broadcast_shapes(a.shape[:-2], v.shape[:-2], features[0].shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"modality {j}: batch dims of features {tuple(a.shape[:-2])} and values "
+                f"{tuple(v.shape[:-2])} do not match modality 0's {tuple(features[0].shape[:-2])}"
+            ) from None
+    full_masks = check_masks(masks, features)
+    for j, (a, v, mask) in enumerate(zip(features, values, full_masks, strict=True)):
+        check_finite(a, f"features[{j}] (modality {j})", mask)
+        check_finite(v, f"values[{j}] (modality {j})", mask)
+    # Zero padded steps so that whatever they hold can never reach the output.
+    features = [a.masked_fill(~mask.unsqueeze(-1), 0.0) for a, mask in zip(features, full_masks, strict=True)]
+    values = [v.masked_fill(~mask.unsqueeze(-1), 0.0) for v, mask in zip(values, full_masks, strict=True)]
+
+    if mode == "had":
+        if random_features is None:
+            raise ValueError('mode="had" needs random_features of shape (H, K\')')
+        if random_features.shape[-1] != features[0].shape[-1]:
+            raise ValueError(
+                f"random_features has rows of size {random_features.shape[-1]}, "
+                f"features have K' = {features[0].shape[-1]}"
+            )
+        if not temperature > 0:
+            raise ValueError(f'mode="had" needs temperature > 0, got {temperature}')
+        return _had_attention(
+            features, values, full_masks, random_features, temperature, return_attention
+        )
+
+    logits = (
+        _cao_logits(features) if mode == "exact" else _hadamard_logits(features)
+    ) * temperature
+    return _tensor_attention(logits, values, full_masks, return_attention)
+
+
+def _time_view(tensor: Tensor, axis_of: dict[int, int], num_modalities: int) -> Tensor:
+    """Reshape (B, T_a[, T_b]) to broadcast over the m time axes of the attention tensor."""
+    lead = tensor.dim() - len(axis_of)
+    shape = list(tensor.shape[:lead]) + [1] * num_modalities
+    for position, modality in enumerate(sorted(axis_of, key=axis_of.get)):
+        shape[lead + modality] = tensor.shape[lead + position]
+    return tensor.reshape(shape)
+
+
+def _cao_logits(features: Sequence[Tensor]) -> Tensor:
+    """CAO logits L[t] = sum_{j<k} <a_j[t_j], a_k[t_k]> (MAN Eq. 7, each pair once: note 1)."""
+    m = len(features)
+    logits = None
+    for j in range(m):
+        for k in range(j + 1, m):
+            pair = features[j] @ features[k].transpose(-1, -2)  # (B, T_j, T_k)
+            term = _time_view(pair, {j: 0, k: 1}, m)
+            logits = term if logits is None else logits + term
+    return logits
+
+
+def _hadamard_logits(features: Sequence[Tensor]) -> Tensor:
+    """"w/o CAO" logits L[t] = sum_k prod_j a_j[t_j, k] (continued Hadamard product)."""
+    letters = _TIME_LETTERS[: len(features)]
+    spec = ",".join(f"...{t}k" for t in letters) + f"->...{letters}"
+    return torch.einsum(spec, *features)
+
+
+def _tensor_attention(
+    logits: Tensor, values: Sequence[Tensor], masks: Sequence[Tensor], return_attention: bool
+) -> Tensor | tuple[Tensor, Tensor]:
+    """One softmax over all tuples, then f'_k = sum_t A[t] prod_j values_j[t_j, k] (Eq. 5)."""
+    m = len(values)
+    joint_mask = None
+    for j, mask in enumerate(masks):
+        term = _time_view(mask, {j: 0}, m)
+        joint_mask = term if joint_mask is None else joint_mask & term
+    logits = logits.masked_fill(~joint_mask, float("-inf"))
+    attention = torch.softmax(logits.flatten(-m), dim=-1).reshape(logits.shape)
+    letters = _TIME_LETTERS[:m]
+    spec = f"...{letters}," + ",".join(f"...{t}k" for t in letters) + "->...k"
+    output = torch.einsum(spec, attention, *values)
+    return (output, attention) if return_attention else output
+
+
+def _had_attention(
+    features: Sequence[Tensor],
+    values: Sequence[Tensor],
+    masks: Sequence[Tensor],
+    random_features: Tensor,
+    temperature: float,
+    return_attention: bool,
+) -> Tensor | tuple[Tensor, list[Tensor]]:
+    """Hierarchical approximation decomposition (MAN Eq. 9 to 12, appendix Algorithm 1).
+
+    With B_j[t, h] = phi(a_j[t])_h the positive random features (Eq. 11),
+    numerator f'_k = sum_h prod_j (B_j^T values_j)[h, k] (Eq. 10) and denominator
+    sum A = sum_h prod_j (B_j^T 1)[h] (Eq. 12). Stabilisation (note 5): for every
+    modality j and feature h the largest exponent m_j[h] over real steps is taken
+    out, B_j = exp(exponent - m_j) <= 1; the products over modalities then carry
+    the factor exp(sum_j m_j[h]), which is rescaled by its maximum over h. Both
+    numerator and denominator are multiplied by the same constant, so the ratio is
+    exactly the unstabilised one, and the denominator is >= 1 (never 0 or Inf).
+    """
+    scale = math.sqrt(temperature)
+    scaled_features = []
+    log_scales = []
+    sums = []
+    contracted = []
+    for a, v, mask in zip(features, values, masks, strict=True):
+        exponent = positive_random_features(a * scale, random_features, log=True)  # (B, T_j, H)
+        exponent = exponent.masked_fill(~mask.unsqueeze(-1), float("-inf"))  # padded: B_j = 0
+        # The result does not depend on the stabiliser, so it needs no gradient.
+        log_scale = exponent.amax(dim=-2).detach()  # (B, H)
+        features_j = torch.exp(exponent - log_scale.unsqueeze(-2))  # (B, T_j, H), Eq. 11
+        scaled_features.append(features_j)
+        log_scales.append(log_scale)
+        sums.append(features_j.sum(dim=-2))  # B_j 1: (B, H), Eq. 12
+        contracted.append(torch.einsum("...th,...tk->...hk", features_j, v))  # B_j values_j, Eq. 10
+    total_log_scale = torch.stack(torch.broadcast_tensors(*log_scales)).sum(0)
+    weight = torch.exp(total_log_scale - total_log_scale.amax(dim=-1, keepdim=True))  # (B, H)
+    numerator = torch.einsum("...h,...hk->...k", weight, _product(contracted))
+    denominator = (weight * _product(sums)).sum(dim=-1, keepdim=True)  # (B, 1)
+    output = numerator / denominator
+    if not return_attention:
+        return output
+    marginals = []
+    for j, features_j in enumerate(scaled_features):
+        others = _product([s for i, s in enumerate(sums) if i != j])  # (B, H)
+        marginal = torch.einsum("...th,...h->...t", features_j, weight * others)
+        marginals.append(marginal / denominator)
+    return output, marginals
+
+
+def _product(tensors: Sequence[Tensor]) -> Tensor:
+    result = tensors[0]
+    for tensor in tensors[1:]:
+        result = result * tensor
+    return result

@@ -1,0 +1,279 @@
+"""The generalizable multi-linear attention network (MAN; Jin and Zhao, NeurIPS 2021).
+
+Shapes: ``B`` batch, ``G`` heads, ``T_j`` length of modality j, ``d_j`` its feature
+size, ``K`` per-head value size (hidden_dim / heads), ``K'`` per-head attention size,
+``C`` LSC chunks, ``H`` random features.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from polyfuse._checks import prepare_fusion_inputs
+from polyfuse.functional.multilinear import MODES, lsc_encoding_from_mask, multilinear_attention
+from polyfuse.functional.random_features import gaussian_random_matrix
+from polyfuse.nn.base import FusionModule
+from polyfuse.nn.registry import register
+
+__all__ = ["MAN", "MANOutput", "MultiLinearAttentionLayer"]
+
+
+class MANOutput(NamedTuple):
+    """What :meth:`MAN.forward` returns when asked for more than the fused vector.
+
+    fused: (B, out_dim). sequences: the per-modality sequences after the last
+    residual layer (MAN Eq. 13), each (B, T_j, hidden_dim) (the inputs themselves
+    for a non-residual MAN), or None if not requested.
+    attention: one entry per layer, what :func:`multilinear_attention` returns with
+    ``return_attention=True`` with a head axis after the batch axis: the full
+    tensor (B, G, T_1, ..., T_m) in exact and hadamard modes, the list of
+    per-modality marginals (B, G, T_j) in had mode; None if not requested.
+    """
+
+    fused: Tensor
+    sequences: list[Tensor] | None
+    attention: list[Tensor | list[Tensor]] | None
+
+
+class MultiLinearAttentionLayer(nn.Module):
+    """One multi-head multi-linear attention block (MAN section 2.2, appendix Algorithm 1).
+
+    Per modality j and head g: values V_j^T U'_j (B, T_j, K) and attention features
+    V_j^T U''_j (B, T_j, K') with the LSC vectors appended (Eq. 8); the attention of
+    :func:`multilinear_attention` fuses them into f' (B, K), the per-head pooling
+    matrix P maps f = P^T f', and the heads are concatenated to (B, G K).
+    """
+
+    def __init__(
+        self,
+        input_dims: Sequence[int],
+        *,
+        hidden_dim: int,
+        heads: int,
+        attention_dim: int,
+        num_random_features: int,
+        orthogonal: bool,
+        chunks: int,
+        lsc_scale: float,
+        mode: str,
+        temperature: float,
+        generator: torch.Generator,
+    ) -> None:
+        super().__init__()
+        if hidden_dim % heads:
+            raise ValueError(f"hidden_dim {hidden_dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.head_dim = hidden_dim // heads
+        self.attention_dim = attention_dim
+        self.chunks = chunks
+        self.lsc_scale = lsc_scale
+        self.mode = mode
+        self.temperature = temperature
+        self.orthogonal = orthogonal
+        self.value_projections = nn.ModuleList(nn.Linear(d, hidden_dim) for d in input_dims)  # U'_j
+        self.feature_projections = nn.ModuleList(  # U''_j
+            nn.Linear(d, heads * attention_dim) for d in input_dims
+        )
+        pooling = torch.stack([torch.eye(self.head_dim)] * heads)  # P, one per head
+        self.pooling = nn.Parameter(pooling + 0.01 * torch.randn(pooling.shape, generator=generator))
+        self.register_buffer(
+            "random_features",
+            self._draw(num_random_features, generator),
+            persistent=True,
+        )
+
+    def _draw(self, num_random_features: int, generator: torch.Generator) -> Tensor:
+        dim = self.attention_dim + self.chunks
+        return torch.stack(
+            [
+                gaussian_random_matrix(
+                    num_random_features, dim, orthogonal=self.orthogonal, generator=generator
+                )
+                for _ in range(self.heads)
+            ]
+        )  # (G, H, K' + C): one matrix per head, shared by all modalities (note 2)
+
+    def redraw_random_features(self, generator: torch.Generator) -> None:
+        fresh = self._draw(self.random_features.shape[1], generator)
+        self.random_features.copy_(fresh.to(self.random_features))
+
+    def forward(
+        self, sequences: Sequence[Tensor], masks: Sequence[Tensor], return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
+        """sequences: (B, T_j, d_j) with padded steps zeroed; masks: (B, T_j) bool."""
+        features, values, head_masks = [], [], []
+        for x, mask, to_values, to_features in zip(
+            sequences, masks, self.value_projections, self.feature_projections, strict=True
+        ):
+            values.append(rearrange(to_values(x), "b t (g k) -> b g t k", g=self.heads))
+            a = rearrange(to_features(x), "b t (g k) -> b g t k", g=self.heads)
+            if self.chunks:
+                lsc = lsc_encoding_from_mask(mask, self.chunks, self.lsc_scale, dtype=a.dtype)
+                a = torch.cat([a, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)  # Eq. 8
+            features.append(a)
+            head_masks.append(mask.unsqueeze(1))
+        result = multilinear_attention(
+            features,
+            values,
+            head_masks,
+            mode=self.mode,
+            random_features=self.random_features.to(features[0].dtype),
+            temperature=self.temperature,
+            return_attention=return_attention,
+        )
+        fused, attention = result if return_attention else (result, None)
+        fused = torch.einsum("bgk,gkc->bgc", fused, self.pooling)  # f = P^T f' per head
+        fused = rearrange(fused, "b g c -> b (g c)")  # concatenate heads
+        return (fused, attention) if return_attention else fused
+
+
+@register("man")
+class MAN(FusionModule):
+    """Multi-linear attention network: joint attention over all modalities' time steps.
+
+    Args:
+        input_dims: feature size of each modality (m >= 2).
+        out_dim: size of the fused output.
+        hidden_dim: size of the concatenated heads (the paper's hidden size d).
+        heads: number of heads G; each has K = hidden_dim / G value channels.
+        attention_dim: per-head attention size K' (default K, as in Algorithm 1).
+        num_random_features: H, random features per head for ``mode="had"``.
+        orthogonal: orthogonal random features (appendix G) rather than i.i.d.
+        chunks: LSC chunks C (0 disables LSC: the "w/o LSC" ablation). Default 4
+            (the paper's CMU-MOSI setting), and 0 in hadamard mode, where the
+            constraints cannot be used.
+        lsc_scale: e, the entry size of the LSC vectors.
+        mode: "had" (MAN), "exact" (the "w/o HAD" ablation) or "hadamard" ("w/o CAO").
+        temperature: logit scale; default 1 / sqrt(K').
+        layers: number of stacked residual layers (MAN Eq. 13).
+        residual: project every modality to hidden_dim first and, after each layer,
+            add the fused vector to every real step of every modality (Eq. 13), so
+            that ``return_sequences=True`` gives the updated sequences. Default: on
+            when layers > 1 (required there), off for a single layer, whose
+            returned sequences are then the inputs themselves.
+        dropout: dropout on each layer's fused vector.
+        seed: seeds the generator that draws the random features and the pooling
+            initialisation noise; the random features change only through
+            :meth:`redraw_random_features`.
+    """
+
+    def __init__(
+        self,
+        input_dims: Sequence[int],
+        out_dim: int,
+        *,
+        hidden_dim: int = 64,
+        heads: int = 4,
+        attention_dim: int | None = None,
+        num_random_features: int = 64,
+        orthogonal: bool = True,
+        chunks: int | None = None,
+        lsc_scale: float = 0.5,
+        mode: str = "had",
+        temperature: float | None = None,
+        layers: int = 1,
+        residual: bool | None = None,
+        dropout: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_dims, out_dim)
+        if mode not in MODES:
+            raise ValueError(f"MAN: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        if chunks is None:
+            chunks = 0 if mode == "hadamard" else 4
+        if mode == "hadamard" and chunks:
+            raise ValueError("MAN: hadamard mode (w/o CAO) cannot use LSC; set chunks=0")
+        if layers < 1 or heads < 1 or num_random_features < 1 or chunks < 0:
+            raise ValueError(
+                f"MAN: layers, heads and num_random_features must be >= 1 and chunks >= 0, got "
+                f"layers={layers}, heads={heads}, num_random_features={num_random_features}, "
+                f"chunks={chunks}"
+            )
+        if hidden_dim % heads:
+            raise ValueError(f"MAN: hidden_dim {hidden_dim} is not divisible by heads {heads}")
+        attention_dim = attention_dim or hidden_dim // heads
+        self.mode = mode
+        self._generator = torch.Generator().manual_seed(seed)
+        residual = layers > 1 if residual is None else residual
+        if layers > 1 and not residual:
+            raise ValueError("MAN: stacked layers (layers > 1) are residual (Eq. 13); drop residual=False")
+        if residual:
+            self.input_projections = nn.ModuleList(
+                nn.Identity() if d == hidden_dim else nn.Linear(d, hidden_dim)
+                for d in self.input_dims
+            )
+            layer_dims = [hidden_dim] * self.num_modalities
+        else:
+            self.input_projections = None
+            layer_dims = self.input_dims
+        self.layers = nn.ModuleList(
+            MultiLinearAttentionLayer(
+                layer_dims,
+                hidden_dim=hidden_dim,
+                heads=heads,
+                attention_dim=attention_dim,
+                num_random_features=num_random_features,
+                orthogonal=orthogonal,
+                chunks=chunks,
+                lsc_scale=lsc_scale,
+                mode=mode,
+                temperature=1.0 / math.sqrt(attention_dim) if temperature is None else temperature,
+                generator=self._generator,
+            )
+            for _ in range(layers)
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.output = nn.Identity() if out_dim == hidden_dim else nn.Linear(hidden_dim, out_dim)
+
+    @torch.no_grad()
+    def redraw_random_features(self, generator: torch.Generator | None = None) -> None:
+        """Draw new random features for every layer and head (from ``generator``, or
+        the module's own seeded generator). Nothing else ever changes them."""
+        for layer in self.layers:
+            layer.redraw_random_features(generator or self._generator)
+
+    def forward(
+        self,
+        inputs: Sequence[Tensor],
+        masks: Sequence[Tensor | None] | None = None,
+        *,
+        return_sequences: bool = False,
+        return_attention: bool = False,
+    ) -> Tensor | MANOutput:
+        """Fuse the modalities: (B, out_dim), or a :class:`MANOutput` if asked for more."""
+        sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, "MAN")
+        if self.input_projections is not None:
+            sequences = [
+                project(x) * mask.unsqueeze(-1)
+                for project, x, mask in zip(self.input_projections, sequences, full_masks, strict=True)
+            ]
+        attentions = []
+        fused = None
+        for index, layer in enumerate(self.layers):
+            result = layer(sequences, full_masks, return_attention=return_attention)
+            fused, attention = result if return_attention else (result, None)
+            fused = self.dropout(fused)
+            attentions.append(attention)
+            if self.input_projections is not None:
+                # MAN Eq. 13: f_{n+1}^l = MAN(...) 1^T + f_n^l on the real steps of every l.
+                sequences = [
+                    x + fused.unsqueeze(1) * mask.unsqueeze(-1)
+                    for x, mask in zip(sequences, full_masks, strict=True)
+                ]
+        output = self.output(fused)
+        if not (return_sequences or return_attention):
+            return output
+        return MANOutput(
+            output,
+            sequences if return_sequences else None,
+            attentions if return_attention else None,
+        )
+
+    def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
+        return self.forward(inputs, masks)
