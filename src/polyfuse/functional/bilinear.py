@@ -100,7 +100,9 @@ def _check_projection(
     """``weight`` (rank, in_features) and ``bias`` None or (rank,), finite."""
     if not isinstance(weight, Tensor) or weight.dim() != 2:
         shape = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
-        raise ValueError(f"{owner}: {name}_weight must have shape (rank, {in_features}), got {shape}")
+        raise ValueError(
+            f"{owner}: {name}_weight must have shape (rank, {in_features}), got {shape}"
+        )
     if weight.shape[1] != in_features:
         raise ValueError(
             f"{owner}: {name}_weight has shape {tuple(weight.shape)}, but {name} has feature "

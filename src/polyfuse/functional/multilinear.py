@@ -122,7 +122,8 @@ def lsc_encoding_from_mask(mask: Tensor, chunks: int, scale: float, *, dtype: to
 def _lsc_from_chunks(chunk_of_step: Tensor, chunks: int, scale: float, dtype: torch.dtype) -> Tensor:
     positions = torch.arange(chunks, device=chunk_of_step.device)
     plus = positions <= chunk_of_step.unsqueeze(-1)
-    return torch.where(plus, scale, -scale).to(dtype)
+    sign = plus.to(dtype) * 2 - 1
+    return sign * scale
 
 
 def multilinear_attention(

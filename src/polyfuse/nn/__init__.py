@@ -5,17 +5,37 @@ Every fusion module implements ``forward(inputs, masks=None) -> (B, out_dim)`` (
 :func:`create` builds one.
 """
 
+from polyfuse.nn.ban import BAN
 from polyfuse.nn.base import FusionModule
 from polyfuse.nn.baselines import LMF, TFN, Concat
+from polyfuse.nn.hoca import (
+    HOCA,
+    MAF,
+    BahdanauAttention,
+    HOCAFusion,
+    HOCAOutput,
+    LowRankHOCA,
+    LowRankHOCAFusion,
+    MAFOutput,
+)
 from polyfuse.nn.man import MAN, MANOutput, MultiLinearAttentionLayer
 from polyfuse.nn.registry import available, create, get, register
 
 __all__ = [
+    "BAN",
+    "HOCA",
     "LMF",
+    "MAF",
     "MAN",
     "TFN",
+    "BahdanauAttention",
     "Concat",
     "FusionModule",
+    "HOCAFusion",
+    "HOCAOutput",
+    "LowRankHOCA",
+    "LowRankHOCAFusion",
+    "MAFOutput",
     "MANOutput",
     "MultiLinearAttentionLayer",
     "available",

@@ -142,10 +142,13 @@ class BAN(FusionModule):
     def _drop(self, tensor: Tensor) -> Tensor:
         return F.dropout(tensor, self.dropout, self.training)
 
-    def attention_maps(self, x: Tensor, y: Tensor, x_mask: Tensor, y_mask: Tensor) -> Tensor:
+    def attention_maps(
+        self, x: Tensor, y: Tensor, x_mask: Tensor | None = None, y_mask: Tensor | None = None
+    ) -> Tensor:
         """The G bilinear attention maps, (B, G, T_x, T_y) (BAN Eq. 8, 10, 13).
 
-        ``x`` (B, T_x, d_x), ``y`` (B, T_y, d_y), masks (B, T_x) and (B, T_y) bool.
+        ``x`` (B, T_x, d_x), ``y`` (B, T_y, d_y), masks None or (B, T_x) and (B, T_y)
+        bool (True = real step); padded pairs get attention 0.
         """
         logits = bilinear_attention_logits(
             self._drop(x),
@@ -195,4 +198,3 @@ class BAN(FusionModule):
             f"attention_rank={self.attention_rank}, joint_pool={self.joint_pool}, "
             f"dropout={self.dropout}, attention_dropout={self.attention_dropout}"
         )
-

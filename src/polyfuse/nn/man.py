@@ -255,7 +255,7 @@ class MAN(FusionModule):
             ]
         attentions = []
         fused = None
-        for index, layer in enumerate(self.layers):
+        for layer in self.layers:
             result = layer(sequences, full_masks, return_attention=return_attention)
             fused, attention = result if return_attention else (result, None)
             fused = self.dropout(fused)

@@ -1,0 +1,317 @@
+"""Bilinear attention (BAN Eq. 8 to 13) against loops over channel pairs, in float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polyfuse.functional import (
+    bilinear_attention_logits,
+    bilinear_attention_map,
+    bilinear_attention_pooling,
+)
+
+DTYPE = torch.float64
+
+
+def _relu(value: float) -> float:
+    return max(value, 0.0)
+
+
+def _dot(weight_row: torch.Tensor, vector: torch.Tensor, bias: float) -> float:
+    return sum(float(w) * float(v) for w, v in zip(weight_row, vector, strict=True)) + bias
+
+
+def _problem(batch=2, length_x=4, length_y=3, dim_x=5, dim_y=3, rank=6, glimpses=2, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=DTYPE)
+
+    x_mask = torch.ones(batch, length_x, dtype=torch.bool)
+    y_mask = torch.ones(batch, length_y, dtype=torch.bool)
+    x_mask[1, length_x - 1 :] = False  # the last sample has padding in both inputs
+    y_mask[1, length_y - 1 :] = False
+    return {
+        "x": randn(batch, length_x, dim_x),
+        "y": randn(batch, length_y, dim_y),
+        "x_weight": randn(rank, dim_x),
+        "y_weight": randn(rank, dim_y),
+        "glimpse_weight": randn(glimpses, rank),
+        "x_bias": randn(rank),
+        "y_bias": randn(rank),
+        "glimpse_bias": randn(glimpses),
+        "x_mask": x_mask,
+        "y_mask": y_mask,
+    }
+
+
+def _logits_by_loops(p):
+    """Note 8 / BAN Eq. 9 with Eq. 13, one pair (i, j) at a time."""
+    batch, length_x, _ = p["x"].shape
+    length_y = p["y"].shape[1]
+    glimpses, rank = p["glimpse_weight"].shape
+    out = torch.empty(batch, glimpses, length_x, length_y, dtype=DTYPE)
+    for b in range(batch):
+        for g in range(glimpses):
+            for i in range(length_x):
+                for j in range(length_y):
+                    if not (p["x_mask"][b, i] and p["y_mask"][b, j]):
+                        out[b, g, i, j] = -math.inf
+                        continue
+                    total = float(p["glimpse_bias"][g])
+                    for k in range(rank):
+                        u = _relu(_dot(p["x_weight"][k], p["x"][b, i], float(p["x_bias"][k])))
+                        v = _relu(_dot(p["y_weight"][k], p["y"][b, j], float(p["y_bias"][k])))
+                        total += float(p["glimpse_weight"][g, k]) * u * v
+                    out[b, g, i, j] = total
+    return out
+
+
+def _logits(p, **overrides):
+    args = {**p, **overrides}
+    return bilinear_attention_logits(
+        args["x"],
+        args["y"],
+        args["x_weight"],
+        args["y_weight"],
+        args["glimpse_weight"],
+        x_bias=args["x_bias"],
+        y_bias=args["y_bias"],
+        glimpse_bias=args["glimpse_bias"],
+        x_mask=args["x_mask"],
+        y_mask=args["y_mask"],
+    )
+
+
+# Both orders of lengths: the Hadamard product with p_g goes on the shorter side.
+@pytest.mark.parametrize(("length_x", "length_y"), [(4, 3), (2, 5)])
+def test_logits_match_pairwise_loops(length_x, length_y):
+    p = _problem(length_x=length_x, length_y=length_y)
+    logits = _logits(p)
+    assert logits.shape == (2, 2, length_x, length_y)
+    torch.testing.assert_close(logits, _logits_by_loops(p), rtol=1e-12, atol=1e-12)
+
+
+def test_map_is_one_softmax_over_the_whole_map():
+    p = _problem()
+    attention = bilinear_attention_map(_logits(p))
+    expected = _logits_by_loops(p).exp()  # exp(-inf) = 0 at padded pairs
+    expected = expected / expected.sum(dim=(-2, -1), keepdim=True)  # whole rho x phi map
+    torch.testing.assert_close(attention, expected, rtol=1e-12, atol=1e-12)
+    pair_mask = p["x_mask"][:, None, :, None] & p["y_mask"][:, None, None, :]
+    sums = (attention * pair_mask).sum(dim=(-2, -1))
+    torch.testing.assert_close(sums, torch.ones_like(sums))
+    assert bool((attention.masked_select(~pair_mask.expand_as(attention)) == 0).all())
+    # Not a softmax over rows alone: rows of a map do not each sum to 1.
+    assert not torch.allclose(attention.sum(-1), torch.ones_like(attention.sum(-1)))
+
+
+def test_map_applies_masks_given_to_it():
+    p = _problem()
+    unmasked = _logits(p, x_mask=None, y_mask=None)
+    from_masks = bilinear_attention_map(unmasked, x_mask=p["x_mask"], y_mask=p["y_mask"])
+    torch.testing.assert_close(from_masks, bilinear_attention_map(_logits(p)))
+
+
+def _pooling_by_loops(p, attention, weights, pool):
+    """BAN Eq. 12, f'_k = sum_ij A_ij relu(U'^T x_i)_k relu(V'^T y_j)_k, then sum pooling."""
+    x_weight, y_weight, x_bias, y_bias = weights
+    batch, length_x, _ = p["x"].shape
+    length_y = p["y"].shape[1]
+    rank = x_weight.shape[0]
+    out = torch.zeros(batch, rank // pool, dtype=DTYPE)
+    for b in range(batch):
+        for k in range(rank):
+            total = 0.0
+            for i in range(length_x):
+                for j in range(length_y):
+                    if not (p["x_mask"][b, i] and p["y_mask"][b, j]):
+                        continue
+                    u = _relu(_dot(x_weight[k], p["x"][b, i], float(x_bias[k])))
+                    v = _relu(_dot(y_weight[k], p["y"][b, j], float(y_bias[k])))
+                    total += float(attention[b, i, j]) * u * v
+            out[b, k // pool] += total  # consecutive groups of `pool` features
+    return out
+
+
+@pytest.mark.parametrize("pool", [1, 2])
+def test_pooling_matches_pairwise_loops(pool):
+    p = _problem()
+    generator = torch.Generator().manual_seed(1)
+    rank = 4
+    weights = (
+        torch.randn(rank, 5, generator=generator, dtype=DTYPE),
+        torch.randn(rank, 3, generator=generator, dtype=DTYPE),
+        torch.randn(rank, generator=generator, dtype=DTYPE),
+        torch.randn(rank, generator=generator, dtype=DTYPE),
+    )
+    attention = bilinear_attention_map(_logits(p))  # (B, G, T_x, T_y)
+
+    def pooled(att):
+        return bilinear_attention_pooling(
+            p["x"],
+            p["y"],
+            att,
+            weights[0],
+            weights[1],
+            x_bias=weights[2],
+            y_bias=weights[3],
+            x_mask=p["x_mask"],
+            y_mask=p["y_mask"],
+            pool=pool,
+        )
+
+    per_glimpse = pooled(attention)
+    assert per_glimpse.shape == (2, 2, rank // pool)
+    for glimpse in range(2):
+        expected = _pooling_by_loops(p, attention[:, glimpse], weights, pool)
+        torch.testing.assert_close(per_glimpse[:, glimpse], expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(pooled(attention[:, glimpse]), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_padded_content_changes_nothing():
+    p = _problem()
+    rank_weights = (p["x_weight"][:4], p["y_weight"][:4])
+    attention = bilinear_attention_map(_logits(p))
+    pooled = bilinear_attention_pooling(
+        p["x"], p["y"], attention, *rank_weights, x_mask=p["x_mask"], y_mask=p["y_mask"]
+    )
+    dirty_x, dirty_y = p["x"].clone(), p["y"].clone()
+    dirty_x[~p["x_mask"]] = float("nan")
+    dirty_y[~p["y_mask"]] = 1e3
+    dirty_attention = attention.clone()
+    dirty_attention[1, :, -1, :] = 0.7  # attention on a padded pair is ignored too
+    dirty_logits = _logits(p, x=dirty_x, y=dirty_y)
+    torch.testing.assert_close(dirty_logits, _logits(p), rtol=0, atol=0)
+    dirty_pooled = bilinear_attention_pooling(
+        dirty_x, dirty_y, dirty_attention, *rank_weights, x_mask=p["x_mask"], y_mask=p["y_mask"]
+    )
+    torch.testing.assert_close(dirty_pooled, pooled, rtol=0, atol=0)
+
+
+def test_attention_dropout_only_in_training():
+    p = _problem()
+    args = (p["x"], p["y"], p["x_weight"], p["y_weight"], p["glimpse_weight"])
+    torch.manual_seed(0)
+    evaluated = bilinear_attention_logits(*args, dropout=0.5, training=False)
+    trained = bilinear_attention_logits(*args, dropout=0.5, training=True)
+    assert torch.equal(evaluated, bilinear_attention_logits(*args))
+    assert not torch.equal(trained, evaluated)
+
+
+def test_gradcheck_logits_map_and_pooling():
+    p = _problem(batch=2, length_x=3, length_y=2, dim_x=3, dim_y=2, rank=3, glimpses=2, seed=3)
+    names = ["x", "y", "x_weight", "y_weight", "glimpse_weight", "x_bias", "y_bias"]
+    tensors = [p[name].clone().requires_grad_() for name in names]
+
+    def logits_fn(x, y, x_weight, y_weight, glimpse_weight, x_bias, y_bias):
+        return bilinear_attention_logits(
+            x, y, x_weight, y_weight, glimpse_weight, x_bias=x_bias, y_bias=y_bias
+        )
+
+    def map_fn(*args):  # masked: -inf logits are fine, the attention is finite
+        return bilinear_attention_map(logits_fn(*args), x_mask=p["x_mask"], y_mask=p["y_mask"])
+
+    def pooling_fn(x, y, attention, x_weight, y_weight, x_bias, y_bias):
+        return bilinear_attention_pooling(
+            x,
+            y,
+            attention,
+            x_weight,
+            y_weight,
+            x_bias=x_bias,
+            y_bias=y_bias,
+            x_mask=p["x_mask"],
+            y_mask=p["y_mask"],
+        )
+
+    assert torch.autograd.gradcheck(logits_fn, tensors)
+    assert torch.autograd.gradcheck(map_fn, tensors)
+    attention = torch.rand(2, 2, 3, 2, dtype=DTYPE, requires_grad=True)
+    pooling_args = [tensors[0], tensors[1], attention, *tensors[2:4], *tensors[5:7]]
+    assert torch.autograd.gradcheck(pooling_fn, pooling_args)
+
+
+def _bad(p, name, value):
+    return {**p, name: value}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda p: _bad(p, "x", p["x"][0]), r"x must have shape \(B, T_x, d_x\)"),
+        (lambda p: _bad(p, "y", p["y"][:1]), "x has batch size 2 but y has 1"),
+        (lambda p: _bad(p, "x", p["x"].float()), "x has dtype torch.float32 but y has"),
+        (
+            lambda p: _bad(p, "x_weight", p["x_weight"][:, :4]),
+            "x_weight has shape .* feature size 5",
+        ),
+        (
+            lambda p: {**p, "y_weight": p["y_weight"][:5], "y_bias": p["y_bias"][:5]},
+            "x_weight has rank 6 but y_weight has rank 5",
+        ),
+        (
+            lambda p: _bad(p, "glimpse_weight", p["glimpse_weight"][:, :5]),
+            r"glimpse_weight has shape \(2, 5\)",
+        ),
+        (lambda p: _bad(p, "x_bias", p["x_bias"][:2]), r"x_bias must have shape \(6,\)"),
+        (
+            lambda p: _bad(p, "glimpse_bias", p["glimpse_bias"][:1]),
+            r"glimpse_bias must have shape \(2,\)",
+        ),
+        (lambda p: _bad(p, "x_mask", p["x_mask"].int()), "x_mask must be a bool tensor"),
+        (
+            lambda p: _bad(p, "y_mask", p["y_mask"][:, :2]),
+            r"y_mask has shape \(2, 2\), expected \(2, 3\)",
+        ),
+    ],
+)
+def test_logits_reject_bad_shapes(change, match):
+    with pytest.raises(ValueError, match=match):
+        _logits(change(_problem()))
+
+
+def test_logits_reject_non_finite_and_empty_samples():
+    p = _problem()
+    x = p["x"].clone()
+    x[0, 1, 2] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"bilinear_attention_logits: x contains NaN at index \(0, 1, 2\)"
+    ):
+        _logits(p, x=x)
+    y = p["y"].clone()
+    y[1, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="y contains Inf"):
+        _logits(p, y=y)
+    weight = p["glimpse_weight"].clone()
+    weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="glimpse_weight contains NaN"):
+        _logits(p, glimpse_weight=weight)
+    x_mask = p["x_mask"].clone()
+    x_mask[1] = False
+    with pytest.raises(ValueError, match=r"x_mask is all padding for sample\(s\) \[1\]"):
+        _logits(p, x_mask=x_mask)
+
+
+def test_map_and_pooling_reject_bad_input():
+    p = _problem()
+    logits = _logits(p)
+    with pytest.raises(ValueError, match=r"logits must be a float tensor \(B, G, T_x, T_y\)"):
+        bilinear_attention_map(logits[0])
+    with pytest.raises(ValueError, match="logits contain NaN"):
+        bilinear_attention_map(torch.full_like(logits, float("nan")))
+    with pytest.raises(ValueError, match="no finite logit"):
+        bilinear_attention_map(torch.full_like(logits, float("-inf")))
+    attention = bilinear_attention_map(logits)
+    weights = (p["x_weight"], p["y_weight"])
+    with pytest.raises(ValueError, match="pool must be a positive divisor of the rank 6"):
+        bilinear_attention_pooling(p["x"], p["y"], attention, *weights, pool=4)
+    with pytest.raises(ValueError, match=r"attention has shape \(2, 2, 3, 3\)"):
+        bilinear_attention_pooling(p["x"], p["y"], attention[:, :, 1:], *weights)
+    bad_attention = attention.clone()
+    bad_attention[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="attention contains NaN or Inf at a real"):
+        bilinear_attention_pooling(p["x"], p["y"], bad_attention, *weights)

@@ -1,0 +1,133 @@
+"""polyfuse.nn.BAN: the interface, masks on both inputs and the residual glimpse chain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyfuse.nn import BAN, create
+
+X_DIM, Y_DIM = 6, 5
+
+
+def _inputs(batch=3, length_x=4, length_y=5, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, length_x, X_DIM, generator=generator).to(dtype)
+    y = torch.randn(batch, length_y, Y_DIM, generator=generator).to(dtype)
+    x_mask = torch.ones(batch, length_x, dtype=torch.bool)
+    y_mask = torch.ones(batch, length_y, dtype=torch.bool)
+    x_mask[1, 2:] = False
+    y_mask[1, 3:] = False
+    y_mask[2, 1:] = False
+    return x, y, x_mask, y_mask
+
+
+def _model(out_dim=Y_DIM, **options):
+    torch.manual_seed(0)
+    return BAN([X_DIM, Y_DIM], out_dim, **{"glimpses": 3, **options}).eval()
+
+
+@pytest.mark.parametrize("out_dim", [Y_DIM, 7])
+def test_output_shape_and_registry(out_dim):
+    model = create("ban", input_dims=[X_DIM, Y_DIM], out_dim=out_dim, glimpses=2)
+    assert isinstance(model, BAN) and model.registry_name == "ban"
+    assert (model.output_projection is None) == (out_dim == Y_DIM)
+    x, y, x_mask, y_mask = _inputs()
+    out = model([x, y], masks=[x_mask, y_mask])
+    assert out.shape == (3, out_dim) and bool(torch.isfinite(out).all())
+    assert model([x[:, 0], y]).shape == (3, out_dim)  # a (B, d) input is a length-1 sequence
+
+
+def test_masks_on_both_inputs():
+    model = _model(out_dim=4)
+    x, y, x_mask, y_mask = _inputs()
+    out = model([x, y], masks=[x_mask, y_mask])
+    dirty_x = torch.where(x_mask[..., None], x, torch.full_like(x, 1e4))
+    dirty_y = torch.where(y_mask[..., None], y, torch.randn_like(y) * 100)
+    torch.testing.assert_close(model([dirty_x, dirty_y], masks=[x_mask, y_mask]), out)
+    # A padded sample gives what its unpadded sequences give alone.
+    alone = model([x[1:2, :2], y[1:2, :3]])
+    torch.testing.assert_close(out[1:2], alone, rtol=1e-5, atol=1e-5)
+    # The masks matter: without them the padded steps count.
+    assert not torch.allclose(model([x, y])[1], out[1])
+
+
+def test_exactly_two_modalities():
+    with pytest.raises(ValueError, match="exactly 2 modalities"):
+        BAN([X_DIM, Y_DIM, 3], 4)
+    model = _model()
+    x, y, _, _ = _inputs()
+    with pytest.raises(ValueError, match="exactly 2 modalities, got 3"):
+        model([x, y, y])
+    with pytest.raises(ValueError, match="exactly 2 modalities, got 1"):
+        model([x])
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="glimpses must be a positive integer"):
+        BAN([X_DIM, Y_DIM], 4, glimpses=0)
+    with pytest.raises(ValueError, match="attention_dropout must lie in"):
+        BAN([X_DIM, Y_DIM], 4, attention_dropout=1.0)
+    x, y, x_mask, _ = _inputs()
+    empty = x_mask.clone()
+    empty[0] = False
+    with pytest.raises(ValueError, match=r"all padding for sample\(s\) \[0\]"):
+        _model()([x, y], masks=[empty, None])
+
+
+def _hand_written(model, x, y, x_mask, y_mask):
+    """The reference's BanModel loop written out with einsum, one glimpse at a time."""
+    relu = torch.relu
+    x = x.masked_fill(~x_mask[..., None], 0)
+    y = y.masked_fill(~y_mask[..., None], 0)
+    u = relu(x @ model.attention_x.weight.T + model.attention_x.bias)  # (B, T_x, K')
+    v = relu(y @ model.attention_y.weight.T + model.attention_y.bias)  # (B, T_y, K')
+    logits = torch.einsum("gk,bik,bjk->bgij", model.attention_glimpses.weight, u, v)
+    pairs = x_mask[:, None, :, None] & y_mask[:, None, None, :]
+    logits = logits.masked_fill(~pairs, float("-inf"))
+    batch, glimpses = logits.shape[:2]
+    attention = logits.reshape(batch, glimpses, -1).softmax(-1).reshape(logits.shape)
+    stream = y
+    for glimpse in range(glimpses):
+        joint_x, joint_y = model.joint_x[glimpse], model.joint_y[glimpse]
+        a = relu(x @ joint_x.weight.T + joint_x.bias)
+        b = relu(stream @ joint_y.weight.T + joint_y.bias)
+        joint = torch.einsum("bik,bij,bjk->bk", a, attention[:, glimpse], b)
+        joint = joint.reshape(batch, -1, model.joint_pool).sum(-1)  # sum pooling
+        projection = model.joint_projections[glimpse]
+        stream = stream + (joint @ projection.weight.T + projection.bias)[:, None, :]
+    return (stream * y_mask[..., None]).sum(1)
+
+
+@pytest.mark.parametrize("joint_pool", [1, 2])
+def test_residual_glimpse_chain_matches_hand_written_loop(joint_pool):
+    model = _model(hidden_dim=4, glimpses=3, joint_pool=joint_pool).double()
+    x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
+    expected = _hand_written(model, x, y, x_mask, y_mask)
+    torch.testing.assert_close(model([x, y], masks=[x_mask, y_mask]), expected)
+    # Each glimpse counts: dropping the last one changes the answer.
+    model.glimpses = 2
+    assert not torch.allclose(model([x, y], masks=[x_mask, y_mask]), expected)
+
+
+def test_float64_and_gradients_reach_every_parameter():
+    model = BAN([X_DIM, Y_DIM], 4, glimpses=2, k=2).double()
+    x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
+    out = model([x, y], masks=[x_mask, y_mask])
+    assert out.dtype == torch.float64
+    out.square().sum().backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None, name
+        assert bool(torch.isfinite(parameter.grad).all()), name
+        assert bool(parameter.grad.abs().sum() > 0), name
+
+
+def test_dropout_only_in_training():
+    model = _model()
+    x, y, x_mask, y_mask = _inputs()
+    evaluated = model([x, y], masks=[x_mask, y_mask])
+    torch.testing.assert_close(model([x, y], masks=[x_mask, y_mask]), evaluated)
+    model.train()
+    assert not torch.allclose(model([x, y], masks=[x_mask, y_mask]), evaluated)
+    no_dropout = _model(dropout=0.0, attention_dropout=0.0).train()
+    torch.testing.assert_close(no_dropout([x, y], masks=[x_mask, y_mask]), evaluated)

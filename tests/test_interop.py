@@ -1,0 +1,213 @@
+"""load_ban_vqa against a small re-implementation of the reference BanModel's structure.
+
+The oracle below is written for this test from the semantics of github.com/jnhwkim/ban-vqa
+(FCNet, BCNet, BiAttention and the glimpse loop of BanModel.forward without the
+counting module), with the same parameter names, so that its ``state_dict()`` has
+the reference's keys: old-style ``torch.nn.utils.weight_norm`` (``weight_g``,
+``weight_v``) over the whole matrix (``dim=None``), ``main.<i>`` indices that count
+the dropout layers, ``h_mat``/``h_bias`` of shape (1, G, 1, K') and (1, G, 1, 1).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from polyfuse.interop import load_ban_vqa
+
+
+def _old_weight_norm(module: nn.Module, name: str = "weight") -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated, still what the reference used
+        return torch.nn.utils.weight_norm(module, name=name, dim=None)
+
+
+class OracleFCNet(nn.Module):
+    """[Dropout] -> weight-normed Linear -> [ReLU], in a Sequential called ``main``."""
+
+    def __init__(self, in_dim: int, out_dim: int, activation: bool = True, dropout: float = 0.0):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Dropout(dropout)] if dropout > 0 else []
+        layers.append(_old_weight_norm(nn.Linear(in_dim, out_dim)))
+        if activation:
+            layers.append(nn.ReLU())
+        self.main = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.main(x)
+
+
+class OracleBCNet(nn.Module):
+    """Low-rank bilinear connection: h_out maps (h_out <= 32) or weighted pooling (h_out None)."""
+
+    def __init__(self, v_dim, q_dim, h_dim, h_out, k, fc_dropout=0.2, attention_dropout=0.5):
+        super().__init__()
+        self.k, self.h_out = k, h_out
+        self.v_net = OracleFCNet(v_dim, h_dim * k, dropout=fc_dropout)
+        self.q_net = OracleFCNet(q_dim, h_dim * k, dropout=fc_dropout)
+        self.dropout = nn.Dropout(attention_dropout)
+        if h_out is not None:
+            self.h_mat = nn.Parameter(torch.randn(1, h_out, 1, h_dim * k))
+            self.h_bias = nn.Parameter(torch.randn(1, h_out, 1, 1))
+
+    def forward(self, v, q):  # (B, G, T_v, T_q) logits
+        v_features = self.dropout(self.v_net(v))
+        q_features = self.q_net(q)
+        return torch.einsum("xhyk,bvk,bqk->bhvq", self.h_mat, v_features, q_features) + self.h_bias
+
+    def forward_with_weights(self, v, q, weights):  # (B, h_dim)
+        pooled = torch.einsum("bvk,bvq,bqk->bk", self.v_net(v), weights, self.q_net(q))
+        if self.k > 1:
+            pooled = (
+                nn.functional.avg_pool1d(pooled.unsqueeze(1), self.k, self.k).squeeze(1) * self.k
+            )
+        return pooled
+
+
+class OracleBiAttention(nn.Module):
+    def __init__(self, x_dim, y_dim, z_dim, glimpses):
+        super().__init__()
+        self.glimpses = glimpses
+        self.logits = _old_weight_norm(OracleBCNet(x_dim, y_dim, z_dim, glimpses, k=3), "h_mat")
+
+    def forward_all(self, v, q):
+        logits = self.logits(v, q)
+        empty_rows = (v.abs().sum(2) == 0)[:, None, :, None].expand(logits.shape)
+        logits = logits.masked_fill(empty_rows, float("-inf"))  # the reference masks zero rows of v
+        batch, _, v_num, q_num = logits.shape
+        attention = logits.reshape(batch, self.glimpses, v_num * q_num).softmax(2)
+        return attention.reshape(logits.shape), logits
+
+
+class OracleBanModel(nn.Module):
+    def __init__(self, v_dim, q_dim, hidden, glimpses, *, attention_hidden=None, joint_k=1):
+        super().__init__()
+        self.glimpses = glimpses
+        self.w_emb = nn.Embedding(11, 3)  # stands for the keys load_ban_vqa must ignore
+        self.v_att = OracleBiAttention(v_dim, q_dim, attention_hidden or hidden, glimpses)
+        self.b_net = nn.ModuleList(
+            OracleBCNet(v_dim, q_dim, hidden, None, k=joint_k) for _ in range(glimpses)
+        )
+        self.q_prj = nn.ModuleList(
+            OracleFCNet(hidden, q_dim, activation=False, dropout=0.2) for _ in range(glimpses)
+        )
+        self.c_prj = nn.ModuleList(OracleFCNet(11, q_dim) for _ in range(glimpses))
+        self.classifier = nn.Linear(q_dim, 7)
+
+    def forward(self, v, q_emb):
+        attention, _ = self.v_att.forward_all(v, q_emb)
+        for glimpse in range(self.glimpses):
+            joint = self.b_net[glimpse].forward_with_weights(v, q_emb, attention[:, glimpse])
+            q_emb = self.q_prj[glimpse](joint.unsqueeze(1)) + q_emb
+        return q_emb.sum(1)  # what the classifier sees
+
+
+V_DIM, Q_DIM = 7, 5
+
+
+def _oracle(glimpses, seed=0, **options):
+    torch.manual_seed(seed)
+    oracle = OracleBanModel(V_DIM, Q_DIM, 4, glimpses, **options).eval()
+    with torch.no_grad():  # norms that differ from |v|, so that g is really used
+        for name, parameter in oracle.named_parameters():
+            if name.endswith("_g"):
+                parameter.uniform_(0.5, 2.0)
+    return oracle
+
+
+def _batch(seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    v = torch.randn(3, 6, V_DIM, generator=generator)
+    v[0, 4:] = 0  # padded image regions: all-zero rows, as the reference expects
+    v[2, 1:] = 0
+    q_emb = torch.randn(3, 4, Q_DIM, generator=generator)
+    return v, q_emb, v.abs().sum(2) != 0
+
+
+@pytest.mark.parametrize(
+    ("glimpses", "options"),
+    [(1, {}), (2, {}), (3, {"attention_hidden": 2, "joint_k": 3})],
+)
+def test_matches_reference_structure(glimpses, options):
+    oracle = _oracle(glimpses, **options)
+    v, q_emb, v_mask = _batch()
+    ban = load_ban_vqa(oracle.state_dict()).eval()
+    assert ban.glimpses == glimpses and ban.input_dims == [V_DIM, Q_DIM] and ban.out_dim == Q_DIM
+    assert ban.joint_pool == options.get("joint_k", 1)
+    assert ban.attention_rank == 3 * options.get("attention_hidden", 4)
+    with torch.no_grad():
+        expected = oracle(v, q_emb)
+        torch.testing.assert_close(
+            ban([v, q_emb], masks=[v_mask, None]), expected, rtol=1e-5, atol=1e-5
+        )
+        # Same attention maps as the reference (its h_bias cancels in the softmax).
+        reference_maps, _ = oracle.v_att.forward_all(v, q_emb)
+        x_mask = v_mask
+        y_mask = torch.ones(q_emb.shape[:2], dtype=torch.bool)
+        maps = ban.attention_maps(v, q_emb, x_mask, y_mask)
+        torch.testing.assert_close(maps, reference_maps, rtol=1e-5, atol=1e-6)
+
+
+def test_float64_checkpoint_wrapper_prefix_and_fewer_glimpses():
+    oracle = _oracle(3).double()
+    v, q_emb, v_mask = _batch()
+    v, q_emb = v.double(), q_emb.double()
+    wrapped = {"model_state": {f"module.{k}": t for k, t in oracle.state_dict().items()}}
+    ban = load_ban_vqa(wrapped).eval()
+    assert next(ban.parameters()).dtype == torch.float64
+    with torch.no_grad():
+        torch.testing.assert_close(ban([v, q_emb], masks=[v_mask, None]), oracle(v, q_emb))
+        # A prefix of the chain: the first two glimpses, with the reference's first two maps.
+        fewer = load_ban_vqa(wrapped, glimpses=2).eval()
+        assert fewer.glimpses == 2
+        reference_maps, _ = oracle.v_att.forward_all(v, q_emb)
+        expected = q_emb
+        for glimpse in range(2):
+            joint = oracle.b_net[glimpse].forward_with_weights(
+                v, expected, reference_maps[:, glimpse]
+            )
+            expected = oracle.q_prj[glimpse](joint.unsqueeze(1)) + expected
+        torch.testing.assert_close(fewer([v, q_emb], masks=[v_mask, None]), expected.sum(1))
+
+
+def test_missing_keys_are_reported():
+    state = _oracle(2).state_dict()
+    for key in [k for k in state if k.startswith("b_net.1.q_net.")]:
+        del state[key]
+    with pytest.raises(ValueError, match=r"missing keys b_net\.1\.q_net\.main\.<i>"):
+        load_ban_vqa(state)
+    state = _oracle(2).state_dict()
+    del state["v_att.logits.h_mat_v"]
+    with pytest.raises(ValueError, match=r"missing keys v_att\.logits\.h_mat_g/h_mat_v"):
+        load_ban_vqa(state)
+    state = _oracle(2).state_dict()
+    del state["q_prj.0.main.1.weight_g"]
+    with pytest.raises(ValueError, match=r"missing key q_prj\.0\.main\.1\.weight_g"):
+        load_ban_vqa(state)
+    with pytest.raises(ValueError, match=r"no key starts with 'v_att\.'"):
+        load_ban_vqa({"w_emb.weight": torch.zeros(2, 2)})
+    with pytest.raises(ValueError, match="glimpses=3, but the state dict holds 2"):
+        load_ban_vqa(_oracle(2).state_dict(), glimpses=3)
+
+
+def test_inconsistent_shapes_are_reported():
+    state = _oracle(2).state_dict()
+    state["b_net.1.v_net.main.1.weight_v"] = torch.randn(4, V_DIM + 1)
+    with pytest.raises(ValueError, match=r"the input size of b_net\.1\.v_net is 8, expected 7"):
+        load_ban_vqa(state)
+    state = _oracle(2).state_dict()
+    state["v_att.logits.h_mat_v"] = torch.randn(1, 2, 1, 5)
+    with pytest.raises(ValueError, match=r"last size of v_att\.logits\.h_mat_v is 5, expected 12"):
+        load_ban_vqa(state)
+    state = _oracle(2).state_dict()
+    state["q_prj.0.main.1.weight_v"] = torch.randn(Q_DIM + 1, 4)
+    state["q_prj.0.main.1.bias"] = torch.randn(Q_DIM + 1)
+    with pytest.raises(ValueError, match=r"the output size of q_prj\.0 is 6, expected 5"):
+        load_ban_vqa(state)
+    state = _oracle(2).state_dict()
+    state["b_net.0.q_net.main.1.bias"] = torch.randn(3)
+    with pytest.raises(ValueError, match=r"b_net\.0\.q_net\.main\.1\.bias has shape \(3,\)"):
+        load_ban_vqa(state)
