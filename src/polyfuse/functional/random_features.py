@@ -40,14 +40,13 @@ def gaussian_random_matrix(
     kwargs = {"generator": generator, "dtype": dtype or torch.get_default_dtype(), "device": device}
     if not orthogonal:
         return torch.randn(num_features, dim, **kwargs)
-    blocks = []
-    for _ in range(-(-num_features // dim)):  # ceil(H / K') blocks of K' orthogonal rows
-        gaussian = torch.randn(dim, dim, **kwargs)
-        q, r = torch.linalg.qr(gaussian)
-        # Sign fix makes Q Haar-distributed (QR alone is biased towards positive diagonals).
-        q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
-        blocks.append(q.T)
-    rows = torch.cat(blocks)[:num_features]
+    num_blocks = -(-num_features // dim)  # ceil(H / K') blocks of K' orthogonal rows
+    gaussian = torch.randn(num_blocks, dim, dim, **kwargs)
+    q, r = torch.linalg.qr(gaussian)
+    # Sign fix makes Q Haar-distributed (QR alone is biased towards positive diagonals).
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    blocks = q.transpose(-1, -2)  # rows of each block are orthonormal
+    rows = blocks.reshape(num_blocks * dim, dim)[:num_features]
     norms = torch.randn(num_features, dim, **kwargs).norm(dim=1, keepdim=True)
     return rows * norms
 

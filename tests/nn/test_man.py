@@ -1,0 +1,173 @@
+"""The MAN module: symmetry, random-feature handling, stacking, and agreement of its
+modes with each other and with the functional core."""
+
+import pytest
+import torch
+
+import polyfuse
+import polyfuse.functional as F
+from polyfuse.nn import MAN
+
+DOUBLE = torch.float64
+DIMS = [6, 5, 7]
+LENGTHS = [4, 3, 5]
+
+
+def inputs_and_masks(seed=0, batch=3):
+    generator = torch.Generator().manual_seed(seed)
+    inputs = [torch.randn(batch, t, d, generator=generator, dtype=DOUBLE) for t, d in zip(LENGTHS, DIMS, strict=True)]
+    masks = [torch.ones(batch, t, dtype=torch.bool) for t in LENGTHS]
+    masks[0][1, 2:] = False
+    masks[2][2, :3] = False
+    return inputs, masks
+
+
+def make(**kwargs):
+    torch.manual_seed(0)
+    return MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, **kwargs).double().eval()
+
+
+def permuted_copy(module, order, **kwargs):
+    """The same MAN with its modalities (and their parameters) in another order."""
+    other = MAN([DIMS[i] for i in order], 8, hidden_dim=12, heads=3, num_random_features=16, **kwargs)
+    other = other.double().eval()
+    state = module.state_dict()
+    new_state = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        for position, part in enumerate(parts[:-1]):
+            if part in ("value_projections", "feature_projections", "input_projections"):
+                parts[position + 1] = str(order.index(int(parts[position + 1])))
+        new_state[".".join(parts)] = value
+    other.load_state_dict(new_state)
+    return other
+
+
+@pytest.mark.parametrize("mode", ["had", "exact", "hadamard"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_permuting_modalities_with_their_parameters_changes_nothing(mode, layers):
+    module = make(mode=mode, layers=layers)
+    inputs, masks = inputs_and_masks()
+    order = [2, 0, 1]
+    other = permuted_copy(module, order, mode=mode, layers=layers)
+    permuted = other([inputs[i] for i in order], [masks[i] for i in order])
+    torch.testing.assert_close(permuted, module(inputs, masks), rtol=1e-10, atol=1e-12)
+
+
+def test_had_approaches_exact_with_many_random_features():
+    exact = make(mode="exact")
+    inputs, masks = inputs_and_masks()
+    reference = exact(inputs, masks)
+    errors = []
+    for num_features in (16, 4096):
+        had = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=num_features, mode="had").double().eval()
+        state = {k: v for k, v in exact.state_dict().items() if "random_features" not in k}
+        had.load_state_dict(state, strict=False)
+        errors.append((had(inputs, masks) - reference).pow(2).mean().item())
+    assert errors[1] < errors[0] / 5
+    assert errors[1] < 0.01 * reference.pow(2).mean().item()
+
+
+def test_module_equals_the_functional_core_by_hand():
+    module = make(mode="had", chunks=4, lsc_scale=0.3, temperature=0.5)
+    inputs, masks = inputs_and_masks()
+    layer = module.layers[0]
+    features, values = [], []
+    for j, (x, mask) in enumerate(zip(inputs, masks, strict=True)):
+        x = x * mask.unsqueeze(-1)
+        value = layer.value_projections[j](x).reshape(3, -1, 3, 4).transpose(1, 2)
+        feature = layer.feature_projections[j](x).reshape(3, -1, 3, 4).transpose(1, 2)
+        lsc = F.lsc_encoding_from_mask(mask, 4, 0.3, dtype=DOUBLE).unsqueeze(1).expand(-1, 3, -1, -1)
+        features.append(torch.cat([feature, lsc], -1))
+        values.append(value)
+    fused = F.multilinear_attention(
+        features, values, [m.unsqueeze(1) for m in masks], mode="had",
+        random_features=layer.random_features, temperature=0.5,
+    )  # (B, G, K)
+    pooled = torch.stack([fused[:, g] @ layer.pooling[g] for g in range(3)], 1).flatten(1)
+    torch.testing.assert_close(module(inputs, masks), module.output(pooled))
+
+
+def test_random_features_change_only_through_redraw():
+    module = make()
+    inputs, masks = inputs_and_masks()
+    before = module.layers[0].random_features.clone()
+    first = module(inputs, masks)
+    module.train()
+    module(inputs, masks)
+    module.eval()
+    torch.testing.assert_close(module(inputs, masks), first, rtol=0, atol=0)  # eval is deterministic
+    assert torch.equal(module.layers[0].random_features, before)
+    module.redraw_random_features()
+    assert not torch.equal(module.layers[0].random_features, before)
+    assert not torch.allclose(module(inputs, masks), first)
+    # Same seed, same features; and the features travel with the state dict.
+    assert torch.equal(make().layers[0].random_features, before)
+    restored = make(seed=7)
+    restored.load_state_dict(module.state_dict())
+    torch.testing.assert_close(restored(inputs, masks), module(inputs, masks), rtol=0, atol=0)
+
+
+def test_random_features_are_orthogonal_by_default_and_shared_by_modalities():
+    module = make()
+    features = module.layers[0].random_features  # (G, H, K' + C)
+    assert features.shape == (3, 16, 4 + 4)
+    block = features[0, :8]
+    gram = block @ block.T
+    assert (gram - torch.diag(torch.diagonal(gram))).abs().max() < 1e-5  # drawn in float32
+    iid = make(orthogonal=False).layers[0].random_features[0, :8]
+    gram = iid @ iid.T
+    assert (gram - torch.diag(torch.diagonal(gram))).abs().max() > 1e-3
+
+
+def test_stacked_layers_follow_eq_13():
+    module = make(layers=3)
+    inputs, masks = inputs_and_masks()
+    result = module(inputs, masks, return_sequences=True, return_attention=True)
+    sequences = [
+        project(x * m.unsqueeze(-1)) * m.unsqueeze(-1)
+        for project, x, m in zip(module.input_projections, inputs, masks, strict=True)
+    ]
+    for layer in module.layers:
+        fused = layer(sequences, masks)
+        sequences = [s + fused.unsqueeze(1) * m.unsqueeze(-1) for s, m in zip(sequences, masks, strict=True)]
+    torch.testing.assert_close(result.fused, module.output(fused))
+    for actual, expected, length in zip(result.sequences, sequences, LENGTHS, strict=True):
+        assert actual.shape == (3, length, 12)
+        torch.testing.assert_close(actual, expected)
+    assert len(result.attention) == 3
+    for marginal, mask in zip(result.attention[0], masks, strict=True):  # had mode: marginals
+        assert marginal.shape == (3, 3, mask.shape[1])
+        torch.testing.assert_close(marginal.sum(-1), torch.ones(3, 3, dtype=DOUBLE))
+        assert torch.all(marginal.masked_select(~mask.unsqueeze(1)) == 0)
+
+
+def test_exact_mode_returns_the_full_attention_tensor():
+    module = make(mode="exact")
+    inputs, masks = inputs_and_masks()
+    result = module(inputs, masks, return_attention=True)
+    attention = result.attention[0]
+    assert attention.shape == (3, 3, *LENGTHS)
+    torch.testing.assert_close(attention.sum((2, 3, 4)), torch.ones(3, 3, dtype=DOUBLE))
+
+
+def test_configuration_errors_are_clear():
+    with pytest.raises(ValueError, match="at least 2 modalities"):
+        MAN([4], 2)
+    with pytest.raises(ValueError, match="unknown mode 'fast'"):
+        MAN([4, 4], 2, mode="fast")
+    with pytest.raises(ValueError, match="cannot use LSC"):
+        MAN([4, 4], 2, mode="hadamard", chunks=4)
+    with pytest.raises(ValueError, match="not divisible by heads"):
+        MAN([4, 4], 2, hidden_dim=10, heads=4)
+    with pytest.raises(ValueError, match="residual"):
+        MAN([4, 4], 2, layers=2, residual=False)
+    assert MAN([4, 4], 2, mode="hadamard").layers[0].chunks == 0
+    assert isinstance(polyfuse.nn.create("man", input_dims=[3, 3], out_dim=2), MAN)
+
+
+def test_float32_survives_large_inputs():
+    module = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16).eval()
+    inputs, masks = inputs_and_masks()
+    big = [100 * x.float() for x in inputs]
+    assert torch.isfinite(module(big, masks)).all()
