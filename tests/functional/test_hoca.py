@@ -486,6 +486,21 @@ def test_low_rank_handles_eight_modalities_of_length_100_quickly():
         torch.testing.assert_close(attention.sum(-1), torch.ones(4))
 
 
+def test_low_rank_matmul_cost_is_linear_in_the_number_of_modalities():
+    """FLOPs of the contractions (Eq. 14, 17) double with n; the exact tensor would not."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(n):
+        gen = generator(120 + n)
+        features = [torch.randn(2, 50, 16, generator=gen) for _ in range(n)]
+        factors = [torch.randn(2, 50, generator=gen) for _ in range(n)]
+        with FlopCounterMode(display=False) as counter:
+            low_rank_hoca_attention_all_targets(features, factors, [torch.ones(16)] * n)
+        return counter.get_total_flops()
+
+    assert flops(8) == 2 * flops(4) == 4 * flops(2) > 0
+
+
 def test_errors_name_the_modality_and_the_problem():
     features, factors, masks = random_problem(3)
     with pytest.raises(ValueError, match=r"T_i for every modality i != 1.*expected \(3, 4\)"):

@@ -38,7 +38,7 @@ def test_registry_lists_the_foundation_modules():
 
 
 def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown fusion module 'nope'; available: .*man"):
+    with pytest.raises(ValueError, match=r"unknown fusion module 'nope'; available: .*man"):
         polyfuse.nn.create("nope", input_dims=[2, 2], out_dim=2)
 
 

@@ -6,6 +6,13 @@ from polyfuse.functional.bilinear import (
     bilinear_attention_map,
     bilinear_attention_pooling,
 )
+from polyfuse.functional.chimera_losses import (
+    chimera_objective,
+    distortion_loss,
+    hyperbolic_matching_loss,
+    topic_lm_loss,
+    topic_matching_loss,
+)
 from polyfuse.functional.hoca import (
     bahdanau_attention,
     cp_weight_tensor,
@@ -15,6 +22,20 @@ from polyfuse.functional.hoca import (
     low_rank_hoca_attention,
     low_rank_hoca_attention_all_targets,
     query_conditioned_features,
+)
+from polyfuse.functional.lorentz import (
+    clip_radius,
+    einstein_midpoint,
+    klein_to_lorentz,
+    lorentz_attention,
+    lorentz_distance,
+    lorentz_expmap0,
+    lorentz_factor,
+    lorentz_inner,
+    lorentz_logmap0,
+    lorentz_pairwise_distance,
+    lorentz_project,
+    lorentz_to_klein,
 )
 from polyfuse.functional.multilinear import (
     lsc_encoding,
@@ -29,11 +50,26 @@ __all__ = [
     "bilinear_attention_logits",
     "bilinear_attention_map",
     "bilinear_attention_pooling",
+    "chimera_objective",
+    "clip_radius",
     "cp_weight_tensor",
+    "distortion_loss",
+    "einstein_midpoint",
     "gaussian_random_matrix",
     "high_order_correlation",
     "hoca_attention",
     "hoca_attention_all_targets",
+    "hyperbolic_matching_loss",
+    "klein_to_lorentz",
+    "lorentz_attention",
+    "lorentz_distance",
+    "lorentz_expmap0",
+    "lorentz_factor",
+    "lorentz_inner",
+    "lorentz_logmap0",
+    "lorentz_pairwise_distance",
+    "lorentz_project",
+    "lorentz_to_klein",
     "low_rank_hoca_attention",
     "low_rank_hoca_attention_all_targets",
     "lsc_encoding",
@@ -42,4 +78,6 @@ __all__ = [
     "multilinear_pooling",
     "positive_random_features",
     "query_conditioned_features",
+    "topic_lm_loss",
+    "topic_matching_loss",
 ]

@@ -19,6 +19,17 @@ correlation tensor (Eq. 7) nor the summaries ``B_l`` (Eq. 16), whatever they hol
 
 Where the PDF extraction was ambiguous we chose as follows:
 
+* Section 4.1 maps every modality "similar to Eq. 3 with query h_t": we take the
+  tanh layer of Eq. 3 without its score vector w_1, i.e. ``tanh(W h + U x_r + b)``
+  in R^d (:func:`query_conditioned_features`); Fig. 2(b) shows exactly
+  linear(d) then tanh before the tensor multiplication. Context vectors (Eq. 5)
+  weight the *raw* features, as in section 3.
+* Eq. 10, 12 and 13 print a garbled operator (a star) that multiplies the target
+  step ``(I_l)_{r_l}`` into the first non-target modality only; all three are
+  rewritings of the same slice ``(C_n^{I_l})_{r_l}[r_{-l}] = sum_d
+  (I_l)_{r_l}[d] prod_{i != l} (I_i)_{r_i}[d]``, which is what both paths compute.
+* Eq. 14 ``(I'_i)_j = (I_i ∘ w_j^{I_i}) 1_{t_i} = I_i (w_j^{I_i})^T`` scales the
+  time steps of I_i by the factor and sums over time: a d-vector per rank term.
 * Eq. 9 contracts the (n-1)-order slice ``(C_n^{I_l})_{r_l}`` of the correlation
   tensor with a weight tensor ``W^{I_l}_{n-1}`` of the same shape: the logit of
   step ``r_l`` is ``sum_{r_i, i != l} W[r_{-l}] C[r_1, ..., r_n]``; the softmax runs

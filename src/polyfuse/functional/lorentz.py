@@ -10,25 +10,31 @@ Conventions (note 10 of the papers' README, curvature -1):
     <x, y>_L = sum_{i>=1} x_i y_i - x_0 y_0,        d_L(x, y) = arcosh(-<x, y>_L)
     H^n = {x : <x, x>_L = -1, x_0 > 0}
 
-geoopt's ``Lorentz`` manifold with ``k = 1`` (k is the *negated inverse* curvature,
--1/k = -1) uses exactly these conventions: its ``inner`` is the same bilinear form,
+geoopt's ``Lorentz`` manifold with ``k = 1`` (its k is the inverse of minus the
+curvature, -1/k = -1) uses exactly these conventions: its ``inner`` is the same bilinear form,
 its ``dist`` is sqrt(k) arcosh(-<x,y>_L / k) and its origin is (sqrt(k), 0, ..., 0);
 the tests check this numerically. The inner product, the exponential map of the
 polar form and the projection are geoopt's; the functions here add input checks and
-the following safe handling, where geoopt is weak in float32:
+the following safe handling where geoopt is weak in float32 (or, for distances and
+the log map, formulas that are exact on the hyperboloid and stable off the diagonal):
 
-* **Distances.** geoopt evaluates arcosh(-<x, y>_L) in the input dtype: in float32
-  x_0 y_0 overflows above radius ~44, and because -<x, x>_L = 1 is the difference of
-  two numbers of size x_0^2, d(x, x) comes out as NaN, -inf or a few units from
-  radius ~5 on (and slightly negative near the origin). On the hyperboloid
-  -<x, y>_L = 1 + <x - y, x - y>_L / 2, hence d_L = 2 arsinh(|x - y|_L / 2) with
-  |x - y|_L^2 = <x - y, x - y>_L (geoopt's ``inner`` of the difference). This is
-  zero on the diagonal and symmetric *exactly*, accurate for small distances, and we
-  evaluate it in float64 (as geoopt's documentation itself recommends for this
-  manifold) so that nothing overflows below radius ~350.
+* **Distances.** geoopt evaluates arcosh(-<x, y>_L) in the input dtype. In float32,
+  x_0 y_0 overflows above radius ~44, and since -<x, x>_L = 1 is the difference of
+  two numbers of size x_0^2, d(x, x) comes out as NaN, -inf or several units from
+  radius ~5 on (and slightly negative near the origin). Differencing the points
+  first (d = 2 arsinh(|x - y|_L / 2)) fixes the diagonal but not far pairs: each
+  float32 point is off the hyperboloid by ~1e-7 x_0^2, which swamps |x - y|_L^2
+  when one point is far out and the other near the origin. We use the polar forms
+  x = (cosh r, sinh r u), y = (cosh s, sinh s w), read from the spatial parts:
+  -<x, y>_L - 1 = 2 sinh^2((r - s) / 2) + sinh r sinh s (1 - u.w), a sum of
+  non-negative terms, evaluated in float64 (as geoopt's documentation recommends for
+  this manifold): exact zero diagonal, exact symmetry, relative accuracy for near and
+  far pairs, nothing overflows below radius ~350. The tests check it against
+  geoopt's ``dist`` wherever geoopt is accurate.
 * **Exponential map.** Radii are capped at ``log(finfo(dtype).max) - 1`` (87.7 in
   float32, 708.8 in float64) so that cosh stays finite, or at a smaller
-  ``max_radius`` chosen by the caller; the zero vector maps to the origin.
+  ``max_radius`` chosen by the caller; the zero vector maps to the origin, with the
+  map's true Jacobian there (the polar form alone would give 0).
 * **Logarithmic map.** geoopt's ``logmap0`` reads the radius as arcosh(x_0): in
   float32 x_0 rounds to 1 below radius ~3e-4 and every such radius comes back as
   ~3e-8. We use arsinh(|x_{1:n}|), equal on the hyperboloid and accurate at both ends.
@@ -46,19 +52,28 @@ fit in float32. We therefore state (and test) the constraint relative to the siz
 its terms: |<x, x>_L + 1| <= 1e-5 x_0^2 (equivalently, x_0 equals sqrt(1 + |x_s|^2)
 to a relative 5e-6), evaluated in float64; near the origin, where x_0 ~ 1, this is
 the absolute bound. Capping the radius at ~3 instead would have bought the absolute
-bound at the price of flattening every hidden state of norm above 3, which is most
-of them for a pre-trained encoder.
+bound at the price of flattening every tangent vector of norm above 3 onto one
+sphere, a far larger distortion than a relative error of 1e-7.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
-from geoopt.manifolds.lorentz import math as geoopt_lorentz
 from torch import Tensor
 
 from polyfuse._checks import check_finite
+
+with warnings.catch_warnings():
+    # geoopt 0.5 decorates its Lorentz functions with torch.jit.script, which recent
+    # torch deprecates with one warning per function at import: nothing a user of
+    # polyfuse can act on.
+    warnings.filterwarnings(
+        "ignore", message="`torch.jit.script` is deprecated", category=DeprecationWarning
+    )
+    from geoopt.manifolds.lorentz import math as geoopt_lorentz
 
 __all__ = [
     "clip_radius",
@@ -129,7 +144,8 @@ def _broadcast(name_a: str, shape_a: torch.Size, name_b: str, shape_b: torch.Siz
         ) from None
 
 
-def _as_scalar_tensor(value: float | Tensor, name: str, like: Tensor) -> Tensor:
+def _as_work_tensor(value: float | Tensor, name: str, like: Tensor) -> Tensor:
+    """A number or a tensor (kept in the autograd graph) in the dtype of ``like``."""
     if isinstance(value, Tensor):
         if not value.is_floating_point():
             raise ValueError(f"{name} must be a float tensor or a number, got {value.dtype}")
@@ -162,10 +178,26 @@ def _max_radius_for(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).max) - 1.0
 
 
-def _chordal_to_distance(chord_squared: Tensor) -> Tensor:
-    # On the hyperboloid -<x,y>_L = 1 + |x - y|_L^2 / 2, so cosh d = 1 + c^2 / 2 with
-    # c = |x - y|_L, i.e. d = 2 arsinh(c / 2): Chimera Eq. 6 without cancellation.
-    return 2.0 * torch.asinh(0.5 * _safe_sqrt(chord_squared))
+def _polar(points: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Polar form read from the spatial part, in float64: (radius, sinh radius, x_{1:n}).
+
+    On the hyperboloid |x_{1:n}| = sinh r, so r = arsinh |x_{1:n}|; x_0 is not read.
+    """
+    spatial = points[..., 1:].to(_WORK_DTYPE)
+    sinh_radius = torch.linalg.vector_norm(spatial, dim=-1)
+    return torch.asinh(sinh_radius), sinh_radius, spatial
+
+
+def _distance_from_excess(excess: Tensor) -> Tensor:
+    # cosh d = 1 + a with a >= 0, so d = arcosh(1 + a) = 2 arsinh(sqrt(a / 2)); this
+    # form is exact at a = 0 and its gradient is safe there (Chimera Eq. 6).
+    return 2.0 * torch.asinh(_safe_sqrt(0.5 * excess))
+
+
+def _radial_excess(radius_x: Tensor, radius_y: Tensor) -> Tensor:
+    # cosh(r_x - r_y) - 1 = 2 sinh^2((r_x - r_y) / 2): the part of -<x, y>_L - 1 that
+    # points on one ray would have
+    return 2.0 * torch.sinh(0.5 * (radius_x - radius_y)).pow(2)
 
 
 # -------------------------------------------------------------- Lorentz model basics
@@ -196,12 +228,21 @@ def lorentz_inner(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
 def lorentz_distance(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
     """Geodesic distance d_L(x, y) = arcosh(-<x, y>_L) on the hyperboloid (Chimera Eq. 6).
 
-    Evaluated as 2 arsinh(|x - y|_L / 2) in float64 (see the module docstring): equal
-    to geoopt's ``dist`` with k = 1 on the hyperboloid, but exactly zero on the
-    diagonal, exactly symmetric, non-negative, finite up to radius ~350 and with a
-    finite gradient everywhere (0 where x = y, a valid subgradient). Pairs are
-    formed by broadcasting; for all pairs of two sets of points without building an
-    (..., N, M, n + 1) difference, use :func:`lorentz_pairwise_distance`.
+    Evaluated in float64 through the polar forms x = (cosh r, sinh r u) and
+    y = (cosh s, sinh s w) (see the module docstring):
+
+        -<x, y>_L - 1 = 2 sinh^2((r - s) / 2) + sinh r sinh s |u - w|^2 / 2 >= 0,
+        d_L = 2 arsinh(sqrt((-<x, y>_L - 1) / 2))
+
+    a sum of non-negative terms, so nothing cancels: the result equals geoopt's
+    ``dist`` (k = 1) on the hyperboloid and is exactly zero on the diagonal, exactly
+    symmetric, non-negative, accurate for both small and large distances, finite up
+    to radius ~350, with a finite gradient everywhere (0 where x = y, a valid
+    subgradient).
+    Only the spatial part x_{1:n} is read (r = arsinh |x_{1:n}|), i.e. a point off
+    the hyperboloid is measured as its :func:`lorentz_project`-ion. Pairs are formed
+    by broadcasting; for all pairs of two sets without an (..., N, M, n) intermediate
+    use :func:`lorentz_pairwise_distance`.
 
     Args:
         x: (..., n + 1) points on the hyperboloid.
@@ -216,34 +257,42 @@ def lorentz_distance(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f"x has {x.shape[-1]} coordinates but y has {y.shape[-1]}")
     _broadcast("x", x.shape, "y", y.shape)
-    out_dtype = torch.promote_types(x.dtype, y.dtype)
-    difference = x.to(_WORK_DTYPE) - y.to(_WORK_DTYPE)
-    chord_squared = geoopt_lorentz.inner(difference, difference, keepdim=keepdim)
-    return _chordal_to_distance(chord_squared).to(out_dtype)
+    radius_x, sinh_x, spatial_x = _polar(x)
+    radius_y, sinh_y, spatial_y = _polar(y)
+    direction_x = spatial_x / torch.where(sinh_x > 0, sinh_x, 1.0).unsqueeze(-1)
+    direction_y = spatial_y / torch.where(sinh_y > 0, sinh_y, 1.0).unsqueeze(-1)
+    # sinh r sinh s (1 - u.w) with 1 - u.w = |u - w|^2 / 2: no cancellation for near
+    # pairs. At the exact origin (no direction) the equal expression |x_s| |y_s| -
+    # x_s . y_s (zero there too) is used, for its gradient.
+    angular = sinh_x * sinh_y * 0.5 * (direction_x - direction_y).pow(2).sum(-1)
+    at_origin = (sinh_x == 0) | (sinh_y == 0)
+    angular_dot = sinh_x * sinh_y - (spatial_x * spatial_y).sum(-1)
+    angular = torch.where(at_origin, angular_dot, angular)
+    excess = _radial_excess(radius_x, radius_y) + angular
+    distance = _distance_from_excess(excess).to(torch.promote_types(x.dtype, y.dtype))
+    return distance.unsqueeze(-1) if keepdim else distance
 
 
 def _pairwise_distance(x: Tensor, y: Tensor) -> Tensor:
     """Unchecked float64 core of :func:`lorentz_pairwise_distance`: (..., N, M)."""
-    x = x.to(_WORK_DTYPE)
-    y = y.to(_WORK_DTYPE)
-    metric_sign = torch.ones(x.shape[-1], dtype=_WORK_DTYPE, device=x.device)
-    metric_sign[0] = -1.0
-    cross = (x * metric_sign) @ y.transpose(-1, -2)  # <x_i, y_j>_L for all pairs
-    self_x = ((x * metric_sign) * x).sum(-1)  # <x_i, x_i>_L (-1 on the hyperboloid)
-    self_y = ((y * metric_sign) * y).sum(-1)
-    chord_squared = self_x.unsqueeze(-1) + self_y.unsqueeze(-2) - 2.0 * cross
-    return _chordal_to_distance(chord_squared)
+    radius_x, sinh_x, spatial_x = _polar(x)
+    radius_y, sinh_y, spatial_y = _polar(y)
+    # sinh r sinh s (1 - cos(angle)) = |x_s| |y_s| - x_s . y_s, from one matrix product
+    angular = (
+        sinh_x.unsqueeze(-1) * sinh_y.unsqueeze(-2) - spatial_x @ spatial_y.transpose(-1, -2)
+    ).clamp_min(0.0)
+    excess = _radial_excess(radius_x.unsqueeze(-1), radius_y.unsqueeze(-2)) + angular
+    return _distance_from_excess(excess)
 
 
 def lorentz_pairwise_distance(x: Tensor, y: Tensor) -> Tensor:
     """All pairwise distances d_L(x_i, y_j) (Chimera Eq. 6) with O(N M) memory.
 
-    The same function as :func:`lorentz_distance`, with |x_i - y_j|_L^2 expanded as
-    <x_i, x_i>_L + <y_j, y_j>_L - 2 <x_i, y_j>_L and the cross term taken from one
-    matrix product (float64). The expansion costs exactness on the diagonal: the
-    squared chord carries a rounding error of about 1e-16 x_0^2, i.e. d(x, x) is
-    ~1e-8 x_0 rather than 0 (negligible below radius ~10, meaningless at radius 50,
-    where float32 coordinates cannot resolve distances below ~1e14 anyway).
+    The same formula as :func:`lorentz_distance`, with the angular term written as
+    |x_{1:n}| |y_{1:n}| - x_{1:n} . y_{1:n} and taken from one matrix product
+    (float64). That difference cancels for nearly parallel points: distances below
+    ~1e-8 sinh r are not resolved (d(x, x) is ~1e-8 sinh r rather than exactly 0,
+    e.g. 1e-4 at radius 10), which does not matter for attention weights.
 
     Args:
         x: (..., N, n + 1) points on the hyperboloid.
@@ -274,8 +323,7 @@ def clip_radius(tangent: Tensor, max_radius: float) -> Tensor:
     if not max_radius > 0:
         raise ValueError(f"max_radius must be positive, got {max_radius}")
     radius = torch.linalg.vector_norm(tangent, dim=-1, keepdim=True)
-    scale = max_radius / radius.clamp_min(max_radius)
-    return tangent * scale
+    return tangent * (max_radius / radius.clamp_min(max_radius))
 
 
 def lorentz_expmap0(tangent: Tensor, *, max_radius: float | None = None) -> Tensor:
@@ -283,10 +331,12 @@ def lorentz_expmap0(tangent: Tensor, *, max_radius: float | None = None) -> Tens
 
     A Euclidean vector v in R^n, read as a tangent vector at the origin (1, 0, ..., 0),
     is written in polar form (direction v / |v|, radius |v|) and mapped to
-    (cosh |v|, sinh |v| v / |v|) by geoopt's ``project_polar`` (k = 1). This equals
-    geoopt's ``expmap0`` of (0, v). The zero vector maps to the origin; radii are
-    capped at ``max_radius`` if given and always at the largest radius whose cosh is
-    finite in the dtype (87.7 in float32), the direction being kept.
+    (cosh |v|, sinh |v| v / |v|) by geoopt's ``project_polar`` (k = 1); this equals
+    geoopt's ``expmap0`` of (0, v). Radii are capped at ``max_radius`` if given and
+    always at the largest radius whose cosh is finite in the dtype (87.7 in float32),
+    the direction being kept. The polar form has no direction at v = 0: there we add
+    v itself to the spatial part, which changes no value (v = 0 maps to the origin)
+    and restores the map's true Jacobian (0; I) at the origin instead of 0.
 
     Args:
         tangent: (..., n) Euclidean vectors.
@@ -304,33 +354,36 @@ def lorentz_expmap0(tangent: Tensor, *, max_radius: float | None = None) -> Tens
     if max_radius is not None:
         limit = min(limit, float(max_radius))
     radius = torch.linalg.vector_norm(tangent, dim=-1, keepdim=True)
-    direction = tangent / radius.clamp_min(torch.finfo(tangent.dtype).tiny)
+    at_origin = radius == 0
+    direction = tangent / torch.where(at_origin, 1.0, radius)
     polar = torch.cat((direction, radius.clamp_max(limit)), dim=-1)
     unit = torch.ones((), dtype=tangent.dtype, device=tangent.device)
-    return geoopt_lorentz.project_polar(polar, k=unit)
+    points = geoopt_lorentz.project_polar(polar, k=unit)
+    first_order = torch.where(at_origin, tangent, 0.0)  # zero in value, I in gradient
+    return points + torch.cat((torch.zeros_like(radius), first_order), dim=-1)
 
 
 def lorentz_logmap0(points: Tensor) -> Tensor:
     """Logarithmic map at the origin, the inverse of :func:`lorentz_expmap0`.
 
-    For x = (cosh r, sinh r u) it returns r u, computing r = arsinh(|x_{1:n}|) from the
-    spatial part only (geoopt's ``logmap0`` uses arcosh(x_0), which loses small radii
-    in float32). For a point off the hyperboloid this equals the log map of its
+    For x = (cosh r, sinh r u) it returns r u, with r = arsinh(|x_{1:n}|) read from
+    the spatial part (geoopt's ``logmap0`` uses arcosh(x_0), which loses every radius
+    below ~3e-4 in float32), evaluated in float64 (|x_{1:n}|^2 overflows float32
+    above radius ~44). For a point off the hyperboloid this equals the log map of its
     :func:`lorentz_project`-ion.
 
     Args:
         points: (..., n + 1) points on the hyperboloid.
 
     Returns:
-        (..., n) Euclidean (tangent) vectors.
+        (..., n) Euclidean (tangent) vectors, in the input dtype.
     """
     _check_points(points, "points")
-    spatial = points[..., 1:]
-    size = torch.linalg.vector_norm(spatial, dim=-1, keepdim=True)
-    nonzero = size > 0
-    safe_size = torch.where(nonzero, size, 1.0)
-    scale = torch.where(nonzero, torch.asinh(safe_size) / safe_size, 1.0)  # arsinh(s)/s -> 1
-    return spatial * scale
+    radius, sinh_radius, spatial = _polar(points)
+    nonzero = (sinh_radius > 0).unsqueeze(-1)
+    safe = torch.where(nonzero, sinh_radius.unsqueeze(-1), 1.0)
+    scale = torch.where(nonzero, radius.unsqueeze(-1) / safe, 1.0)  # arsinh(s) / s -> 1
+    return (spatial * scale).to(points.dtype)
 
 
 def lorentz_project(points: Tensor) -> Tensor:
@@ -556,8 +609,8 @@ def lorentz_attention(
         real = key_mask.unsqueeze(-1)
         keys = torch.where(real, keys, _origin(keys.shape[-1], keys.device))
         values = torch.where(real, values, _origin(values.shape[-1], values.device))
-    beta = _as_scalar_tensor(beta, "beta", queries)
-    offset = _as_scalar_tensor(offset, "offset", queries)
+    beta = _as_work_tensor(beta, "beta", queries)
+    offset = _as_work_tensor(offset, "offset", queries)
 
     scores = -beta * _pairwise_distance(queries, keys) - offset  # Chimera Eq. 8
     value_times = values[..., 0]

@@ -8,6 +8,15 @@ Every fusion module implements ``forward(inputs, masks=None) -> (B, out_dim)`` (
 from polyfuse.nn.ban import BAN
 from polyfuse.nn.base import FusionModule
 from polyfuse.nn.baselines import LMF, TFN, Concat
+from polyfuse.nn.chimera import (
+    Chimera,
+    ChimeraOutput,
+    HyperbolicLayer,
+    HyperbolicLayerOutput,
+    MatchingLayer,
+    TopicLayer,
+    TopicLayerOutput,
+)
 from polyfuse.nn.hoca import (
     HOCA,
     MAF,
@@ -29,15 +38,22 @@ __all__ = [
     "MAN",
     "TFN",
     "BahdanauAttention",
+    "Chimera",
+    "ChimeraOutput",
     "Concat",
     "FusionModule",
     "HOCAFusion",
     "HOCAOutput",
+    "HyperbolicLayer",
+    "HyperbolicLayerOutput",
     "LowRankHOCA",
     "LowRankHOCAFusion",
     "MAFOutput",
     "MANOutput",
+    "MatchingLayer",
     "MultiLinearAttentionLayer",
+    "TopicLayer",
+    "TopicLayerOutput",
     "available",
     "create",
     "get",

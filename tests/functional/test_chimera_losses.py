@@ -1,0 +1,274 @@
+"""Chimera's losses against direct hand computations: loops over positions, pairs and
+topics, torch's cross-entropy, geoopt's distance."""
+
+import math
+
+import pytest
+import torch
+
+from polyfuse.functional.chimera_losses import (
+    chimera_objective,
+    distortion_loss,
+    hyperbolic_matching_loss,
+    topic_lm_loss,
+    topic_matching_loss,
+)
+from polyfuse.functional.lorentz import lorentz_expmap0
+
+# imported after polyfuse, which silences geoopt's torch.jit deprecation warnings
+geoopt = pytest.importorskip("geoopt")
+geoopt_math = geoopt.manifolds.lorentz.math
+
+DOUBLE = torch.float64
+UNIT = torch.tensor(1.0, dtype=DOUBLE)
+
+
+def randn(*shape, seed=0, scale=1.0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=DOUBLE) * scale
+
+
+def geoopt_distance(x, y):
+    return geoopt_math.dist(x, y, k=UNIT)
+
+
+# ------------------------------------------------------------------------ L_T, Eq. 3
+
+
+def test_topic_lm_loss_equals_a_loop_over_positions_and_topics():
+    batch, length, topics, vocab = 2, 4, 3, 7
+    vocab_logits = randn(batch, length, topics, vocab, seed=1)
+    topic_logits = randn(batch, length, topics, seed=2)
+    targets = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(3))
+    targets[0, 1] = -100  # not a masked token
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[1, 3] = False
+    total, count = 0.0, 0
+    for b in range(batch):
+        for t in range(length):
+            if targets[b, t] == -100 or not mask[b, t]:
+                continue
+            prior = torch.softmax(topic_logits[b, t], dim=0)
+            likelihood = sum(
+                torch.softmax(vocab_logits[b, t, z], dim=0)[targets[b, t]] * prior[z]
+                for z in range(topics)
+            )
+            total -= math.log(float(likelihood))
+            count += 1
+    loss = topic_lm_loss(vocab_logits, topic_logits, targets, mask)
+    assert math.isclose(float(loss), total / count, rel_tol=1e-12)
+    summed = topic_lm_loss(vocab_logits, topic_logits, targets, mask, reduction="sum")
+    assert math.isclose(float(summed), total, rel_tol=1e-12)
+
+
+def test_topic_lm_loss_with_one_topic_is_cross_entropy():
+    vocab_logits = randn(3, 5, 1, 11, seed=4)
+    targets = torch.randint(0, 11, (3, 5), generator=torch.Generator().manual_seed(5))
+    loss = topic_lm_loss(vocab_logits, torch.zeros(3, 5, 1, dtype=DOUBLE), targets)
+    reference = torch.nn.functional.cross_entropy(vocab_logits[..., 0, :].reshape(15, 11), targets.reshape(15))
+    assert torch.allclose(loss, reference, rtol=1e-12)
+
+
+def test_topic_lm_loss_without_counted_positions_is_zero_with_a_gradient():
+    vocab_logits = randn(1, 2, 2, 3, seed=6).requires_grad_()
+    loss = topic_lm_loss(vocab_logits, randn(1, 2, 2, seed=7), torch.full((1, 2), -100))
+    assert float(loss.detach()) == 0.0
+    loss.backward()
+    assert torch.equal(vocab_logits.grad, torch.zeros_like(vocab_logits))
+
+
+def test_topic_lm_loss_gradcheck_and_errors():
+    vocab_logits = randn(2, 3, 2, 4, seed=8).requires_grad_()
+    topic_logits = randn(2, 3, 2, seed=9).requires_grad_()
+    targets = torch.tensor([[0, 3, -100], [2, 1, 1]])
+    assert torch.autograd.gradcheck(lambda v, z: topic_lm_loss(v, z, targets), (vocab_logits, topic_logits))
+    with pytest.raises(ValueError, match="targets must lie in"):
+        topic_lm_loss(vocab_logits, topic_logits, torch.full((2, 3), 4))
+    with pytest.raises(ValueError, match="topic_logits has shape"):
+        topic_lm_loss(vocab_logits, topic_logits[..., :1], targets)
+    with pytest.raises(ValueError, match="int64"):
+        topic_lm_loss(vocab_logits, topic_logits, targets.float())
+    bad = vocab_logits.detach().clone()
+    bad[1, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"topic_vocab_logits .* contains NaN"):
+        topic_lm_loss(bad, topic_logits, targets)
+    bad[1, 0] = 0.0
+    bad[0, 2, 0, 0] = float("nan")  # at an ignored position: fine
+    assert torch.isfinite(topic_lm_loss(bad, topic_logits, targets))
+    with pytest.raises(ValueError, match="reduction"):
+        topic_lm_loss(vocab_logits, topic_logits, targets, reduction="none")
+
+
+# ---------------------------------------------------------------------- TLM, Eq. 10
+
+
+def test_topic_matching_loss_is_cross_entropy_over_in_batch_negatives():
+    texts, images = randn(5, 4, seed=10), randn(5, 4, seed=11)
+    scores = texts @ images.T
+    reference = torch.nn.functional.cross_entropy(scores, torch.arange(5))
+    assert torch.allclose(topic_matching_loss(texts, images), reference, rtol=1e-12)
+    # Eq. 10 written out: the positive against the N = B - 1 other images
+    terms = []
+    for b in range(5):
+        positive = torch.exp(texts[b] @ images[b])
+        negatives = sum(torch.exp(texts[b] @ images[n]) for n in range(5) if n != b)
+        terms.append(-torch.log(positive / (positive + negatives)))
+    assert torch.allclose(topic_matching_loss(texts, images), torch.stack(terms).mean(), rtol=1e-12)
+    # temperature and the symmetric (CLIP) variant
+    warm = torch.nn.functional.cross_entropy(scores / 0.1, torch.arange(5))
+    assert torch.allclose(topic_matching_loss(texts, images, temperature=0.1), warm, rtol=1e-12)
+    both = 0.5 * (reference + torch.nn.functional.cross_entropy(scores.T, torch.arange(5)))
+    assert torch.allclose(topic_matching_loss(texts, images, symmetric=True), both, rtol=1e-12)
+
+
+def test_topic_matching_loss_gradcheck_and_errors():
+    texts, images = randn(3, 4, seed=12).requires_grad_(), randn(3, 4, seed=13).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t, i: topic_matching_loss(t, i, symmetric=True), (texts, images))
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        topic_matching_loss(texts[:1], images[:1])
+    with pytest.raises(ValueError, match="same shape"):
+        topic_matching_loss(texts, images[:2])
+    with pytest.raises(ValueError, match="temperature"):
+        topic_matching_loss(texts, images, temperature=0.0)
+    with pytest.raises(ValueError, match="image_topics contains Inf"):
+        topic_matching_loss(texts, torch.full((3, 4), float("inf"), dtype=DOUBLE))
+
+
+# ---------------------------------------------------------------------- HLM, Eq. 11
+
+
+def hinge_by_pairs(texts, images, margin, symmetric=False):
+    terms = []
+    batch = len(texts)
+    for j in range(batch):
+        positive = geoopt_distance(texts[j], images[j]) ** 2
+        for k in range(batch):
+            if k != j:
+                negative = geoopt_distance(texts[k], images[j]) ** 2
+                terms.append(torch.clamp(margin + positive - negative, min=0))
+    if symmetric:
+        for i in range(batch):
+            positive = geoopt_distance(texts[i], images[i]) ** 2
+            for n in range(batch):
+                if n != i:
+                    negative = geoopt_distance(texts[i], images[n]) ** 2
+                    terms.append(torch.clamp(margin + positive - negative, min=0))
+    return torch.stack(terms)
+
+
+def test_hyperbolic_matching_loss_equals_the_hinge_over_explicit_pairs():
+    texts = lorentz_expmap0(randn(4, 3, seed=14))
+    images = lorentz_expmap0(randn(4, 3, seed=15))
+    for symmetric in (False, True):
+        terms = hinge_by_pairs(texts, images, 1.5, symmetric)
+        assert (terms > 0).any() and (terms == 0).any()  # the example exercises both sides
+        loss = hyperbolic_matching_loss(texts, images, margin=1.5, symmetric=symmetric)
+        assert torch.allclose(loss, terms.mean(), rtol=1e-10)
+        summed = hyperbolic_matching_loss(texts, images, margin=1.5, symmetric=symmetric, reduction="sum")
+        assert torch.allclose(summed, terms.sum(), rtol=1e-10)
+
+
+def test_hyperbolic_matching_loss_is_zero_when_negatives_are_farther_by_the_margin():
+    direction = torch.tensor([1.0, 0.0, 0.0], dtype=DOUBLE)
+    radii = torch.tensor([0.0, 2.0, 4.0, 6.0], dtype=DOUBLE)
+    texts = lorentz_expmap0(radii[:, None] * direction)
+    # on one geodesic: each image 0.3 beyond its text, every other text at least 1.7
+    # away, so every squared gap is at least 1.7^2 - 0.3^2 = 2.8
+    images = lorentz_expmap0((radii[:, None] + 0.3) * direction)
+    assert float(hyperbolic_matching_loss(texts, images, margin=2.75, symmetric=True)) == 0.0
+    # a margin above the smallest gap makes it positive
+    assert float(hyperbolic_matching_loss(texts, images, margin=2.85)) > 0.0
+
+
+def test_hyperbolic_matching_loss_gradcheck_and_errors():
+    texts = lorentz_expmap0(randn(3, 2, seed=16)).requires_grad_()
+    images = lorentz_expmap0(randn(3, 2, seed=17)).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t, i: hyperbolic_matching_loss(t, i, margin=2.0, symmetric=True), (texts, images)
+    )
+    with pytest.raises(ValueError, match="margin"):
+        hyperbolic_matching_loss(texts, images, margin=0.0)
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        hyperbolic_matching_loss(texts[:1], images[:1])
+    with pytest.raises(ValueError, match="text_points and image_points must be"):
+        hyperbolic_matching_loss(texts[0], images[0])
+
+
+# ------------------------------------------------------------------------ L_D, Eq. 12
+
+
+def test_distortion_loss_equals_a_loop_over_all_pairs():
+    text_tangents, image_tangents = randn(3, 4, seed=18), randn(3, 4, seed=19)
+    texts, images = lorentz_expmap0(text_tangents), lorentz_expmap0(image_tangents)
+    terms = []
+    for k in range(3):
+        for j in range(3):  # the positive pairs (k = j) and the negative pairs (k != j)
+            lorentz = geoopt_distance(texts[k], images[j])
+            euclidean = torch.dist(text_tangents[k], image_tangents[j])
+            terms.append(torch.abs(lorentz - euclidean) / euclidean)
+    terms = torch.stack(terms)
+    loss = distortion_loss(texts, images, text_tangents, image_tangents)
+    assert torch.allclose(loss, terms.mean(), rtol=1e-10)
+    summed = distortion_loss(texts, images, text_tangents, image_tangents, reduction="sum")
+    assert torch.allclose(summed, terms.sum(), rtol=1e-10)
+
+
+def test_distortion_loss_vanishes_on_a_geodesic_through_the_origin():
+    # exp_0 is an isometry on a line through the origin: no distortion at all
+    direction = torch.tensor([0.6, 0.0, -0.8], dtype=DOUBLE)
+    text_tangents = torch.tensor([[-1.0], [0.5], [3.0]], dtype=DOUBLE) * direction
+    image_tangents = torch.tensor([[2.0], [-0.25], [1.0]], dtype=DOUBLE) * direction
+    loss = distortion_loss(
+        lorentz_expmap0(text_tangents), lorentz_expmap0(image_tangents), text_tangents, image_tangents
+    )
+    assert float(loss) < 1e-12
+    # off the line the hyperbolic distances are larger: positive distortion
+    bent = image_tangents + torch.tensor([0.0, 1.0, 0.0], dtype=DOUBLE)
+    assert float(distortion_loss(lorentz_expmap0(text_tangents), lorentz_expmap0(bent), text_tangents, bent)) > 0.01
+
+
+def test_distortion_loss_gradcheck_coinciding_embeddings_and_errors():
+    text_tangents = randn(2, 3, seed=20).requires_grad_()
+    image_tangents = randn(2, 3, seed=21).requires_grad_()
+
+    def loss(t, i):
+        return distortion_loss(lorentz_expmap0(t), lorentz_expmap0(i), t, i)
+
+    assert torch.autograd.gradcheck(loss, (text_tangents, image_tangents))
+    same = text_tangents.detach().clone().requires_grad_()
+    value = loss(same, same.detach().clone())  # d_E = 0 on the diagonal: finite, zero term there
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(same.grad).all()
+    points = lorentz_expmap0(text_tangents.detach())
+    with pytest.raises(ValueError, match="text_embeddings has 2 rows but text_points has 1"):
+        distortion_loss(points[:1], points[:1], text_tangents[:2, :], image_tangents[:2, :])
+    with pytest.raises(ValueError, match="eps"):
+        distortion_loss(points, points, text_tangents, image_tangents, eps=0.0)
+
+
+# ---------------------------------------------------------------- objective, Eq. 13
+
+
+def test_chimera_objective_weights_the_terms_with_the_papers_lambdas():
+    losses = {
+        "topic_lm": torch.tensor(1.0),
+        "topic_matching": torch.tensor(2.0),
+        "hyperbolic_matching": torch.tensor(3.0),
+        "distortion": torch.tensor(4.0),
+        "model_loss": torch.tensor(5.0),
+    }
+    assert float(chimera_objective(**losses)) == 0.5 * (1 + 2 + 3 + 4) + 1.0 * 5
+    weighted = chimera_objective(**losses, topic_lm_weight=2.0, model_loss_weight=0.0)
+    assert float(weighted) == 2.0 * 1 + 0.5 * (2 + 3 + 4)
+    # left-out terms (Table 4's ablations) are skipped
+    assert float(chimera_objective(topic_matching=torch.tensor(2.0), model_loss=torch.tensor(5.0))) == 6.0
+
+
+def test_chimera_objective_errors():
+    with pytest.raises(ValueError, match="at least one loss term"):
+        chimera_objective()
+    with pytest.raises(ValueError, match="distortion must be a scalar"):
+        chimera_objective(distortion=torch.ones(2))
+    with pytest.raises(ValueError, match="topic_lm contains NaN"):
+        chimera_objective(topic_lm=torch.tensor(float("nan")))
+    with pytest.raises(ValueError, match="distortion_weight"):
+        chimera_objective(distortion=torch.tensor(1.0), distortion_weight=-1.0)

@@ -1,0 +1,284 @@
+"""Chimera's layers: each topic variant against its explicit mixture, the equations by
+hand, padding invariance (padded vs truncated inputs), gradients, and input checks."""
+
+import math
+
+import pytest
+import torch
+
+from polyfuse.functional.chimera_losses import (
+    chimera_objective,
+    distortion_loss,
+    hyperbolic_matching_loss,
+    topic_lm_loss,
+    topic_matching_loss,
+)
+from polyfuse.functional.lorentz import (
+    lorentz_distance,
+    lorentz_expmap0,
+    lorentz_inner,
+    lorentz_logmap0,
+)
+from polyfuse.nn.chimera import (
+    TOPIC_VARIANTS,
+    Chimera,
+    HyperbolicLayer,
+    MatchingLayer,
+    TopicLayer,
+)
+
+HIDDEN = 12
+
+
+def hidden_states(batch, length, seed=0, dtype=torch.float32, scale=3.0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, length, HIDDEN, generator=generator) * scale).to(dtype)
+
+
+def lengths_to_mask(lengths, total):
+    return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def pad_with_garbage(hidden, mask, value=float("nan")):
+    return hidden.masked_fill(~mask.unsqueeze(-1), value)
+
+
+# -------------------------------------------------------------------------- topics
+
+
+@pytest.mark.parametrize("variant", TOPIC_VARIANTS)
+def test_topic_layer_keeps_the_hidden_size_and_mixes_the_topic_states(variant):
+    torch.manual_seed(0)
+    layer = TopicLayer(HIDDEN, 5, variant=variant, init_std=0.3).double()
+    hidden = hidden_states(2, 4, dtype=torch.float64)
+    out = layer(hidden)
+    assert out.hidden.shape == hidden.shape
+    assert out.topic_probs.shape == out.topic_logits.shape == (2, 4, 5)
+    assert torch.allclose(out.topic_probs.sum(-1), torch.ones(2, 4, dtype=torch.float64))
+    # Eq. 4: the prior is softmax(LayerNorm(h) W_Z)
+    prior = torch.softmax(layer.norm(hidden) @ layer.topic_prior.weight.T, dim=-1)
+    assert torch.allclose(out.topic_probs, prior)
+    # H_T = sum_z P(z) T_z(h) with every T_z(h) built explicitly
+    states = layer.topic_states(hidden)
+    assert states.shape == (2, 4, 5, HIDDEN)
+    assert torch.equal(states[..., 0, :], hidden)  # topic 0: the residual
+    assert torch.allclose(out.hidden, torch.einsum("bnz,bnzd->bnd", prior, states), rtol=1e-12)
+
+
+def test_topic_states_follow_eq_5_for_each_variant():
+    torch.manual_seed(1)
+    hidden = hidden_states(1, 3, dtype=torch.float64)
+    h = hidden[0, 1]
+    addition = TopicLayer(HIDDEN, 3, variant="addition").double()
+    omega = torch.sigmoid(addition.addition_logit)
+    expected = (1 - omega) * h + omega * addition.topic_vectors[1]
+    assert torch.allclose(addition.topic_states(hidden)[0, 1, 2], expected)
+    multiplication = TopicLayer(HIDDEN, 3, variant="multiplication").double()
+    assert torch.allclose(multiplication.topic_states(hidden)[0, 1, 2], h * multiplication.topic_vectors[1])
+    affine = TopicLayer(HIDDEN, 3, variant="affine").double()
+    expected = h @ affine.topic_weights[1] + affine.topic_biases[1]
+    assert torch.allclose(affine.topic_states(hidden)[0, 1, 2], expected)
+    residual = TopicLayer(HIDDEN, 3, variant="residual").double()
+    assert torch.equal(residual(hidden).hidden, hidden)
+    assert torch.equal(TopicLayer(HIDDEN, 1, variant="affine").double()(hidden).hidden, hidden)
+
+
+@pytest.mark.parametrize("variant", ["addition", "affine"])
+def test_topic_layer_padding_changes_nothing(variant):
+    torch.manual_seed(2)
+    layer = TopicLayer(HIDDEN, 4, variant=variant)
+    hidden = hidden_states(2, 6, seed=3)
+    mask = lengths_to_mask([4, 6], 6)
+    out = layer(pad_with_garbage(hidden, mask), mask)
+    short = layer(hidden[:1, :4])
+    assert torch.allclose(out.hidden[:1, :4], short.hidden, atol=1e-6)
+    assert torch.allclose(out.topic_probs[:1, :4], short.topic_probs, atol=1e-6)
+    assert torch.equal(out.hidden[0, 4:], torch.zeros(2, HIDDEN))
+    assert torch.equal(out.topic_probs[0, 4:], torch.zeros(2, 4))
+
+
+def test_topic_layer_feeds_the_topic_lm_loss():
+    torch.manual_seed(4)
+    layer = TopicLayer(HIDDEN, 3, variant="multiplication")
+    vocabulary_head = torch.nn.Linear(HIDDEN, 9)  # W_{V|Z}, the encoder's own head
+    hidden = hidden_states(2, 5, seed=5)
+    targets = torch.randint(0, 9, (2, 5))
+    out = layer(hidden)
+    loss = topic_lm_loss(vocabulary_head(layer.topic_states(hidden)), out.topic_logits, targets)
+    loss.backward()
+    assert torch.isfinite(loss)
+    for name, parameter in layer.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_topic_layer_errors():
+    with pytest.raises(ValueError, match="unknown topic variant 'sum'; available: residual"):
+        TopicLayer(HIDDEN, variant="sum")
+    layer = TopicLayer(HIDDEN, 2)
+    with pytest.raises(ValueError, match=r"hidden has shape \(2, 3, 5\), expected \(B, N, 12\)"):
+        layer(torch.zeros(2, 3, 5))
+    bad = hidden_states(2, 3)
+    bad[1, 2, 0] = float("inf")
+    with pytest.raises(ValueError, match="hidden contains Inf"):
+        layer(bad)
+    with pytest.raises(ValueError, match="no real token"):
+        layer(hidden_states(2, 3), torch.tensor([[True, False, False], [False, False, False]]))
+
+
+# ---------------------------------------------------------------------- hyperbolic
+
+
+def test_hyperbolic_layer_shapes_points_and_padding():
+    torch.manual_seed(6)
+    layer = HyperbolicLayer(HIDDEN, 5, beta=2.0, offset=0.5)
+    hidden = hidden_states(2, 7, seed=7)
+    mask = lengths_to_mask([7, 3], 7)
+    out = layer(pad_with_garbage(hidden, mask), mask, return_weights=True)
+    assert out.hidden.shape == hidden.shape
+    assert out.points.shape == (2, 7, 6) and out.weights.shape == (2, 7, 7)
+    residual = lorentz_inner(out.points.double(), out.points.double()) + 1
+    assert (residual.abs() <= 1e-5 * out.points.double()[..., 0] ** 2).all()
+    assert torch.equal(out.weights[1, :, 3:], torch.zeros(7, 4))  # padded keys
+    assert torch.equal(out.hidden[1, 3:], torch.zeros(4, HIDDEN))
+    short = layer(hidden[1:, :3])
+    assert torch.allclose(out.hidden[1:, :3], short.hidden, atol=1e-5)
+    assert torch.allclose(out.points[1:, :3], short.points, atol=1e-5)
+    assert math.isclose(float(layer.beta.detach()), 2.0, rel_tol=1e-6)
+
+
+def test_hyperbolic_layer_is_eq_8_on_the_projected_tokens():
+    torch.manual_seed(8)
+    layer = HyperbolicLayer(HIDDEN, 4, beta=0.5, offset=-1.0).double()
+    hidden = hidden_states(1, 5, seed=9, dtype=torch.float64)
+    out = layer(hidden, return_weights=True)
+    queries = lorentz_expmap0(layer.query(hidden))
+    keys = lorentz_expmap0(layer.key(hidden))
+    values = lorentz_expmap0(layer.value(hidden))
+    alpha = torch.sigmoid(-0.5 * lorentz_distance(queries[0, :, None], keys[0, None, :]) + 1.0)
+    assert torch.allclose(out.weights[0], alpha, rtol=1e-10)
+    klein = values[0, :, 1:] / values[0, :, :1]
+    scaled = alpha * values[0, :, 0]  # alpha gamma, with gamma = x_0
+    midpoint = (scaled / scaled.sum(-1, keepdim=True)) @ klein
+    points = torch.cat((torch.ones(5, 1, dtype=torch.float64), midpoint), -1)
+    points = points / torch.sqrt(1 - midpoint.pow(2).sum(-1, keepdim=True))
+    assert torch.allclose(out.points[0], points, rtol=1e-9)
+    assert torch.allclose(out.hidden[0], layer.output(lorentz_logmap0(points)), rtol=1e-9)
+
+
+def test_hyperbolic_layer_embed_and_radius_cap():
+    torch.manual_seed(10)
+    layer = HyperbolicLayer(HIDDEN, 4, max_radius=2.0)
+    hidden = hidden_states(2, 5, seed=11, scale=100.0)  # projections far beyond radius 2
+    mask = lengths_to_mask([5, 2], 5)
+    points, tangents = layer.embed(pad_with_garbage(hidden, mask), mask)
+    assert points.shape == (2, 5) and tangents.shape == (2, 4)
+    assert torch.allclose(points, lorentz_expmap0(tangents))
+    assert (tangents.norm(dim=-1) <= 2.0 + 1e-5).all()
+    short_points, _ = layer.embed(hidden[1:, :2])
+    assert torch.allclose(points[1:], short_points, atol=1e-5)
+    origin = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0])
+    radii = lorentz_distance(layer(hidden).points, origin)
+    assert (radii <= 2.0 + 1e-4).all()
+
+
+# ------------------------------------------------------------------------ matching
+
+
+def test_matching_layer_is_eq_9():
+    layer = MatchingLayer(topic_weight=0.3, visual_weight=0.8)
+    hyperbolic, text, image = (hidden_states(2, 3, seed=s) for s in (12, 13, 14))
+    expected = 0.7 * hyperbolic + 0.3 * (0.8 * image + 0.2 * text)
+    out = layer(hyperbolic, text, image)
+    assert torch.allclose(out, expected, atol=1e-6)
+    out.sum().backward()
+    assert layer.topic_logit.grad is not None and layer.visual_logit.grad is not None
+    with pytest.raises(ValueError, match="topic_weight must lie strictly between 0 and 1"):
+        MatchingLayer(topic_weight=1.0)
+    with pytest.raises(ValueError, match="image_topic_hidden has shape"):
+        layer(hyperbolic, text, image[:, :2])
+
+
+# ------------------------------------------------------------------------- Chimera
+
+
+def chimera_inputs(seed=15):
+    text = hidden_states(3, 6, seed=seed)
+    image = hidden_states(3, 4, seed=seed + 1)
+    text_mask = lengths_to_mask([6, 2, 4], 6)
+    image_mask = lengths_to_mask([4, 4, 1], 4)
+    return text, image, text_mask, image_mask
+
+
+def test_chimera_shapes_and_padding_changes_nothing():
+    torch.manual_seed(16)
+    model = Chimera(HIDDEN, num_topics=4, hyperbolic_dim=5)
+    text, image, text_mask, image_mask = chimera_inputs()
+    out = model(pad_with_garbage(text, text_mask), pad_with_garbage(image, image_mask), text_mask, image_mask)
+    assert out.hidden.shape == (3, 10, HIDDEN) and out.mask.shape == (3, 10)
+    assert out.text_topics.shape == out.image_topics.shape == (3, 4)
+    assert torch.allclose(out.text_topics.sum(-1), torch.ones(3))
+    assert out.text_points.shape == out.image_points.shape == (3, 6)
+    assert out.text_tangents.shape == (3, 5)
+    assert torch.equal(out.hidden[~out.mask], torch.zeros(int((~out.mask).sum()), HIDDEN))
+    for b, (t, v) in enumerate([(6, 4), (2, 4), (4, 1)]):
+        alone = model(text[b : b + 1, :t], image[b : b + 1, :v])
+        real = out.hidden[b][out.mask[b]]
+        assert torch.allclose(real, alone.hidden[0], atol=1e-5)
+        for field in ("text_topics", "image_topics", "text_points", "image_points", "text_tangents"):
+            assert torch.allclose(getattr(out, field)[b], getattr(alone, field)[0], atol=1e-5), field
+        assert torch.allclose(out.text_topic_logits[b, :t], alone.text_topic_logits[0], atol=1e-5)
+
+
+def test_chimera_combines_its_layers_as_in_eq_9():
+    torch.manual_seed(17)
+    model = Chimera(HIDDEN, num_topics=3, hyperbolic_dim=4, topic_weight=0.4, visual_weight=0.25)
+    text, image = hidden_states(2, 3, seed=18), hidden_states(2, 2, seed=19)
+    out = model(text, image)
+    hyperbolic = model.hyperbolic(torch.cat((text, image), 1)).hidden
+    text_topic = model.text_topic(text).hidden
+    image_topic = model.image_topic(image).hidden
+    expected_text = 0.6 * hyperbolic[:, :3] + 0.4 * 0.75 * text_topic
+    expected_image = 0.6 * hyperbolic[:, 3:] + 0.4 * 0.25 * image_topic
+    assert torch.allclose(out.hidden, torch.cat((expected_text, expected_image), 1), atol=1e-6)
+
+
+def test_chimera_trains_every_parameter_through_the_objective():
+    torch.manual_seed(20)
+    model = Chimera(HIDDEN, num_topics=3, hyperbolic_dim=4).double()
+    vocabulary_head = torch.nn.Linear(HIDDEN, 7).double()
+    text, image, text_mask, image_mask = (
+        t.double() if t.is_floating_point() else t for t in chimera_inputs(seed=21)
+    )
+    out = model(text, image, text_mask, image_mask)
+    targets = torch.randint(0, 7, (3, 6)).masked_fill(~text_mask, -100)
+    states = model.text_topic.topic_states(pad_with_garbage(text, text_mask), text_mask)
+    assert torch.equal(states[~text_mask], torch.zeros_like(states[~text_mask]))
+    text_lm = topic_lm_loss(vocabulary_head(states), out.text_topic_logits, targets)
+    total = chimera_objective(
+        topic_lm=text_lm,
+        topic_matching=topic_matching_loss(out.text_topics, out.image_topics),
+        hyperbolic_matching=hyperbolic_matching_loss(out.text_points, out.image_points, margin=5.0),
+        distortion=distortion_loss(out.text_points, out.image_points, out.text_tangents, out.image_tangents),
+        model_loss=out.hidden.pow(2).mean(),
+    )
+    total.backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
+        assert parameter.grad.abs().sum() > 0, name
+
+
+def test_chimera_input_errors():
+    model = Chimera(HIDDEN, num_topics=2, hyperbolic_dim=3)
+    text, image, text_mask, image_mask = chimera_inputs(seed=22)
+    bad = text.clone()
+    bad[1, 0, 3] = float("nan")  # a real token
+    with pytest.raises(ValueError, match="text_hidden contains NaN"):
+        model(bad, image, text_mask, image_mask)
+    with pytest.raises(ValueError, match="batch size"):
+        model(text, image[:2], text_mask, image_mask[:2])
+    with pytest.raises(ValueError, match=r"image_hidden has shape \(3, 4, 5\)"):
+        model(text, torch.zeros(3, 4, 5), text_mask)
+    with pytest.raises(ValueError, match="image_mask must be a bool tensor"):
+        model(text, image, text_mask, image_mask.float())
+    with pytest.raises(ValueError, match="text_mask has no real token"):
+        model(text, image, torch.zeros_like(text_mask), image_mask)
