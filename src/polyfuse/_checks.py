@@ -14,6 +14,7 @@ from torch import Tensor
 
 __all__ = [
     "check_finite",
+    "check_mask",
     "check_masks",
     "check_modality_list",
     "prepare_fusion_inputs",
@@ -56,6 +57,29 @@ def check_finite(tensor: Tensor, what: str, mask: Tensor | None = None) -> None:
         raise ValueError(f"{what} contains {kind} at index {tuple(where)}")
 
 
+def check_mask(mask: object, shape: torch.Size | tuple[int, ...], what: str) -> Tensor:
+    """Validate one bool mask (True = real step) and expand it to ``shape`` (..., T).
+
+    Raises when it is not a bool tensor, does not broadcast to ``shape``, or leaves a
+    sample with no real step: attention over an empty set is undefined, and we
+    refuse rather than return NaN.
+    """
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise ValueError(f"{what} must be a bool tensor (True = real step)")
+    try:
+        mask = mask.expand(shape)
+    except RuntimeError:
+        raise ValueError(f"{what} has shape {tuple(mask.shape)}, expected {tuple(shape)}") from None
+    empty = ~mask.any(dim=-1)
+    if bool(empty.any()):
+        rows = [tuple(row) if len(row) > 1 else row[0] for row in empty.nonzero().tolist()[:10]]
+        raise ValueError(
+            f"{what} is all padding for sample(s) {rows}: "
+            "every sample needs at least one real step"
+        )
+    return mask
+
+
 def check_masks(
     masks: Sequence[Tensor | None] | None, tensors: Sequence[Tensor], what: str = "masks"
 ) -> list[Tensor]:
@@ -78,23 +102,7 @@ def check_masks(
         if mask is None:
             result.append(torch.ones(expected, dtype=torch.bool, device=tensor.device))
             continue
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise ValueError(f"{what}[{j}] (modality {j}) must be a bool tensor (True = real step)")
-        try:
-            mask = mask.expand(expected)
-        except RuntimeError:
-            raise ValueError(
-                f"{what}[{j}] (modality {j}) has shape {tuple(mask.shape)}, "
-                f"expected {tuple(expected)}"
-            ) from None
-        empty = ~mask.any(dim=-1)
-        if bool(empty.any()):
-            rows = empty.nonzero().flatten().tolist()[:10]
-            raise ValueError(
-                f"{what}[{j}] (modality {j}) is all padding for sample(s) {rows}: "
-                "every sample needs at least one real step in every modality"
-            )
-        result.append(mask)
+        result.append(check_mask(mask, expected, f"{what}[{j}] (modality {j})"))
     return result
 
 

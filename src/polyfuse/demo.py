@@ -130,7 +130,7 @@ def run_demo(
         num_samples, lengths=(8, 10, 12), feature_dims=(16, 12, 8), chunks=4, distractors=1,
         signal=3.0, seed=seed,
     )
-    split = int(round(num_samples * (1 - test_fraction)))
+    split = round(num_samples * (1 - test_fraction))
     train, test = data.subset(slice(0, split)), data.subset(slice(split, None))
     return [
         train_and_test(spec, train, test, epochs=epochs, seed=seed, progress=progress)

@@ -450,7 +450,7 @@ def test_bad_attention_inputs_raise_value_errors():
         lorentz_attention(queries, keys, values, mask[:, :3], beta=1.0, offset=0.0)
     empty = mask.clone()
     empty[1] = False
-    with pytest.raises(ValueError, match="no real token in row"):
+    with pytest.raises(ValueError, match="is all padding for sample"):
         lorentz_attention(queries, keys, values, empty, beta=1.0, offset=0.0)
     with pytest.raises(ValueError, match="must agree"):
         lorentz_attention(queries, keys, values[:, :3], beta=1.0, offset=0.0)

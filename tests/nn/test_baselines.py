@@ -12,14 +12,8 @@ import pytest
 import torch
 
 import polyfuse
-from polyfuse.nn.baselines import (
-    LMF,
-    TFN,
-    Concat,
-    low_rank_fusion,
-    masked_mean,
-    tensor_fusion,
-)
+from polyfuse.functional import low_rank_fusion, masked_mean, tensor_fusion
+from polyfuse.nn import LMF, TFN, Concat
 
 MODULES = [Concat, TFN, LMF]
 SMALL_KWARGS = {

@@ -121,7 +121,7 @@ def test_topic_layer_errors():
     bad[1, 2, 0] = float("inf")
     with pytest.raises(ValueError, match="hidden contains Inf"):
         layer(bad)
-    with pytest.raises(ValueError, match="no real token"):
+    with pytest.raises(ValueError, match="is all padding for sample"):
         layer(hidden_states(2, 3), torch.tensor([[True, False, False], [False, False, False]]))
 
 
@@ -280,5 +280,5 @@ def test_chimera_input_errors():
         model(text, torch.zeros(3, 4, 5), text_mask)
     with pytest.raises(ValueError, match="image_mask must be a bool tensor"):
         model(text, image, text_mask, image_mask.float())
-    with pytest.raises(ValueError, match="text_mask has no real token"):
+    with pytest.raises(ValueError, match="text_mask is all padding for sample"):
         model(text, image, torch.zeros_like(text_mask), image_mask)

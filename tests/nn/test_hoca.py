@@ -21,16 +21,8 @@ from polyfuse.functional.hoca import (
     low_rank_hoca_attention,
     query_conditioned_features,
 )
-from polyfuse.nn.hoca import (
-    HOCA,
-    MAF,
-    BahdanauAttention,
-    HOCAFusion,
-    LowRankHOCA,
-    LowRankHOCAFusion,
-    default_exact_max_length,
-    parse_orders,
-)
+from polyfuse.nn.hoca import HOCA, BahdanauAttention, LowRankHOCA, default_exact_max_length
+from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, parse_orders
 
 F64 = torch.float64
 ADAPTERS = ["hoca", "lowrank_hoca"]

@@ -43,9 +43,12 @@ from polyfuse.functional.multilinear import (
     multilinear_attention,
     multilinear_pooling,
 )
+from polyfuse.functional.pooling import masked_mean
 from polyfuse.functional.random_features import gaussian_random_matrix, positive_random_features
+from polyfuse.functional.tensor_fusion import append_one, low_rank_fusion, tensor_fusion
 
 __all__ = [
+    "append_one",
     "bahdanau_attention",
     "bilinear_attention_logits",
     "bilinear_attention_map",
@@ -70,14 +73,17 @@ __all__ = [
     "lorentz_pairwise_distance",
     "lorentz_project",
     "lorentz_to_klein",
+    "low_rank_fusion",
     "low_rank_hoca_attention",
     "low_rank_hoca_attention_all_targets",
     "lsc_encoding",
     "lsc_encoding_from_mask",
+    "masked_mean",
     "multilinear_attention",
     "multilinear_pooling",
     "positive_random_features",
     "query_conditioned_features",
+    "tensor_fusion",
     "topic_lm_loss",
     "topic_matching_loss",
 ]

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from polyfuse._checks import check_finite
+from polyfuse._checks import check_finite, check_mask
 
 __all__ = [
     "bilinear_attention_logits",
@@ -56,25 +56,9 @@ def _check_sequence(tensor: Tensor, name: str, owner: str) -> None:
 
 def _check_mask(mask: Tensor | None, tensor: Tensor, name: str, owner: str) -> Tensor:
     """A (B, T) bool mask for ``tensor`` (B, T, d): all True when ``mask`` is None."""
-    expected = tensor.shape[:2]
     if mask is None:
-        return torch.ones(expected, dtype=torch.bool, device=tensor.device)
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise ValueError(f"{owner}: {name} must be a bool tensor (True = real step)")
-    try:
-        mask = mask.expand(expected)
-    except RuntimeError:
-        raise ValueError(
-            f"{owner}: {name} has shape {tuple(mask.shape)}, expected {tuple(expected)}"
-        ) from None
-    empty = ~mask.any(dim=-1)
-    if bool(empty.any()):
-        rows = empty.nonzero().flatten().tolist()[:10]
-        raise ValueError(
-            f"{owner}: {name} is all padding for sample(s) {rows}: the bilinear attention "
-            "of such a sample is undefined (every sample needs a real step in x and in y)"
-        )
-    return mask
+        return torch.ones(tensor.shape[:2], dtype=torch.bool, device=tensor.device)
+    return check_mask(mask, tensor.shape[:2], f"{owner}: {name}")
 
 
 def _check_pair(

@@ -64,7 +64,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from polyfuse._checks import check_finite
+from polyfuse._checks import check_finite, check_mask
 
 with warnings.catch_warnings():
     # geoopt 0.5 decorates its Lorentz functions with torch.jit.script, which recent
@@ -120,19 +120,7 @@ def _check_points(points: object, name: str, *, mask: Tensor | None = None, min_
 
 def _check_mask(mask: object, shape: torch.Size, name: str) -> Tensor:
     """A (..., N) bool mask broadcastable to ``shape`` with a real entry in every row."""
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise ValueError(f"{name} must be a bool tensor (True = a real token)")
-    try:
-        mask = mask.expand(shape)
-    except RuntimeError:
-        raise ValueError(
-            f"{name} has shape {tuple(mask.shape)}, expected {tuple(shape)}"
-        ) from None
-    empty = ~mask.any(dim=-1)
-    if bool(empty.any()):
-        rows = empty.nonzero().tolist()[:10]
-        raise ValueError(f"{name} has no real token in row(s) {rows}: every row needs one")
-    return mask
+    return check_mask(mask, shape, name)
 
 
 def _broadcast(name_a: str, shape_a: torch.Size, name_b: str, shape_b: torch.Size) -> torch.Size:

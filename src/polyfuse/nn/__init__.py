@@ -17,16 +17,8 @@ from polyfuse.nn.chimera import (
     TopicLayer,
     TopicLayerOutput,
 )
-from polyfuse.nn.hoca import (
-    HOCA,
-    MAF,
-    BahdanauAttention,
-    HOCAFusion,
-    HOCAOutput,
-    LowRankHOCA,
-    LowRankHOCAFusion,
-    MAFOutput,
-)
+from polyfuse.nn.hoca import HOCA, BahdanauAttention, HOCAOutput, LowRankHOCA
+from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, MAFOutput
 from polyfuse.nn.man import MAN, MANOutput, MultiLinearAttentionLayer
 from polyfuse.nn.registry import available, create, get, register
 

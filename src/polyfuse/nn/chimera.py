@@ -28,6 +28,7 @@ from polyfuse.functional.lorentz import (
     lorentz_expmap0,
     lorentz_logmap0,
 )
+from polyfuse.functional.pooling import masked_mean
 
 __all__ = [
     "TOPIC_VARIANTS",
@@ -59,12 +60,6 @@ def _prepare_hidden(
         mask = _check_mask(mask, hidden.shape[:-1], mask_name)
     check_finite(hidden, name, mask)
     return hidden.masked_fill(~mask.unsqueeze(-1), 0.0), mask
-
-
-def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean over the real tokens: (B, N, k) with (B, N) mask -> (B, k)."""
-    weights = mask.to(values.dtype).unsqueeze(-1)
-    return (values * weights).sum(-2) / weights.sum(-2)
 
 
 def _logit(probability: float, name: str) -> float:
@@ -315,7 +310,7 @@ class HyperbolicLayer(nn.Module):
             ``(points, tangents)``: (B, n + 1) w~ and (B, n) w, with points = exp_0(tangents).
         """
         hidden, mask = _prepare_hidden(hidden, mask, self.hidden_size, "hidden", "mask")
-        tangents = _masked_mean(clip_radius(self.value(hidden), self.max_radius), mask)
+        tangents = masked_mean(clip_radius(self.value(hidden), self.max_radius), mask)
         return lorentz_expmap0(tangents, max_radius=self.max_radius), tangents
 
     def forward(
@@ -502,8 +497,8 @@ class Chimera(nn.Module):
             mask=joint_mask,
             text_topic_logits=text_topic.topic_logits,
             image_topic_logits=image_topic.topic_logits,
-            text_topics=_masked_mean(text_topic.topic_probs, text_mask),
-            image_topics=_masked_mean(image_topic.topic_probs, image_mask),
+            text_topics=masked_mean(text_topic.topic_probs, text_mask),
+            image_topics=masked_mean(image_topic.topic_probs, image_mask),
             text_points=text_points,
             image_points=image_points,
             text_tangents=text_tangents,

@@ -1,0 +1,26 @@
+"""Pooling over the time axis that respects padding masks."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["masked_mean"]
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x`` over its real steps.
+
+    Args:
+        x: (..., T, d) sequence.
+        mask: (..., T) bool, True at real steps.
+
+    Returns:
+        (..., d): the sum of ``x`` over the steps where ``mask`` is True, divided by
+        their count. Padded steps contribute nothing whatever they hold (even NaN);
+        a sample without any real step gets a zero vector.
+    """
+    weights = mask.to(x.dtype).unsqueeze(-1)  # (..., T, 1)
+    total = torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x)).sum(dim=-2)  # (..., d)
+    count = weights.sum(dim=-2).clamp_min(1.0)  # (..., 1)
+    return total / count

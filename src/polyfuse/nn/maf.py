@@ -1,0 +1,403 @@
+"""Multiple attentive fusion (MAF, HOCA section 4.4 and Fig. 3) and the registry
+adapters that put HOCA and Low-Rank HOCA behind the common fusion interface.
+
+Reference: T. Jin, S. Huang, Y. Li, Z. Zhang. "Low-Rank HOCA: Efficient High-Order
+Cross-Modal Attention for Video Captioning." EMNLP 2019 (``HOCA Eq. k`` below).
+
+Legend for shapes: ``B`` batch, ``n`` number of modalities, ``T_i`` length of
+modality i, ``d_i`` its raw feature size, ``d_q`` query size, ``d`` the attention
+size (``attention_dim``), ``O`` the output size.
+
+* :class:`MAF`: unary, binary, ... attentions combined per modality with trainable
+  weights theta (Eq. 19), then attention over modalities (Eq. 20 to 23).
+* :class:`HOCAFusion` (``"hoca"``) and :class:`LowRankHOCAFusion`
+  (``"lowrank_hoca"``): MAF behind the common fusion interface, with a query that
+  is either a learned vector or a pooled summary of the inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from polyfuse._checks import prepare_fusion_inputs
+from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS
+from polyfuse.functional.pooling import masked_mean
+from polyfuse.nn.base import FusionModule
+from polyfuse.nn.hoca import (
+    DEFAULT_LOW_RANK_MAX_LENGTH,
+    HOCA,
+    BahdanauAttention,
+    LowRankHOCA,
+    MaxLengths,
+    _check_lengths,
+    _check_query,
+    _masked_softmax,
+    _resolve_max_lengths,
+    _weighted_sum,
+    default_exact_max_length,
+)
+from polyfuse.nn.registry import register
+
+__all__ = ["MAF", "HOCAFusion", "LowRankHOCAFusion", "MAFOutput", "parse_orders"]
+
+Orders = str | int | Sequence[str | int]
+
+
+# ---------------------------------------------------------------------------
+# Multiple attentive fusion, HOCA section 4.4
+# ---------------------------------------------------------------------------
+
+_ORDER_NAMES = {"u": 1, "unary": 1, "b": 2, "binary": 2, "t": None, "ternary": None}
+
+
+def parse_orders(orders: Orders, num_modalities: int) -> list[tuple[int, ...]]:
+    """The modality subsets that MAF attends with, from a description of the orders.
+
+    Args:
+        orders: a string of letters ``"U"`` (unary), ``"B"`` (binary), ``"T"``
+            (ternary) such as ``"UBT"`` or ``"ub"``; or a sequence of names
+            (``("unary", "binary", "ternary")``), letters or ints k (every subset of
+            k modalities). ``"T"``/``"ternary"`` means all n modalities together,
+            which is the paper's ternary attention for its three modalities (give
+            the int 3 for every triple of more than three modalities).
+        num_modalities: n.
+
+    Returns:
+        The distinct subsets (tuples of modality indices), by size then index;
+        e.g. n = 3, ``"UBT"`` gives (0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2).
+    """
+    count = int(num_modalities)
+    if isinstance(orders, str):
+        key = orders.strip().lower()
+        items: list[str | int] = [key] if key in _ORDER_NAMES else list(key)
+    elif isinstance(orders, int):
+        items = [orders]
+    else:
+        items = list(orders)
+    sizes = set()
+    for item in items:
+        if isinstance(item, str) and item.strip().lower() in _ORDER_NAMES:
+            size = _ORDER_NAMES[item.strip().lower()]
+            size = count if size is None else size
+        elif isinstance(item, int) and not isinstance(item, bool):
+            size = item
+        else:
+            raise ValueError(
+                f"orders: unknown order {item!r} in {orders!r}; use the letters U, B, T, the "
+                "names 'unary', 'binary', 'ternary', or ints k (subsets of k modalities)"
+            )
+        if not 1 <= size <= count:
+            raise ValueError(f"orders: order {item!r} needs {size} modalities, there are {count}")
+        sizes.add(size)
+    if not sizes:
+        raise ValueError("orders: give at least one order, e.g. 'UBT'")
+    return [
+        subset for size in sorted(sizes) for subset in itertools.combinations(range(count), size)
+    ]
+
+
+class MAFOutput(NamedTuple):
+    """What :meth:`MAF.forward` returns with ``return_details=True``."""
+
+    fused: Tensor  #: (B, O), sum_k beta_k D_t(k) of Eq. 22
+    attention: list[Tensor]  #: one (B, T_i) tensor per modality, Eq. 19
+    context: list[Tensor]  #: one (B, d_i) tensor per modality, Eq. 5
+    modality_weights: Tensor  #: (B, n), beta of Eq. 20
+
+
+class MAF(nn.Module):
+    """Multiple attentive fusion (HOCA section 4.4, Fig. 3 and Eq. 19 to 23).
+
+    For every chosen subset of modalities (every single one for unary, every pair
+    for binary, all n together for ternary, ...) one attention module gives each
+    member an attention over its steps: :class:`BahdanauAttention` for a single
+    modality, :class:`HOCA` or :class:`LowRankHOCA` otherwise, each with its own
+    parameters. Modality i combines the attentions of the subsets that contain it
+    with trainable scalars theta (initialised to 1) and a softmax over its real
+    steps (Eq. 19), which gives its context vector (Eq. 5). A second attention over
+    the n contexts (Eq. 20, 21) weights their projections (Eq. 23) into the fused
+    context ``sum_k beta_k W_p^k phi(k)`` (Eq. 22), returned without the decoder's
+    ``W_p^h h_t + b_p`` term and softmax.
+
+    Args:
+        input_dims: raw feature size d_i of each modality.
+        query_dim: query size d_q.
+        out_dim: O, the size of the fused context.
+        orders: which attention orders to use, see :func:`parse_orders`;
+            ``"UBT"`` is the paper's HOCA-UBT.
+        low_rank: use :class:`LowRankHOCA` (L-HOCA-*) instead of :class:`HOCA`.
+        attention_dim: size d of every Eq. 3 tanh layer.
+        fusion_dim: size of the tanh layer of Eq. 21 (default: attention_dim).
+        rank: rank k of Low-Rank HOCA.
+        max_lengths: maximum length per modality (int or one per modality); None
+            picks 512 for low rank and :func:`default_exact_max_length` of the
+            largest subset for exact HOCA.
+        max_elements: memory bound of exact HOCA, see :class:`HOCA`.
+
+    Interpretation: Eq. 21 writes one U_e for all modalities, possible in the paper
+    because all its contexts have the same size; here each modality has its own
+    U_e^i (d_i -> fusion_dim), while W_e, b_e and w_e are shared.
+    """
+
+    def __init__(
+        self,
+        input_dims: Sequence[int],
+        query_dim: int,
+        out_dim: int,
+        *,
+        orders: Orders = "UBT",
+        low_rank: bool = False,
+        attention_dim: int = 64,
+        fusion_dim: int | None = None,
+        rank: int = 1,
+        max_lengths: MaxLengths = None,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> None:
+        super().__init__()
+        self.input_dims = [int(dim) for dim in input_dims]
+        count = len(self.input_dims)
+        if count < 1 or query_dim <= 0 or out_dim <= 0 or attention_dim <= 0:
+            raise ValueError(
+                f"MAF: sizes must be positive and at least one modality is needed, got "
+                f"input_dims={self.input_dims}, query_dim={query_dim}, out_dim={out_dim}"
+            )
+        self.query_dim, self.out_dim, self.low_rank = int(query_dim), int(out_dim), bool(low_rank)
+        self.subsets = parse_orders(orders, count)
+        largest = max(len(subset) for subset in self.subsets)
+        default = DEFAULT_LOW_RANK_MAX_LENGTH if low_rank else default_exact_max_length(largest)
+        self.max_lengths = _resolve_max_lengths(max_lengths, count, default, "MAF")
+        self.terms = nn.ModuleDict()
+        for subset in self.subsets:
+            dims = [self.input_dims[i] for i in subset]
+            lengths = [self.max_lengths[i] for i in subset]
+            if len(subset) == 1:
+                term = BahdanauAttention(dims[0], query_dim, attention_dim=attention_dim)
+            elif low_rank:
+                term = LowRankHOCA(
+                    dims, query_dim, attention_dim=attention_dim, rank=rank, max_lengths=lengths
+                )
+            else:
+                term = HOCA(
+                    dims,
+                    query_dim,
+                    attention_dim=attention_dim,
+                    max_lengths=lengths,
+                    max_elements=max_elements,
+                )
+            self.terms["_".join(str(i) for i in subset)] = term
+        self._limited = sorted({i for subset in self.subsets if len(subset) > 1 for i in subset})
+        # theta of Eq. 19: modality i has one scalar per subset containing it (subset order).
+        self.order_weights = nn.ParameterList(
+            nn.Parameter(torch.ones(sum(i in subset for subset in self.subsets)))
+            for i in range(count)
+        )
+        fusion_dim = attention_dim if fusion_dim is None else int(fusion_dim)
+        self.fusion_query = nn.Linear(query_dim, fusion_dim)  # W_e, b_e of Eq. 21
+        self.fusion_contexts = nn.ModuleList(
+            nn.Linear(dim, fusion_dim, bias=False) for dim in self.input_dims
+        )  # U_e^i of Eq. 21
+        self.fusion_score = nn.Parameter(torch.randn(fusion_dim) / math.sqrt(fusion_dim))  # w_e
+        self.output_projections = nn.ModuleList(
+            nn.Linear(dim, out_dim, bias=False) for dim in self.input_dims
+        )  # W_p^k of Eq. 23
+
+    def forward(
+        self,
+        query: Tensor,
+        inputs: Sequence[Tensor],
+        masks: Sequence[Tensor | None] | None = None,
+        *,
+        return_details: bool = False,
+    ) -> Tensor | MAFOutput:
+        """Fused context for the decoder query.
+
+        Args:
+            query: (B, d_q) decoder state h_t.
+            inputs: n tensors (B, T_i, d_i) (or (B, d_i) for one step).
+            masks: None or one (B, T_i) bool tensor (or None) per modality.
+            return_details: also return attentions, contexts and modality weights.
+
+        Returns:
+            (B, O), or a :class:`MAFOutput` when ``return_details``.
+        """
+        sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, "MAF")
+        result = self.fuse_prepared(query, sequences, full_masks)
+        return result if return_details else result.fused
+
+    def fuse_prepared(
+        self, query: Tensor, sequences: Sequence[Tensor], masks: Sequence[Tensor]
+    ) -> MAFOutput:
+        """:meth:`forward` for inputs already validated, zero at padded steps, with bool masks."""
+        _check_query(query, sequences[0].shape[0], self.query_dim, "MAF")
+        _check_lengths(
+            [sequences[i] for i in self._limited],
+            [self.max_lengths[i] for i in self._limited],
+            "MAF",
+            self._limited,
+        )
+        per_modality: list[list[Tensor]] = [[] for _ in sequences]
+        for subset, term in zip(self.subsets, self.terms.values(), strict=True):
+            if len(subset) == 1:
+                attention, _ = term(query, sequences[subset[0]], masks[subset[0]])  # Eq. 2-4
+                attentions = [attention]
+            else:
+                attentions = term.attention(
+                    query, [sequences[i] for i in subset], [masks[i] for i in subset]
+                )  # Eq. 9 or 17, Eq. 18
+            for i, attention in zip(subset, attentions, strict=True):
+                per_modality[i].append(attention)
+        fused_attention, contexts = [], []
+        for i, (x, mask) in enumerate(zip(sequences, masks, strict=True)):
+            stacked = torch.stack(per_modality[i], dim=-1)  # (B, T_i, terms of i)
+            attention = _masked_softmax(stacked @ self.order_weights[i], mask)  # Eq. 19
+            fused_attention.append(attention)
+            contexts.append(_weighted_sum(attention, x))  # Eq. 5
+        query_part = self.fusion_query(query)  # W_e h_t + b_e, (B, fusion_dim)
+        scores = torch.stack(
+            [
+                torch.tanh(query_part + projection(context)) @ self.fusion_score
+                for projection, context in zip(self.fusion_contexts, contexts, strict=True)
+            ],
+            dim=1,
+        )  # (B, n), e_t^k of Eq. 21
+        modality_weights = scores.softmax(dim=1)  # beta_t^k, Eq. 20
+        projected = torch.stack(
+            [
+                projection(context)
+                for projection, context in zip(self.output_projections, contexts, strict=True)
+            ],
+            dim=1,
+        )  # (B, n, O), D_t(k) of Eq. 23
+        fused = torch.einsum("bn,bno->bo", modality_weights, projected)  # Eq. 22
+        return MAFOutput(fused, fused_attention, contexts, modality_weights)
+
+    def extra_repr(self) -> str:
+        return (
+            f"input_dims={self.input_dims}, query_dim={self.query_dim}, out_dim={self.out_dim}, "
+            f"subsets={self.subsets}, low_rank={self.low_rank}, max_lengths={self.max_lengths}"
+        )
+
+
+# ---------------------------------------------------------------------------
+# Registry adapters
+# ---------------------------------------------------------------------------
+
+
+class _MAFFusion(FusionModule):
+    """MAF behind the common interface, with a query built from the inputs or learned."""
+
+    def __init__(
+        self,
+        input_dims: Sequence[int],
+        out_dim: int,
+        query: str,
+        query_dim: int | None,
+        attention_dim: int,
+        **maf_options: Any,
+    ) -> None:
+        super().__init__(input_dims, out_dim)
+        query_dim = attention_dim if query_dim is None else int(query_dim)
+        if query not in ("pooled", "learned"):
+            raise ValueError(
+                f"{type(self).__name__}: query must be 'pooled' or 'learned', got {query!r}"
+            )
+        self.query_mode = query
+        if query == "pooled":
+            # h = tanh(P [mean_1; ...; mean_n] + c): a summary of the real steps.
+            self.query_projection = nn.Linear(sum(self.input_dims), query_dim)
+        else:
+            self.learned_query = nn.Parameter(torch.randn(query_dim))
+        self.maf = MAF(
+            self.input_dims, query_dim, out_dim, attention_dim=attention_dim, **maf_options
+        )
+
+    def make_query(self, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> Tensor:
+        """The (B, d_q) query for validated inputs."""
+        if self.query_mode == "learned":
+            return self.learned_query.expand(inputs[0].shape[0], -1)
+        pooled = torch.cat([masked_mean(x, m) for x, m in zip(inputs, masks, strict=True)], dim=-1)
+        return torch.tanh(self.query_projection(pooled))
+
+    def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
+        return self.maf.fuse_prepared(self.make_query(inputs, masks), inputs, masks).fused
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", query={self.query_mode!r}"
+
+
+@register("hoca")
+class HOCAFusion(_MAFFusion):
+    """Exact HOCA with multiple attentive fusion behind the common fusion interface.
+
+    ``forward(inputs [(B, T_i, d_i)], masks) -> (B, out_dim)``: the query is a
+    pooled summary of the inputs (``query="pooled"``, tanh of a linear map of the
+    masked means) or a learned vector (``query="learned"``); :class:`MAF` with
+    ``orders`` (default ``"UBT"``, the paper's HOCA-UBT) does the rest.
+    ``max_lengths`` bounds each modality's length (default
+    :func:`default_exact_max_length` of the largest order: 64 for up to four
+    modalities); longer inputs are refused with a clear error.
+    """
+
+    def __init__(
+        self,
+        input_dims: Sequence[int],
+        out_dim: int,
+        *,
+        orders: Orders = "UBT",
+        attention_dim: int = 32,
+        query: str = "pooled",
+        query_dim: int | None = None,
+        max_lengths: MaxLengths = None,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> None:
+        super().__init__(
+            input_dims,
+            out_dim,
+            query,
+            query_dim,
+            attention_dim,
+            orders=orders,
+            low_rank=False,
+            max_lengths=max_lengths,
+            max_elements=max_elements,
+        )
+
+
+@register("lowrank_hoca")
+class LowRankHOCAFusion(_MAFFusion):
+    """Low-Rank HOCA with multiple attentive fusion behind the common fusion interface.
+
+    As :class:`HOCAFusion` with :class:`LowRankHOCA` terms of rank ``rank``
+    (default 1, as in the paper: the defaults give its L-HOCA-UBT);
+    ``max_lengths`` defaults to 512 per modality.
+    """
+
+    def __init__(
+        self,
+        input_dims: Sequence[int],
+        out_dim: int,
+        *,
+        orders: Orders = "UBT",
+        attention_dim: int = 32,
+        rank: int = 1,
+        query: str = "pooled",
+        query_dim: int | None = None,
+        max_lengths: MaxLengths = None,
+    ) -> None:
+        super().__init__(
+            input_dims,
+            out_dim,
+            query,
+            query_dim,
+            attention_dim,
+            orders=orders,
+            low_rank=True,
+            rank=rank,
+            max_lengths=max_lengths,
+        )
