@@ -16,6 +16,12 @@ __all__ = ["main"]
 # Sub-command name -> module in polyfuse.cli implementing it.
 COMMANDS = {
     "demo": "polyfuse.cli.demo",
+    "bench": "polyfuse.cli.bench",
+    "train": "polyfuse.cli.train",
+    "evaluate": "polyfuse.cli.evaluate",
+    "predict": "polyfuse.cli.predict",
+    "compare": "polyfuse.cli.compare",
+    "plot": "polyfuse.cli.plot",
 }
 
 

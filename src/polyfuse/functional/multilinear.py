@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from polyfuse._checks import check_finite, check_masks, check_modality_list
+from polyfuse.functional import _had
 from polyfuse.functional.random_features import positive_random_features
 
 __all__ = [
@@ -177,19 +178,24 @@ def multilinear_attention(
                 f"(B, {a.shape[-2]}, K) with K = {values[0].shape[-1]} like modality 0"
             )
         try:
-            torch.broadcast_shapes(a.shape[:-2], v.shape[:-2], features[0].shape[:-2])
+            _broadcast_shape(a.shape[:-2], v.shape[:-2], features[0].shape[:-2])
         except RuntimeError:
             raise ValueError(
                 f"modality {j}: batch dims of features {tuple(a.shape[:-2])} and values "
                 f"{tuple(v.shape[:-2])} do not match modality 0's {tuple(features[0].shape[:-2])}"
             ) from None
     full_masks = check_masks(masks, features)
-    for j, (a, v, mask) in enumerate(zip(features, values, full_masks, strict=True)):
-        check_finite(a, f"features[{j}] (modality {j})", mask)
-        check_finite(v, f"values[{j}] (modality {j})", mask)
+    _check_all_finite(features, values, full_masks)
     # Zero padded steps so that whatever they hold can never reach the output.
-    features = [a.masked_fill(~mask.unsqueeze(-1), 0.0) for a, mask in zip(features, full_masks, strict=True)]
-    values = [v.masked_fill(~mask.unsqueeze(-1), 0.0) for v, mask in zip(values, full_masks, strict=True)]
+    padded = [not bool(mask.all()) for mask in full_masks]
+    features = [
+        a.masked_fill(~mask.unsqueeze(-1), 0.0) if pad else a
+        for a, mask, pad in zip(features, full_masks, padded, strict=True)
+    ]
+    values = [
+        v.masked_fill(~mask.unsqueeze(-1), 0.0) if pad else v
+        for v, mask, pad in zip(values, full_masks, padded, strict=True)
+    ]
 
     if mode == "had":
         if random_features is None:
@@ -202,13 +208,46 @@ def multilinear_attention(
         if not temperature > 0:
             raise ValueError(f'mode="had" needs temperature > 0, got {temperature}')
         return _had_attention(
-            features, values, full_masks, random_features, temperature, return_attention
+            features,
+            values,
+            [mask if pad else None for mask, pad in zip(full_masks, padded, strict=True)],
+            random_features,
+            temperature,
+            return_attention,
         )
 
     logits = (
         _cao_logits(features) if mode == "exact" else _hadamard_logits(features)
     ) * temperature
     return _tensor_attention(logits, values, full_masks, return_attention)
+
+
+def _check_all_finite(
+    features: Sequence[Tensor], values: Sequence[Tensor], masks: Sequence[Tensor]
+) -> None:
+    """:func:`check_finite` for every input, behind a one-pass test: a sum is finite
+    whenever all its terms are, so only a NaN, an Inf (or an overflowing sum) pays for
+    the full check, which names the first modality at fault."""
+    sums = torch.stack([t.detach().sum() for pair in zip(features, values, strict=True) for t in pair])
+    if bool(torch.isfinite(sums).all()):
+        return
+    for j, (a, v, mask) in enumerate(zip(features, values, masks, strict=True)):
+        check_finite(a, f"features[{j}] (modality {j})", mask)
+        check_finite(v, f"values[{j}] (modality {j})", mask)
+
+
+def _broadcast_shape(*shapes: Sequence[int]) -> torch.Size:
+    """``torch.broadcast_shapes`` for concrete sizes, without the symbolic-shape
+    machinery that makes it cost about 0.1 ms a call; raises RuntimeError like it."""
+    rank = max(len(shape) for shape in shapes)
+    result = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate(shape, rank - len(shape)):
+            if size != 1:
+                if result[i] not in (1, size):
+                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                result[i] = size
+    return torch.Size(result)
 
 
 def _time_view(tensor: Tensor, axis_of: dict[int, int], num_modalities: int) -> Tensor:
@@ -259,12 +298,71 @@ def _tensor_attention(
 def _had_attention(
     features: Sequence[Tensor],
     values: Sequence[Tensor],
-    masks: Sequence[Tensor],
+    masks: Sequence[Tensor | None],
     random_features: Tensor,
     temperature: float,
     return_attention: bool,
 ) -> Tensor | tuple[Tensor, list[Tensor]]:
     """Hierarchical approximation decomposition (MAN Eq. 9 to 12, appendix Algorithm 1).
+
+    With B_j[t, h] = phi(a_j[t])_h the positive random features (Eq. 11),
+    numerator f'_k = sum_h prod_j (B_j^T values_j)[h, k] (Eq. 10) and denominator
+    sum A = sum_h prod_j (B_j^T 1)[h] (Eq. 12). Stabilisation (note 5): for every
+    modality j and feature h the largest exponent m_j[h] over real steps is taken
+    out, B_j = exp(exponent - m_j) <= 1; the products over modalities then carry
+    the factor exp(sum_j m_j[h]), which is rescaled by its maximum over h. Both
+    numerator and denominator are multiplied by the same constant, so the ratio is
+    exactly the unstabilised one, and the denominator is >= 1 (never 0 or Inf).
+
+    The same results as :func:`_had_attention_reference` (the equations as they
+    read), computed faster: every random matrix meets the rows of all modalities and
+    all samples it serves in one matrix product, which also subtracts |a|^2 / 2 and
+    applies the temperature (an extra column of the features, an extra row of the
+    matrix); the rescaling weight exp(sum_j m_j[h] - max) is folded into modality
+    0's stabiliser; and the last modality's contraction is reordered: with R the
+    product of the other modalities' (H, K) factors and B the (T, H) matrix of
+    phi(a[t])_h, sum_h R[h, k] (B^T v)[h, k] = sum_t v[t, k] (B R)[t, k], so that the
+    last factor is never stored. Without gradients the work runs chunk by chunk in
+    buffers that stay in cache and are updated in place; with gradients the same
+    steps run on whole tensors, out of place, for autograd
+    (:mod:`polyfuse.functional._had`).
+
+    Takes what :func:`multilinear_attention` hands over: padded steps zeroed, and a
+    mask per modality, or None for a modality without padding.
+    """
+    inputs = (*features, *values, random_features)
+    differentiable = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in inputs)
+    lead = _broadcast_shape(
+        *(a.shape[:-2] for a in features),
+        *(v.shape[:-2] for v in values),
+        random_features.shape[:-2],
+    )
+    layout = _had.had_layout(lead, features, random_features)
+    weights = _had.augmented_weights(random_features, temperature, features[0].dtype)
+    padded = _had.padded_in_layout(masks, layout, features[0].device)
+    values = _had.in_layout(values, layout)  # (G, N, T_j, K)
+    stacked = _had.stack_features(features, temperature, layout, differentiable)
+    run = _had.had_whole if differentiable else _had.had_chunked
+    output, marginals = run(stacked, weights, values, padded, layout, return_attention)
+    output = _had.from_layout(output, layout)
+    if not return_attention:
+        return output
+    return output, [_had.from_layout(marginal, layout) for marginal in marginals]
+
+
+def _had_attention_reference(
+    features: Sequence[Tensor],
+    values: Sequence[Tensor],
+    masks: Sequence[Tensor],
+    random_features: Tensor,
+    temperature: float,
+    return_attention: bool,
+) -> Tensor | tuple[Tensor, list[Tensor]]:
+    """Hierarchical approximation decomposition, written as the equations read (the oracle).
+
+    The straightforward form of MAN Eq. 9 to 12 (appendix Algorithm 1), kept as the
+    reference that :func:`_had_attention` is tested against; it is not used by the
+    library.
 
     With B_j[t, h] = phi(a_j[t])_h the positive random features (Eq. 11),
     numerator f'_k = sum_h prod_j (B_j^T values_j)[h, k] (Eq. 10) and denominator

@@ -1,0 +1,166 @@
+"""PNG plots of benchmark results (matplotlib, Agg backend; imported only when plotting)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot_approximation", "plot_complexity", "plot_paper"]
+
+_SWEEP_LABELS = {
+    "modalities": "number of modalities m",
+    "length": "length T of every modality",
+    "random_features": "random features H",
+    "batch": "batch size",
+}
+_MODEL_STYLE = {
+    "man-exact": ("C3", "o", "MAN exact (w/o HAD)"),
+    "man-hadamard": ("C1", "s", "MAN hadamard (w/o CAO)"),
+    "man-had": ("C0", "^", "MAN had"),
+    "ban": ("C2", "D", "BAN"),
+    "tfn": ("C4", "v", "TFN"),
+    "lmf": ("C5", "P", "LMF"),
+}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_complexity(payload: dict[str, Any], folder: str | Path) -> list[Path]:
+    """One figure per sweep: FLOPs, forward time, forward + backward time, peak memory."""
+    plt = _pyplot()
+    from matplotlib.transforms import blended_transform_factory
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    rows = payload["rows"]
+    for sweep in dict.fromkeys(row["sweep"] for row in rows):
+        sweep_rows = [row for row in rows if row["sweep"] == sweep]
+        key = {"modalities": "modalities", "length": "length",
+               "random_features": "random_features", "batch": "batch"}[sweep]
+        panels = [("flops", "FLOPs (matrix products)", lambda r: r["flops"]),
+                  ("forward", "forward time (s)", lambda r: r["forward_s"]["median"]),
+                  ("forward_backward", "forward + backward time (s)",
+                   lambda r: (r["forward_backward_s"] or {}).get("median")),
+                  ("memory", "peak allocated memory (bytes)", lambda r: r["peak_bytes"])]
+        figure, axes = plt.subplots(1, 4, figsize=(17, 4))
+        for axis, (_, title, value) in zip(axes, panels, strict=True):
+            for model in dict.fromkeys(row["model"] for row in sweep_rows):
+                color, marker, label = _MODEL_STYLE.get(model, ("k", ".", model))
+                points = [(row[key], value(row)) for row in sweep_rows
+                          if row["model"] == model and row["status"] == "ok" and value(row)]
+                skipped = [row[key] for row in sweep_rows
+                           if row["model"] == model and row["status"] == "not run"]
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    axis.plot(xs, ys, color=color, marker=marker, label=label)
+                if skipped:  # at the top edge: off the chart, not a value
+                    edge = blended_transform_factory(axis.transData, axis.transAxes)
+                    axis.scatter(skipped, [0.97] * len(skipped), color=color, marker="x",
+                                 transform=edge, clip_on=False)
+            axis.set_xscale("log" if sweep != "modalities" else "linear")
+            axis.set_yscale("log")
+            axis.set_xlabel(_SWEEP_LABELS[sweep])
+            axis.set_title(title, fontsize=10)
+            axis.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=8)
+        figure.suptitle(f"complexity against the {_SWEEP_LABELS[sweep]} (x at the top: not run, "
+                        "over the memory bound or refused by the module)", fontsize=10)
+        figure.tight_layout()
+        path = folder / f"complexity_{sweep}.png"
+        figure.savefig(path, dpi=80)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def plot_paper(payload: dict[str, Any], folder: str | Path) -> list[Path]:
+    """FLOPs of the four variants relative to MAN: ours (total, attention) and the paper's."""
+    plt = _pyplot()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    entry = next(e for e in payload["results"] if e["length"] == payload["primary_length"])
+    names = list(entry["variants"])
+    series = [("ours, whole layer", "flops_total", "C0"),
+              ("ours, attention only", "flops_attention", "C9"),
+              ("paper, Table 4", "paper_flops", "C3")]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    width = 0.25
+    for i, (label, key, color) in enumerate(series):
+        values = [entry["variants"][name]["ratio_to_man"][key] for name in names]
+        axis.bar([x + (i - 1) * width for x in range(len(names))], values, width, label=label, color=color)
+    axis.set_xticks(range(len(names)), names)
+    axis.set_yscale("log")
+    axis.set_ylabel("FLOPs relative to MAN")
+    axis.set_title(f"CMU-MOSI configuration, T = {entry['length']} (one integration layer)", fontsize=10)
+    axis.legend(fontsize=8)
+    axis.grid(True, axis="y", which="both", alpha=0.3)
+    figure.tight_layout()
+    path = folder / "paper_flops.png"
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return [path]
+
+
+def plot_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path]:
+    """Kernel-estimate MSE against H with Eq. 12's prediction; attention error against H."""
+    plt = _pyplot()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    scales: Sequence[float] = list(dict.fromkeys(row["scale"] for row in payload["kernel"]))
+    for index, scale in enumerate(scales):
+        rows = [row for row in payload["kernel"] if row["scale"] == scale]
+        hs = [row["random_features"] for row in rows]
+        color = f"C{index}"
+        axis.plot(hs, [row["predicted_mse_iid"] for row in rows], color=color, linestyle="-",
+                  label=f"|v| = {scale}: Eq. 12 prediction (i.i.d.)")
+        axis.plot(hs, [row["measured_mse_iid"] for row in rows], color=color, marker="o",
+                  linestyle="none", label=f"|v| = {scale}: measured, i.i.d.")
+        axis.plot(hs, [row["measured_mse_orthogonal"] for row in rows], color=color, marker="x",
+                  linestyle="none", label=f"|v| = {scale}: measured, orthogonal")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("random features H")
+    axis.set_ylabel("mean squared error of the kernel estimate")
+    axis.set_title("ARF estimate of exp(sum_{j<k} v_j . v_k), m = 3 (appendix Eq. 12)", fontsize=10)
+    axis.legend(fontsize=7, ncol=1)
+    axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    path = folder / "approximation_kernel_mse.png"
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    paths.append(path)
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for index, scale in enumerate(dict.fromkeys(row["scale"] for row in payload["attention"])):
+        rows = [row for row in payload["attention"] if row["scale"] == scale]
+        hs = [row["random_features"] for row in rows]
+        color = f"C{index}"
+        for name, style in (("iid", "-o"), ("orthogonal", "--x")):
+            axis.errorbar(hs, [row[f"relative_error_{name}"] for row in rows],
+                          yerr=[row[f"relative_error_{name}_std"] for row in rows], fmt=style,
+                          color=color, capsize=2, label=f"|a| ~ {scale}, {name}")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("random features H")
+    axis.set_ylabel("|had - exact| / |exact|")
+    axis.set_title("had against exact multi-linear attention (mean and spread over draws of W)",
+                   fontsize=10)
+    axis.legend(fontsize=7)
+    axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    path = folder / "approximation_attention_error.png"
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    paths.append(path)
+    return paths

@@ -1,0 +1,225 @@
+"""``polyfuse bench``: cost, paper figures, approximation error and speed targets.
+
+Each sub-command writes ``<output-dir>/<name>.json`` and, unless ``--no-plots``,
+PNG plots beside it; ``scripts/write_benchmarks_md.py`` turns a folder of results
+into ``docs/BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(value) for value in text.replace(",", " ").split())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(value) for value in text.replace(",", " ").split())
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.replace(",", " ").split())
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmarks: complexity, the MAN paper's figures, approximation error, speed targets",
+        description=__doc__.split("\n\n")[0].removeprefix("``polyfuse bench``: "),
+    )
+    commands = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--output-dir", type=Path, default=Path("benchmark-results"),
+                         help="folder for the JSON result and the plots (default benchmark-results)")
+        sub.add_argument("--no-plots", action="store_true", help="write the JSON only")
+        sub.add_argument("--threads", type=int, default=None,
+                         help="torch intra-op threads (default: torch's choice)")
+        sub.add_argument("--quiet", action="store_true", help="no progress lines")
+        sub.set_defaults(run=run)
+
+    complexity = commands.add_parser(
+        "complexity",
+        help="FLOPs, time and peak memory against m, T, H and batch size",
+        description=(
+            "FLOPs (FlopCounterMode), forward and forward+backward wall time (median "
+            "after warm-up) and peak allocated memory of MAN exact / hadamard / had, BAN, "
+            "TFN and LMF, over the number of modalities, the length, the random features "
+            "and the batch size (one axis at a time, the others at their base value). "
+            "MAN's exact and hadamard modes are run only when their predicted memory is "
+            "under --exact-memory-bound; the other points are recorded as not run."
+        ),
+    )
+    complexity.add_argument("--preset", choices=("full", "quick"), default="full",
+                            help="grids to start from (quick: tiny, seconds)")
+    complexity.add_argument("--sweeps", type=_words, default=None,
+                            help="axes to sweep, of: modalities length random_features batch")
+    complexity.add_argument("--modalities", type=_ints, default=None, help="grid of m, e.g. '2 3 4'")
+    complexity.add_argument("--lengths", type=_ints, default=None, help="grid of T, e.g. '10 50 400'")
+    complexity.add_argument("--random-features", type=_ints, default=None, help="grid of H")
+    complexity.add_argument("--batch-sizes", type=_ints, default=None, help="grid of batch sizes")
+    complexity.add_argument("--models", type=_words, default=None,
+                            help="of: man-exact man-hadamard man-had ban tfn lmf")
+    complexity.add_argument("--base", type=_ints, default=None, metavar="'M T H B'",
+                            help="values of the axes that are not swept")
+    complexity.add_argument("--hidden-dim", type=int, default=None)
+    complexity.add_argument("--heads", type=int, default=None)
+    complexity.add_argument("--repeats", type=int, default=None)
+    complexity.add_argument("--warmup", type=int, default=None)
+    complexity.add_argument("--exact-memory-bound", default=None,
+                            help="e.g. 2GiB (full preset), 64MiB (quick)")
+    complexity.add_argument("--no-backward", action="store_true", help="skip forward+backward")
+    complexity.add_argument("--no-memory", action="store_true", help="skip peak memory")
+    common(complexity)
+
+    paper = commands.add_parser(
+        "paper",
+        help="the MAN paper's CMU-MOSI configuration beside its Table 4",
+        description=(
+            "FLOPs of one integration layer (hidden size 40, 10 heads, 24 random "
+            "features, 4 chunks, 3 modalities) for MAN, w/o HAD, w/o CAO and w/o LSC, "
+            "beside the paper's Table 4, with the ratios between variants, and the time "
+            "of one pass over the 689 test samples in batches of 32. The first length is "
+            "the primary one (50: MulT's word-aligned CMU-MOSI)."
+        ),
+    )
+    paper.add_argument("--lengths", type=_ints, default=(50, 20), help="default '50 20'")
+    paper.add_argument("--repeats", type=int, default=5)
+    paper.add_argument("--warmup", type=int, default=1)
+    paper.add_argument("--no-timing", action="store_true", help="FLOPs only")
+    common(paper)
+
+    approximation = commands.add_parser(
+        "approximation",
+        help="had against exact: error against H, i.i.d. and orthogonal, with Eq. 12",
+        description=(
+            "Mean squared error of the ARF kernel estimate against the number of random "
+            "features, i.i.d. and orthogonal, beside the appendix Eq. 12 prediction; and "
+            "the relative error of had against exact attention output, for several "
+            "input scales."
+        ),
+    )
+    approximation.add_argument("--preset", choices=("full", "quick"), default="full")
+    approximation.add_argument("--random-features", type=_ints, default=None)
+    approximation.add_argument("--scales", type=_floats, default=None, help="norms of the inputs")
+    approximation.add_argument("--kernel-draws", type=int, default=None)
+    approximation.add_argument("--attention-draws", type=int, default=None)
+    approximation.add_argument("--seed", type=int, default=None)
+    common(approximation)
+
+    targets = commands.add_parser(
+        "targets",
+        help="the speed targets of issue 6, each a ratio measured in one run",
+        description=(
+            "exact/had forward time (MOSI configuration, m=3, T=50, batch 32) >= 50; had "
+            "time m=8 / m=2 <= 4.5; T=400 / T=50 <= 10; had attention FLOP rate at m=7, "
+            "T=30, hidden 512, 8 heads, H=512, batch 32 >= 40% of a 2048^3 float32 "
+            "matrix product's. Run it on a quiet machine: the load is recorded."
+        ),
+    )
+    targets.add_argument("--repeats", type=int, default=7)
+    targets.add_argument("--warmup", type=int, default=2)
+    targets.add_argument("--quick", action="store_true",
+                         help="tiny sizes that exercise the code (not the issue's targets)")
+    common(targets)
+
+
+def _progress(args: argparse.Namespace) -> Any:
+    return None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def _complexity(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import complexity
+    from polyfuse.bench.plots import plot_complexity
+    from polyfuse.bench.results import parse_bytes
+
+    settings = complexity.QUICK if args.preset == "quick" else complexity.FULL
+    changes: dict[str, Any] = {}
+    for name in ("modalities", "lengths", "random_features", "batch_sizes", "models",
+                 "hidden_dim", "heads", "repeats", "warmup"):
+        value = getattr(args, name)
+        if value is not None:
+            changes[name] = value
+    if args.base is not None:
+        if len(args.base) != 4:
+            raise ValueError("--base takes four values: m T H batch")
+        changes |= dict(zip(("base_modalities", "base_length", "base_random_features",
+                             "base_batch"), args.base, strict=True))
+    if args.exact_memory_bound is not None:
+        changes["exact_memory_bound"] = parse_bytes(args.exact_memory_bound)
+    if args.no_backward:
+        changes["backward"] = False
+    if args.no_memory:
+        changes["memory"] = False
+    settings = dataclasses.replace(settings, **changes)
+    if settings.hidden_dim % settings.heads:
+        raise ValueError(f"--hidden-dim {settings.hidden_dim} is not divisible by --heads {settings.heads}")
+    sweeps = args.sweeps or complexity.SWEEPS
+    return complexity.run_complexity(settings, sweeps=sweeps, progress=_progress(args)), plot_complexity
+
+
+def _paper(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench.paper import run_paper
+    from polyfuse.bench.plots import plot_paper
+
+    payload = run_paper(lengths=tuple(args.lengths), repeats=args.repeats, warmup=args.warmup,
+                        timing=not args.no_timing, progress=_progress(args))
+    return payload, plot_paper
+
+
+def _approximation(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import approximation
+    from polyfuse.bench.plots import plot_approximation
+
+    settings = approximation.QUICK if args.preset == "quick" else approximation.FULL
+    changes = {name: getattr(args, name) for name in
+               ("random_features", "scales", "kernel_draws", "attention_draws", "seed")
+               if getattr(args, name) is not None}
+    settings = dataclasses.replace(settings, **changes)
+    return approximation.run_approximation(settings, progress=_progress(args)), plot_approximation
+
+
+def _targets(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench.targets import QUICK_SIZES, run_targets
+
+    sizes = QUICK_SIZES if args.quick else None
+    payload = run_targets(repeats=args.repeats, warmup=args.warmup, sizes=sizes,
+                          progress=_progress(args))
+    return payload, None
+
+
+_RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
+            "targets": _targets}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from polyfuse.bench.results import write_results
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    payload, plot = _RUNNERS[args.benchmark](args)
+    path = write_results(args.output_dir / f"{args.benchmark}.json", payload)
+    print(f"wrote {path}")
+    if plot is not None and not args.no_plots:
+        try:
+            for figure in plot(payload, args.output_dir):
+                print(f"wrote {figure}")
+        except ImportError:
+            print("matplotlib is not installed: no plots (pip install matplotlib)", file=sys.stderr)
+    if args.benchmark == "targets":
+        for name, target in payload["targets"].items():
+            verdict = "pass" if target["passed"] else "FAIL"
+            print(f"{name}: {target['value']:.3g} (target {target['direction']} "
+                  f"{target['threshold']}) {verdict}")
+    return 0

@@ -1,0 +1,66 @@
+"""``polyfuse plot``: learning curves of a run; attention of MAN or BAN for one sample."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plot",
+        help="learning curves, MAN attention over time, BAN bilinear maps (PNG)",
+        description=(
+            "--run DIR: learning curves from the run's CSV logs. --checkpoint FILE: for one "
+            "sample of a split, MAN's per-modality marginal attention over time (had mode) or "
+            "BAN's bilinear attention maps."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", dest="run_dir", help="a run directory (learning curves)")
+    source.add_argument("--checkpoint", help="a .safetensors checkpoint (attention of one sample)")
+    parser.add_argument("--split", default="test", help="split of the sample (default test)")
+    parser.add_argument("--sample", type=int, default=0, help="sample index within the split (default 0)")
+    parser.add_argument("--data", help="another data source with the same modalities")
+    parser.add_argument("--out", required=True, help="PNG file to write")
+    parser.set_defaults(run=run)
+
+
+def _short(value) -> str:
+    """A tensor value for a title: 3 significant decimals, lists kept short."""
+    values = value.reshape(-1).tolist()
+    text = ", ".join(f"{v:.3g}" for v in values)
+    return text if len(values) == 1 else f"[{text}]"
+
+
+def run(args: argparse.Namespace) -> int:
+    from polyfuse.engine import plots
+
+    if args.run_dir:
+        path = plots.plot_learning_curves(args.run_dir, args.out)
+        print(f"wrote {path}")
+        return 0
+    from polyfuse.data.datamodule import FusionDataModule
+    from polyfuse.engine.build import quiet_lightning
+    from polyfuse.engine.run import _data_for, load_model
+
+    quiet_lightning()
+    task, extras = load_model(args.checkpoint)
+    data = _data_for(extras, args.data, ["all"] if args.split == "all" else None, require_labels=False)
+    if args.split not in data.partitions:
+        raise ValueError(f"no {args.split!r} split; have {', '.join(data.partitions)}")
+    batch = FusionDataModule(data, batch_size=1).sample(args.split, args.sample)
+    attention = plots.attention_for_sample(task, batch)
+    row = int(batch["row"][0])
+    prediction = _short(task.predictions(task(batch))[0])
+    label = "" if "target" not in batch else f", label {_short(batch['target'][0])}"
+    title = f"{args.split} sample {args.sample} (row {row}): prediction {prediction}{label}"
+    centre = int(batch["centre"][0]) if "centre" in batch else None
+    if attention["kind"] == "man":
+        path = plots.plot_man_attention(attention, args.out, title=title, centre=centre)
+    else:
+        path = plots.plot_ban_maps(attention, args.out, title=title)
+    print(f"wrote {Path(path)}")
+    return 0

@@ -1,0 +1,31 @@
+"""``polyfuse predict``: predictions of a checkpoint for the rows of a data source, as CSV."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "predict",
+        help="write a checkpoint's predictions as CSV",
+        description="Predict every row of a data source (labels optional) with a .safetensors "
+        "checkpoint, standardising with the training statistics stored in it.",
+    )
+    parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by polyfuse train")
+    parser.add_argument("--data", help="data source (default: the training one)")
+    parser.add_argument("--split", default="all", help="all (default) or train, valid, test")
+    parser.add_argument("--out", required=True, help="CSV file to write")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polyfuse.engine.build import quiet_lightning
+    from polyfuse.engine.run import predict
+
+    quiet_lightning()
+    records = predict(args.checkpoint, source=args.data, split=args.split, out=args.out)
+    print(f"wrote {len(records)} predictions to {args.out}")
+    return 0

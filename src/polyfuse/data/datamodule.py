@@ -1,0 +1,207 @@
+"""The Lightning data module: batches of padded modality sequences with masks.
+
+A batch is a dict:
+
+- ``inputs``: one (B, T_j, d_j) float tensor per modality (contextual mode: the
+  window of utterances, T_j = W), padded steps zero;
+- ``masks``: one (B, T_j) bool tensor per modality, True at real steps;
+- ``centre`` (contextual mode only): (B,) long, the position of the sample's
+  own row in its window;
+- ``target``: (B,) or (B, k) targets (absent without labels);
+- ``row``: (B,) long, the sample's row in the source table.
+
+Sequences are cut to the longest real length in the batch, which changes no
+result of a padding-invariant model. Training batches come from
+:class:`ShardedShuffleSampler`: one permutation per epoch, drawn from the seed
+and the epoch, split over the processes, so that N processes each given
+``batch_size / N`` samples see exactly the batches of one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from polyfuse.data.prepare import Partition, PreparedData
+
+__all__ = ["FusionDataModule", "PartitionDataset", "ShardedShuffleSampler", "collate_rows"]
+
+
+class PartitionDataset(Dataset):
+    """Sample i of a partition is just i; :func:`collate_rows` gathers the tensors."""
+
+    def __init__(self, partition: Partition) -> None:
+        self.partition = partition
+
+    def __len__(self) -> int:
+        return len(self.partition)
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class _Tensors:
+    """The prepared arrays as tensors, shared by every partition's collate."""
+
+    def __init__(self, data: PreparedData) -> None:
+        self.features = [torch.from_numpy(x) for x in data.features]
+        self.lengths = [torch.from_numpy(n) for n in data.lengths]
+        self.targets = None if data.targets is None else torch.from_numpy(data.targets)
+
+
+def collate_rows(tensors: _Tensors, partition: Partition, indices: list[int]) -> dict[str, Any]:
+    """The batch of samples ``indices`` of ``partition`` (see the module docstring)."""
+    index = torch.as_tensor(indices, dtype=torch.long)
+    rows = torch.from_numpy(partition.rows)[index]
+    batch: dict[str, Any] = {"row": rows}
+    inputs, masks = [], []
+    if partition.windows is None:
+        for features, lengths in zip(tensors.features, tensors.lengths, strict=True):
+            length = lengths[rows]
+            steps = int(length.max())
+            inputs.append(features[rows, :steps])
+            masks.append(torch.arange(steps) < length[:, None])
+    else:
+        windows = torch.from_numpy(partition.windows)[index]  # (B, W)
+        real = windows >= 0
+        steps = int(real.sum(dim=1).max())
+        windows, real = windows[:, :steps], real[:, :steps]
+        for features in tensors.features:
+            gathered = features[windows.clamp_min(0), 0]  # (B, W, d)
+            inputs.append(gathered * real.unsqueeze(-1))
+            masks.append(real)
+        batch["centre"] = torch.from_numpy(partition.centre)[index]
+    batch["inputs"], batch["masks"] = inputs, masks
+    if tensors.targets is not None:
+        batch["target"] = tensors.targets[rows]
+    return batch
+
+
+class ShardedShuffleSampler(Sampler[int]):
+    """A fresh permutation per epoch (from ``seed`` and the epoch), split over processes.
+
+    Process ``rank`` of ``world`` takes every ``world``-th index of the permutation
+    starting at ``rank``; with ``world > 1`` the permutation is first padded by
+    repeating its start, so that every process gets the same number of samples
+    (as torch's DistributedSampler). With ``shuffle=False`` the order is 0..n-1
+    and nothing is padded (evaluation: shards may differ by one sample).
+    """
+
+    def __init__(self, size: int, *, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True) -> None:
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside [0, {world})")
+        self.size, self.seed, self.rank, self.world, self.shuffle = size, seed, rank, world, shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.rank, self.size, self.world))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        if self.world > 1:
+            total = -(-self.size // self.world) * self.world
+            order = (order * (-(-total // max(1, len(order)))))[:total]
+        return order[self.rank :: self.world]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._order())
+
+    def __len__(self) -> int:
+        if not self.shuffle:
+            return len(range(self.rank, self.size, self.world))
+        return -(-self.size // self.world) if self.world > 1 else self.size
+
+
+class FusionDataModule(L.LightningDataModule):
+    """Serves the partitions of a :class:`PreparedData` (see the module docstring).
+
+    Args:
+        data: the prepared data.
+        batch_size: the *global* training batch; each of N processes takes
+            ``batch_size / N`` (which must be a whole number).
+        eval_batch_size: per-process batch for validation, test and prediction.
+        seed: seed of the training shuffle.
+    """
+
+    def __init__(self, data: PreparedData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0) -> None:
+        super().__init__()
+        if batch_size < 1 or eval_batch_size < 1:
+            raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {eval_batch_size}")
+        self.data = data
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size)
+        self.seed = int(seed)
+        self._tensors = _Tensors(data)
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    def _loader(self, key: str, *, train: bool) -> DataLoader:
+        if key not in self.data.partitions:
+            raise ValueError(f"no {key!r} partition; have {', '.join(self.data.partitions)}")
+        partition = self.data.partitions[key]
+        rank, world = self._world()
+        if train:
+            if self.batch_size % world:
+                raise ValueError(
+                    f"data.batch_size {self.batch_size} is the global batch and must be divisible "
+                    f"by the {world} processes"
+                )
+            batch_size = self.batch_size // world
+        else:
+            batch_size = self.eval_batch_size
+        sampler = ShardedShuffleSampler(len(partition), seed=self.seed, rank=rank, world=world, shuffle=train)
+        tensors = self._tensors
+        return DataLoader(
+            PartitionDataset(partition),
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=partial(collate_rows, tensors, partition),
+            num_workers=0,
+            generator=torch.Generator().manual_seed(self.seed),  # never draws from the global RNG
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("valid", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.predict_partition, train=False)
+
+    predict_partition = "test"
+
+    def loader(self, key: str) -> DataLoader:
+        """An evaluation loader over any partition (``train``, ``valid``, ``test``, ``all``)."""
+        return self._loader(key, train=False)
+
+    def sample(self, key: str, index: int) -> dict[str, Tensor]:
+        """The batch holding only sample ``index`` of partition ``key``."""
+        partition = self.data.partitions[key]
+        if not 0 <= index < len(partition):
+            raise ValueError(f"sample {index} outside the {len(partition)} samples of {key!r}")
+        return collate_rows(self._tensors, partition, [index])
+
+    def row_sample(self, key: str, row: int) -> int:
+        """The sample index of table row ``row`` in partition ``key``."""
+        found = np.flatnonzero(self.data.partitions[key].rows == row)
+        if not found.size:
+            raise ValueError(f"row {row} is not in the {key!r} partition")
+        return int(found[0])

@@ -1,0 +1,343 @@
+"""From named arrays to model-ready data: modalities, labels, partitions, windows.
+
+:func:`prepare_data` applies the ``data`` section of a configuration to an
+:class:`~polyfuse.data.arrays.ArrayTable`: it picks the modalities, checks every
+shape, handles non-finite values, encodes the labels for the task, resolves the
+train / valid / test partitions, standardises with training statistics and, in
+contextual mode, builds the windows.
+
+Shapes: ``N`` rows, ``T_j`` steps and ``d_j`` features of modality j, ``k`` targets,
+``W`` window length.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polyfuse.data.arrays import ArrayTable
+from polyfuse.data.context import context_windows
+from polyfuse.data.splits import resolve_partitions
+from polyfuse.data.standardize import FeatureStats, fit_stats, real_steps
+
+__all__ = ["TASK_TYPES", "Partition", "PreparedData", "encode_labels", "prepare_data"]
+
+log = logging.getLogger(__name__)
+
+TASK_TYPES = ("sentiment", "traits", "classification")
+NONFINITE_POLICIES = ("error", "zero", "mean")
+
+
+@dataclass
+class Partition:
+    """The samples of one partition.
+
+    rows: (n,) the row of each sample (its label is the target).
+    windows: (n, W) row indices with -1 for padding (contextual mode), else None.
+    centre: (n,) position of the sample's own row in its window, else None.
+    """
+
+    rows: np.ndarray
+    windows: np.ndarray | None = None
+    centre: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+
+@dataclass
+class PreparedData:
+    """Standardised features, encoded targets and partitions (see the module docstring).
+
+    features[j]: (N, T_j, d_j) float32 (contextual mode: T_j = 1), padded steps 0.
+    lengths[j]: (N,) int64 real steps. targets: (N,) float32 (sentiment), (N, k)
+    float32 (traits), (N,) int64 class indices (classification), or None without
+    labels. stats: the training statistics per modality (applied when
+    ``data.standardize`` is on; the means also fill imputed values).
+    """
+
+    origin: str
+    modalities: list[str]
+    features: list[np.ndarray]
+    lengths: list[np.ndarray]
+    targets: np.ndarray | None
+    partitions: dict[str, Partition]
+    stats: dict[str, FeatureStats]
+    label_info: dict[str, Any] = field(default_factory=dict)
+    ids: np.ndarray | None = None
+
+    @property
+    def input_dims(self) -> list[int]:
+        return [int(x.shape[-1]) for x in self.features]
+
+    @property
+    def contextual(self) -> bool:
+        return any(p.windows is not None for p in self.partitions.values())
+
+
+def _modality(table: ArrayTable, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(N, T, d) float array and (N,) lengths of one modality."""
+    array = table.get(name, "a modality")
+    if array.dtype.kind not in "fiub":
+        raise ValueError(f"{table.origin}: modality {name!r} has dtype {array.dtype}, not numeric")
+    if array.ndim == 2:
+        array = array[:, None, :]
+    if array.ndim != 3 or 0 in array.shape:
+        raise ValueError(
+            f"{table.origin}: modality {name!r} has shape {array.shape}; expected (N, T, d) or (N, d)"
+        )
+    length_name = f"{name}_lengths"
+    if length_name in table:
+        lengths = table.per_sample(length_name, f"lengths of {name!r}", array.shape[0])
+        if lengths.dtype.kind not in "iu":
+            raise ValueError(f"{table.origin}: {length_name!r} must hold integers, got {lengths.dtype}")
+        bad = np.flatnonzero((lengths < 1) | (lengths > array.shape[1]))
+        if bad.size:
+            raise ValueError(
+                f"{table.origin}: {length_name!r} is {int(lengths[bad[0]])} at row {int(bad[0])}; "
+                f"every length must lie in [1, {array.shape[1]}] (T of {name!r})"
+            )
+        lengths = lengths.astype(np.int64)
+    else:
+        lengths = np.full(array.shape[0], array.shape[1], dtype=np.int64)
+    return array.astype(np.float32), lengths
+
+
+def _handle_nonfinite(
+    origin: str, name: str, features: np.ndarray, real: np.ndarray, used: np.ndarray, policy: str
+) -> np.ndarray:
+    """Raise on (or impute) NaN / Inf at the real steps of the used rows."""
+    bad = ~np.isfinite(features) & real[:, :, None] & used[:, None, None]
+    if not bad.any():
+        return features
+    where = np.argwhere(bad)
+    row, step, feature = (int(v) for v in where[0])
+    kind = "NaN" if np.isnan(features[row, step, feature]) else "Inf"
+    if policy == "error":
+        more = f" (and {len(where) - 1} more)" if len(where) > 1 else ""
+        raise ValueError(
+            f"{origin}: modality {name!r} has {kind} at row {row} (step {step}, feature {feature})"
+            f"{more}; fix the file or set data.nonfinite to 'zero' or 'mean' to impute"
+        )
+    rows = np.unique(where[:, 0])
+    log.warning(
+        "%s: imputing %d non-finite value(s) of modality %r in %d row(s) (first: row %d) with %s",
+        origin, len(where), name, rows.size, row,
+        "0" if policy == "zero" else "the training mean of the feature",
+    )
+    features = features.copy()
+    features[bad] = 0.0 if policy == "zero" else np.nan  # NaN: filled by the training mean later
+    return features
+
+
+def encode_labels(
+    raw: np.ndarray,
+    task_type: str,
+    train_rows: np.ndarray,
+    task: Mapping[str, Any],
+    *,
+    origin: str,
+    label_info: Mapping[str, Any] | None = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Targets for the task and what is needed to decode them.
+
+    sentiment: (N,) float32. traits: (N, k) float32, with target names and
+    integer ranges (from ``task.target_names`` / ``task.target_ranges``, or the
+    training labels' floor-min and ceil-max). classification: (N,) int64 class
+    indices into the sorted class values of the training rows.
+    ``label_info`` (from a checkpoint) fixes names, ranges and classes.
+    """
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"unknown task type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
+    if task_type == "classification":
+        values = raw.astype(str) if raw.dtype.kind in "US" else raw
+        if values.ndim != 1:
+            raise ValueError(f"{origin}: classification labels must have shape (N,), got {raw.shape}")
+        classes = list(label_info["classes"]) if label_info else np.unique(values[train_rows]).tolist()
+        lookup = {value: index for index, value in enumerate(classes)}
+        encoded = np.full(values.shape[0], -1, dtype=np.int64)
+        for index, value in enumerate(values.tolist()):
+            encoded[index] = lookup.get(value, -1)
+        return encoded, {"classes": classes}
+    if raw.dtype.kind not in "fiub":
+        raise ValueError(f"{origin}: labels have dtype {raw.dtype}; a {task_type} task needs numbers")
+    labels = raw.astype(np.float32)
+    if task_type == "sentiment":
+        if labels.ndim == 2 and labels.shape[1] == 1:
+            labels = labels[:, 0]
+        if labels.ndim != 1:
+            raise ValueError(
+                f"{origin}: sentiment labels must have shape (N,), got {raw.shape}; "
+                "use task.type: traits for several targets"
+            )
+        return labels, {}
+    if labels.ndim == 1:
+        labels = labels[:, None]
+    if labels.ndim != 2:
+        raise ValueError(f"{origin}: trait labels must have shape (N, k), got {raw.shape}")
+    k = labels.shape[1]
+    if label_info:
+        names, ranges = list(label_info["names"]), [list(r) for r in label_info["ranges"]]
+    else:
+        names = list(task.get("target_names") or [f"t{i}" for i in range(k)])
+        ranges = task.get("target_ranges")
+        if ranges is None:
+            train = labels[train_rows]
+            ranges = [[float(np.floor(np.nanmin(train[:, i]))), float(np.ceil(np.nanmax(train[:, i])))] for i in range(k)]
+        ranges = [[float(low), float(high)] for low, high in ranges]
+    if len(names) != k or len(ranges) != k:
+        raise ValueError(
+            f"{origin}: {k} trait targets but {len(names)} target_names and {len(ranges)} target_ranges"
+        )
+    return labels, {"names": names, "ranges": ranges}
+
+
+def _check_labels(origin: str, targets: np.ndarray, rows: np.ndarray, task_type: str, label_info: dict) -> None:
+    used = targets[rows]
+    if task_type == "classification":
+        bad = np.flatnonzero(used < 0)
+        if bad.size:
+            raise ValueError(
+                f"{origin}: row {int(rows[bad[0]])} has a class that the training rows do not have "
+                f"(classes: {label_info['classes'][:20]})"
+            )
+        return
+    finite = np.isfinite(used.reshape(used.shape[0], -1)).all(axis=1)
+    if not finite.all():
+        row = int(rows[np.flatnonzero(~finite)[0]])
+        raise ValueError(f"{origin}: the label of row {row} is not finite")
+
+
+def prepare_data(
+    table: ArrayTable,
+    data: Mapping[str, Any],
+    task: Mapping[str, Any],
+    *,
+    stats: Mapping[str, FeatureStats] | None = None,
+    label_info: Mapping[str, Any] | None = None,
+    partitions: Sequence[str] | None = None,
+    require_labels: bool = True,
+) -> PreparedData:
+    """Apply the ``data`` section of a configuration to ``table``.
+
+    Args:
+        table: the arrays of the data source.
+        data: the ``data`` configuration (see docs/TRAINING.md).
+        task: the ``task`` configuration (``type`` and, for traits, names and ranges).
+        stats: standardisation statistics to use (from a checkpoint) instead of
+            fitting them on the training rows.
+        label_info: label encoding to use (from a checkpoint).
+        partitions: which partitions to build; None for train, valid and test;
+            ``["all"]`` for every row of the table as one partition.
+        require_labels: False to allow a table without the label array (prediction).
+    """
+    origin = table.origin
+    task_type = task["type"]
+    names = data.get("modalities")
+    if not names:
+        raise ValueError(
+            f"{origin}: name the modalities to use (data.modalities or --modalities); "
+            f"arrays in the file: {', '.join(table.names())}"
+        )
+    names = [str(name) for name in names]
+    if len(set(names)) != len(names):
+        raise ValueError(f"data.modalities names a modality twice: {names}")
+    loaded = [_modality(table, name) for name in names]
+    count = loaded[0][0].shape[0]
+    for name, (array, _) in zip(names, loaded, strict=True):
+        if array.shape[0] != count:
+            raise ValueError(
+                f"{origin}: modality {name!r} has {array.shape[0]} rows, {names[0]!r} has {count}"
+            )
+    policy = data.get("nonfinite", "error")
+    if policy not in NONFINITE_POLICIES:
+        raise ValueError(f"data.nonfinite must be one of {', '.join(NONFINITE_POLICIES)}, got {policy!r}")
+
+    def per_sample(key: str | None, what: str) -> np.ndarray | None:
+        return None if not key else table.per_sample(key, what, count)
+
+    context = data.get("context") or None
+    if context is not None and not context.get("group_by"):
+        raise ValueError("data.context needs group_by (the array naming each row's recording)")
+    if partitions == ["all"]:  # prediction: neither split nor groups are needed
+        rows_of = {"all": np.arange(count)}
+    else:
+        group_key = data.get("group") or (context or {}).get("group_by")
+        groups = per_sample(group_key, "group")
+        split = per_sample(data.get("split"), "split")
+        rows_of = resolve_partitions(
+            count,
+            split=split,
+            groups=groups,
+            validation_fraction=float(data.get("validation_fraction", 0.15)),
+            test_fraction=float(data.get("test_fraction", 0.2)),
+            seed=int(data.get("split_seed", 0)),
+            split_values=data.get("split_values"),
+            origin=origin,
+        )
+        if partitions is not None:
+            rows_of = {key: rows_of[key] for key in partitions}
+    used = np.zeros(count, dtype=bool)
+    for rows in rows_of.values():
+        used[rows] = True
+    train_rows = rows_of.get("train", np.arange(count))
+
+    label_name = data.get("label", "label")
+    targets, info = None, dict(label_info or {})
+    if label_name in table or require_labels:
+        raw = table.get(label_name, "the label")
+        if raw.shape[0] != count:
+            raise ValueError(f"{origin}: label array {label_name!r} has {raw.shape[0]} rows, modalities have {count}")
+        targets, info = encode_labels(raw, task_type, train_rows, task, origin=origin, label_info=label_info)
+        for rows in rows_of.values():
+            _check_labels(origin, targets, rows, task_type, info)
+
+    features, lengths, fitted = [], [], {}
+    for name, (array, length) in zip(names, loaded, strict=True):
+        real = real_steps(length, array.shape[1])
+        array = _handle_nonfinite(origin, name, array, real, used, policy)
+        if stats is not None:
+            if name not in stats:
+                raise ValueError(f"the checkpoint has no statistics for modality {name!r}")
+            modality_stats = stats[name]
+            if modality_stats.mean.shape[0] != array.shape[-1]:
+                raise ValueError(
+                    f"{origin}: modality {name!r} has {array.shape[-1]} features, the checkpoint "
+                    f"was trained with {modality_stats.mean.shape[0]}"
+                )
+        else:
+            modality_stats = fit_stats(array, length, train_rows)
+        if data.get("standardize", True):
+            array = modality_stats.apply(array)
+            fill = np.zeros(array.shape[-1], dtype=np.float32)
+        else:
+            fill = modality_stats.mean
+        array = np.where(np.isnan(array), fill, array)  # the 'mean' imputation
+        array = np.where(real[:, :, None], array, 0.0).astype(np.float32)
+        features.append(array)
+        lengths.append(length)
+        fitted[name] = modality_stats
+
+    built: dict[str, Partition] = {}
+    for key, rows in rows_of.items():
+        if context is None:
+            built[key] = Partition(rows)
+            continue
+        for name, array in zip(names, features, strict=True):
+            if array.shape[1] != 1:
+                raise ValueError(
+                    f"{origin}: contextual mode needs one vector per row, but modality {name!r} "
+                    f"is a sequence of {array.shape[1]} steps"
+                )
+        order_key = context.get("order_by")
+        order = per_sample(order_key, "order") if order_key else np.arange(count)
+        windows, centre = context_windows(rows, per_sample(context["group_by"], "group"), order, context.get("window"))
+        built[key] = Partition(rows, windows, centre)
+    ids = per_sample(data.get("id"), "id") if data.get("id") and data["id"] in table else None
+    return PreparedData(
+        origin, names, features, lengths, targets, built, fitted, info, ids
+    )

@@ -1,0 +1,129 @@
+"""Data sources: a feature file, or a generator, named by one string.
+
+- ``path/to/features.npz`` or ``.h5``: the generic format of :mod:`polyfuse.data.arrays`;
+- ``synthetic:key=value,...``: the planted-interaction task of
+  :mod:`polyfuse.data.synthetic`, generated in memory, so that every pipeline runs
+  without any file. Keys: ``samples``, ``modalities``, ``lengths`` and ``dims``
+  (``/``-separated, cycled over the modalities), ``chunks``, ``distractors``,
+  ``noise``, ``signal``, ``min_length_fraction``, ``seed``, ``test_fraction``.
+  It yields modalities ``m0, m1, ...`` with ``m<j>_lengths``, a ``label`` of +1 / -1
+  (the parity of the planted signs), a ``split`` (the last ``test_fraction`` of
+  the rows are ``test``) and ``aligned_step`` (N, m).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polyfuse.data.arrays import ArrayTable, load_arrays
+from polyfuse.data.synthetic import planted_interaction
+
+__all__ = [
+    "SYNTHETIC_DEFAULTS",
+    "is_synthetic",
+    "load_source",
+    "parse_synthetic",
+    "synthetic_modalities",
+    "synthetic_table",
+]
+
+SYNTHETIC_PREFIX = "synthetic"
+SYNTHETIC_DEFAULTS: dict[str, Any] = {
+    "samples": 1000,
+    "modalities": 3,
+    "lengths": (8, 10, 12),
+    "dims": (16, 12, 8),
+    "chunks": 4,
+    "distractors": 1,
+    "noise": 1.0,
+    "signal": 3.0,
+    "min_length_fraction": 0.75,
+    "seed": 0,
+    "test_fraction": 0.2,
+}
+_INT_KEYS = {"samples", "modalities", "chunks", "distractors", "seed"}
+_TUPLE_KEYS = {"lengths", "dims"}
+
+
+def parse_synthetic(spec: str) -> dict[str, Any]:
+    """The generator options of ``synthetic`` or ``synthetic:key=value,...``."""
+    _, _, rest = spec.partition(":")
+    options = dict(SYNTHETIC_DEFAULTS)
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in SYNTHETIC_DEFAULTS:
+            raise ValueError(
+                f"bad synthetic option {item!r}; write key=value with keys: {', '.join(SYNTHETIC_DEFAULTS)}"
+            )
+        try:
+            if key in _TUPLE_KEYS:
+                options[key] = tuple(int(v) for v in value.split("/"))
+            elif key in _INT_KEYS:
+                options[key] = int(value)
+            else:
+                options[key] = float(value)
+        except ValueError:
+            raise ValueError(f"synthetic option {key}={value!r} is not a valid number") from None
+    if options["samples"] < 10:
+        raise ValueError(f"synthetic: samples must be >= 10, got {options['samples']}")
+    if not 0.0 < options["test_fraction"] < 1.0:
+        raise ValueError(f"synthetic: test_fraction must lie in (0, 1), got {options['test_fraction']}")
+    return options
+
+
+def synthetic_table(spec: str) -> ArrayTable:
+    """Generate the planted-interaction task as named arrays (see the module docstring)."""
+    options = parse_synthetic(spec)
+    data = planted_interaction(
+        options["samples"],
+        num_modalities=options["modalities"],
+        lengths=options["lengths"],
+        feature_dims=options["dims"],
+        chunks=options["chunks"],
+        distractors=options["distractors"],
+        noise=options["noise"],
+        signal=options["signal"],
+        min_length_fraction=options["min_length_fraction"],
+        seed=options["seed"],
+    )
+    count = len(data)
+    arrays: dict[str, np.ndarray] = {}
+    for j, (x, mask) in enumerate(zip(data.inputs, data.masks, strict=True)):
+        arrays[f"m{j}"] = x.numpy()
+        arrays[f"m{j}_lengths"] = mask.sum(dim=1).numpy().astype(np.int64)
+    arrays["label"] = data.labels.numpy()
+    split = np.full(count, "train", dtype="U5")
+    split[round(count * (1 - options["test_fraction"])) :] = "test"
+    arrays["split"] = split
+    arrays["aligned_step"] = data.aligned_steps.numpy()
+    arrays["sample_id"] = np.arange(count)
+    return ArrayTable(spec, arrays)
+
+
+def is_synthetic(source: str) -> bool:
+    return source == SYNTHETIC_PREFIX or source.startswith(SYNTHETIC_PREFIX + ":")
+
+
+def load_source(source: str, *, base: str | Path | None = None) -> ArrayTable:
+    """The arrays of a data source: a ``synthetic:...`` spec or a file path.
+
+    A relative path is tried as given and, failing that, relative to ``base``
+    (the directory of the configuration file that named it).
+    """
+    if not isinstance(source, str) or not source:
+        raise ValueError("no data source: set data.source or --data (a .npz/.h5 file or synthetic:...)")
+    if is_synthetic(source):
+        return synthetic_table(source)
+    path = Path(source).expanduser()
+    if not path.is_absolute() and not path.exists() and base is not None and (Path(base) / path).exists():
+        path = Path(base) / path
+    return load_arrays(path)
+
+
+def synthetic_modalities(source: str) -> list[str]:
+    """The modality names a synthetic source yields."""
+    return [f"m{j}" for j in range(parse_synthetic(source)["modalities"])]

@@ -1,0 +1,232 @@
+"""Build data, model, task and trainer from a resolved configuration."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, EarlyStopping, TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+import polyfuse.nn
+from polyfuse.data import FeatureStats, PreparedData, load_source, prepare_data
+from polyfuse.data.sources import is_synthetic, synthetic_modalities
+from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsModelCheckpoint
+from polyfuse.engine.seeding import ReseedEachEpoch
+from polyfuse.tasks import FusionBackbone, FusionTask, ModalityEncoder, task_class
+
+__all__ = [
+    "build_backbone",
+    "build_data",
+    "build_task",
+    "build_trainer",
+    "monitor_of",
+    "quiet_lightning",
+]
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's info lines and the warnings that do not apply here."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _filter_warnings() -> None:
+    # In-memory tensors: worker processes would only add start-up time.
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*number of training batches.*logging interval.*")
+    # Lightning 2.6's own use of a torch API that newer torch deprecates.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+    # Resuming writes into the run's own checkpoint directory on purpose.
+    warnings.filterwarnings("ignore", message=r".*Checkpoint directory .* exists and is not empty.*")
+
+
+def build_data(
+    config: Mapping[str, Any],
+    *,
+    source: str | None = None,
+    stats: Mapping[str, FeatureStats] | None = None,
+    label_info: Mapping[str, Any] | None = None,
+    partitions: Sequence[str] | None = None,
+    require_labels: bool = True,
+    base: str | Path | None = None,
+) -> PreparedData:
+    """Load the data source (``source`` overrides ``data.source``) and prepare it."""
+    data = dict(config["data"])
+    data["source"] = source or data["source"]
+    table = load_source(data["source"], base=base)
+    if not data.get("modalities") and is_synthetic(data["source"]):
+        data["modalities"] = synthetic_modalities(data["source"])
+        if data.get("split") is None:
+            data["split"] = "split"
+    return prepare_data(
+        table, data, config["task"], stats=stats, label_info=label_info,
+        partitions=partitions, require_labels=require_labels,
+    )
+
+
+def _groups(config: Mapping[str, Any], names: Sequence[str]) -> list[list[int]] | None:
+    fusion = config["model"]["fusion"]
+    spec = config["model"]["input_groups"].get(fusion)
+    if not spec:
+        return None
+    groups = []
+    for group in spec:
+        group = [group] if isinstance(group, str) else list(group)
+        for name in group:
+            if name not in names:
+                raise ValueError(
+                    f"model.input_groups.{fusion} names {name!r}, not one of the modalities {list(names)}"
+                )
+        groups.append([list(names).index(name) for name in group])
+    return groups
+
+
+def _fusion_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    name = config["model"]["fusion"]
+    cls = polyfuse.nn.get(name)  # an unknown name lists the known ones
+    options = dict(config["model"]["options"].get(name) or {})
+    accepted = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    unknown = sorted(key for key in options if key not in accepted or key in ("self", "input_dims", "out_dim"))
+    if unknown and not takes_any:
+        valid = [key for key in accepted if key not in ("self", "input_dims", "out_dim")]
+        raise ValueError(f"model.options.{name}: unknown option(s) {unknown}; {cls.__name__} takes: {', '.join(valid)}")
+    if "seed" in accepted and "seed" not in options:
+        options["seed"] = int(config["seed"])  # e.g. MAN's random features
+    return options
+
+
+def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> FusionBackbone:
+    """Encoders, the fusion module named by ``model.fusion`` and the projection."""
+    model = config["model"]
+    encoder = model["encoder"]
+    encoders = [
+        ModalityEncoder(d, kind=encoder.get("type", "linear"), hidden_dim=int(encoder.get("hidden_dim", 64)),
+                        dropout=float(encoder.get("dropout", 0.0)))
+        for d in input_dims
+    ]
+    groups = _groups(config, names)
+    group_dims = [sum(encoders[j].output_dim for j in g) for g in groups] if groups else [e.output_dim for e in encoders]
+    options = _fusion_options(config)
+    cls = polyfuse.nn.get(model["fusion"])
+    limit = getattr(cls, "max_modalities", None)
+    if limit is not None and len(group_dims) > limit:
+        raise ValueError(
+            f"{cls.__name__} takes at most {limit} inputs but the data has {len(group_dims)} modalities "
+            f"{list(names)}; set model.input_groups.{model['fusion']} (e.g. [[{names[0]}], "
+            f"[{', '.join(names[1:])}]]) to group them"
+        )
+    try:
+        fusion = polyfuse.nn.create(model["fusion"], input_dims=group_dims, out_dim=int(model["fusion_dim"]), **options)
+    except TypeError as error:
+        raise ValueError(f"model.options.{model['fusion']}: {error}") from None
+    return FusionBackbone(
+        fusion, encoders, fusion_dim=int(model["fusion_dim"]), out_dim=int(model["out_dim"]), groups=groups,
+        skip=bool(model["skip"]), dropout=float(model["dropout"]), modality_names=names,
+    )
+
+
+def build_task(
+    config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str], label_info: Mapping[str, Any]
+) -> FusionTask:
+    """The task module of ``task.type`` around a new backbone."""
+    task = config["task"]
+    options: dict[str, Any] = {
+        "lr": config["optim"]["lr"],
+        "weight_decay": config["optim"]["weight_decay"],
+        "scheduler": config["optim"]["scheduler"],
+        "max_epochs": config["trainer"]["max_epochs"],
+    }
+    cls = task_class(task["type"])
+    if task["type"] in ("sentiment", "traits"):
+        options["loss"] = task["loss"]
+    if task["type"] == "traits":
+        options.update(names=label_info["names"], ranges=label_info["ranges"])
+    if task["type"] == "classification":
+        options.update(num_classes=len(label_info["classes"]), label_smoothing=float(task["label_smoothing"]))
+    return cls(build_backbone(config, input_dims, names), **options)
+
+
+def monitor_of(config: Mapping[str, Any]) -> tuple[str, str]:
+    """The validation metric that picks the best checkpoint and stops early, and its mode."""
+    default_key, default_mode = task_class(config["task"]["type"]).default_monitor
+    key = config["trainer"]["monitor"] or default_key
+    if not key.startswith("val/"):
+        raise ValueError(f"trainer.monitor must be a validation metric (val/...), got {key!r}")
+    mode = config["trainer"]["mode"] or (default_mode if key == default_key else ("min" if "loss" in key or "mae" in key else "max"))
+    return key, mode
+
+
+def build_trainer(
+    config: Mapping[str, Any],
+    run_dir: Path | None,
+    *,
+    callbacks: Sequence[Callback] = (),
+    steps_per_epoch: int | None = None,
+    for_training: bool = True,
+) -> tuple[L.Trainer, SafetensorsModelCheckpoint | None]:
+    """A Lightning trainer: checkpoints (best on validation and last), early stopping,
+    CSV and TensorBoard logs under ``run_dir``, seeded epochs, DDP and precision options."""
+    trainer_config = config["trainer"]
+    if trainer_config["quiet"]:
+        quiet_lightning()
+    _filter_warnings()
+    if trainer_config["num_threads"]:
+        torch.set_num_threads(int(trainer_config["num_threads"]))
+    all_callbacks: list[Callback] = [ReseedEachEpoch(int(config["seed"]))]
+    checkpoint = None
+    loggers: list[Any] | bool = False
+    if for_training:
+        monitor, mode = monitor_of(config)
+        checkpoint = SafetensorsModelCheckpoint(
+            dirpath=str(run_dir / "checkpoints"), filename="best", monitor=monitor, mode=mode,
+            save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False,
+        )
+        # Lightning's save_last only writes when a best checkpoint is written; resuming
+        # needs the state at the end of every epoch. Checkpoint callbacks run after the
+        # others, and this one after the best one, so it holds their updated state.
+        last = SafetensorsModelCheckpoint(
+            dirpath=str(run_dir / "checkpoints"), filename="last", monitor=None,
+            save_top_k=1, enable_version_counter=False,
+        )
+        all_callbacks.extend([checkpoint, last])
+        if trainer_config["patience"]:
+            all_callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=int(trainer_config["patience"])))
+        loggers = [
+            CSVLogger(str(run_dir), name="csv"),
+            TensorBoardLogger(str(run_dir), name="tensorboard", default_hp_metric=False),
+        ]
+    if trainer_config["progress_bar"]:
+        all_callbacks.append(TQDMProgressBar())
+    all_callbacks.extend(callbacks)
+    log_every = int(trainer_config["log_every_n_steps"])
+    if steps_per_epoch:
+        log_every = max(1, min(log_every, steps_per_epoch))
+    trainer = L.Trainer(
+        accelerator=trainer_config["accelerator"],
+        devices=trainer_config["devices"],
+        strategy=trainer_config["strategy"],
+        precision=trainer_config["precision"],
+        max_epochs=trainer_config["max_epochs"],
+        min_epochs=trainer_config["min_epochs"],
+        gradient_clip_val=trainer_config["gradient_clip_val"],
+        deterministic=trainer_config["deterministic"],
+        callbacks=all_callbacks,
+        logger=loggers,
+        enable_checkpointing=for_training,
+        enable_progress_bar=bool(trainer_config["progress_bar"]),
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=log_every,
+        use_distributed_sampler=False,  # FusionDataModule shards its own batches
+        plugins=[SafetensorsCheckpointIO()],
+        default_root_dir=str(run_dir) if run_dir else None,
+    )
+    return trainer, checkpoint

@@ -1,0 +1,179 @@
+"""Checkpoints as safetensors files: no pickle is ever written or read.
+
+A Lightning checkpoint is a nested dict (weights, optimiser state, loop and
+callback state, ...). :func:`write_checkpoint` stores every tensor in it as a
+safetensors tensor named by its path in the dict (``state_dict/backbone.head.weight``)
+and everything else as JSON in the file's metadata, with markers for what JSON
+lacks (tuples, non-string keys, tensors). :func:`read_checkpoint` rebuilds the
+dict. Only plain data can be stored: anything else is refused with its path.
+
+:class:`SafetensorsCheckpointIO` makes Lightning save and load (``--resume``,
+best-on-validation) through these functions; :class:`SafetensorsModelCheckpoint`
+names the files ``*.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "SafetensorsCheckpointIO",
+    "SafetensorsModelCheckpoint",
+    "decode",
+    "encode",
+    "read_checkpoint",
+    "write_checkpoint",
+]
+
+CHECKPOINT_FORMAT = "polyfuse-checkpoint/1"
+_TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
+def encode(value: Any, path: str, tensors: dict[str, Tensor]) -> Any:
+    """A JSON-able copy of ``value`` whose tensors are moved into ``tensors`` by path."""
+    if isinstance(value, Tensor):
+        name, copy = path, 1
+        while name in tensors:  # paths of keys holding "/" could meet
+            name, copy = f"{path}#{copy}", copy + 1
+        tensors[name] = value.detach().cpu().contiguous().clone()
+        return {_TENSOR: name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return {_TUPLE: [encode(v, _join(path, i), tensors) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [encode(v, _join(path, i), tensors) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        if all(isinstance(key, str) and not key.startswith("__") for key in value):
+            return {key: encode(v, _join(path, key), tensors) for key, v in value.items()}
+        items = []
+        for key, v in value.items():
+            if not isinstance(key, (str, int, float, bool, tuple)) and key is not None:
+                raise TypeError(f"cannot store the key {key!r} (a {type(key).__name__}) at {path!r}")
+            items.append([encode(key, _join(path, "key"), {}), encode(v, _join(path, key), tensors)])
+        return {_ITEMS: items}
+    raise TypeError(
+        f"cannot store a {type(value).__name__} at {path!r} in a safetensors checkpoint "
+        "(only tensors, numbers, strings, None, lists, tuples and dicts)"
+    )
+
+
+def decode(value: Any, tensors: Mapping[str, Tensor]) -> Any:
+    """The inverse of :func:`encode`."""
+    if isinstance(value, list):
+        return [decode(v, tensors) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_TENSOR}:
+            return tensors[value[_TENSOR]]
+        if set(value) == {_TUPLE}:
+            return tuple(decode(v, tensors) for v in value[_TUPLE])
+        if set(value) == {_ITEMS}:
+            return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in value[_ITEMS]}
+        return {key: decode(v, tensors) for key, v in value.items()}
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
+def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
+    """Write a checkpoint dict to ``path`` (atomically: a partial file never replaces a good one)."""
+    path = Path(path)
+    tensors: dict[str, Tensor] = {}
+    content = encode(dict(checkpoint), "", tensors)
+    metadata = {"format": CHECKPOINT_FORMAT, "content": json.dumps(content)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    save_file(tensors, str(partial), metadata=metadata)
+    os.replace(partial, path)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`write_checkpoint` (never unpickles anything)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix != ".safetensors":
+        raise ValueError(
+            f"{path}: polyfuse checkpoints are .safetensors files; other formats (pickled "
+            ".ckpt / .pt files) are never loaded, as unpickling can run arbitrary code"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            if metadata.get("format") != CHECKPOINT_FORMAT:
+                raise ValueError(
+                    f"{path}: not a polyfuse checkpoint (format {metadata.get('format')!r}, "
+                    f"expected {CHECKPOINT_FORMAT!r})"
+                )
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        content = json.loads(metadata["content"])
+    except (SafetensorError, OSError, json.JSONDecodeError, KeyError) as error:
+        raise ValueError(f"{path}: cannot read the checkpoint (corrupt or truncated?): {error}") from None
+    try:
+        return decode(content, tensors)
+    except KeyError as error:
+        raise ValueError(f"{path}: the checkpoint refers to a missing tensor {error}") from None
+
+
+class SafetensorsCheckpointIO(CheckpointIO):
+    """Lightning's checkpoint I/O through :func:`write_checkpoint` / :func:`read_checkpoint`."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        write_checkpoint(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = read_checkpoint(path)
+        if map_location is not None and not callable(map_location):
+            checkpoint = _move(checkpoint, map_location)
+        return checkpoint
+
+    def remove_checkpoint(self, path: Any) -> None:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def _move(value: Any, device: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: _move(v, device) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_move(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_move(v, device) for v in value)
+    return value
+
+
+class SafetensorsModelCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, writing ``<name>.safetensors`` files."""
+
+    FILE_EXTENSION = ".safetensors"
+
+
+def load_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The weights (``state_dict``) of a checkpoint and what polyfuse stored beside them."""
+    checkpoint = read_checkpoint(path)
+    if "state_dict" not in checkpoint or "polyfuse" not in checkpoint:
+        raise ValueError(f"{path}: not a polyfuse training checkpoint (no state_dict / polyfuse entry)")
+    return checkpoint["state_dict"], checkpoint["polyfuse"]
+

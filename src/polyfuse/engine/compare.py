@@ -1,0 +1,185 @@
+"""Several models, several seeds, one table of mean and standard deviation.
+
+Every model is trained ``seeds`` times with seeds ``seed, seed + 1, ...`` (the
+data partitions stay fixed by ``data.split_seed``), each run testing its best
+validation checkpoint once. The table gives, per model and metric, the mean and
+the sample standard deviation (ddof = 1) over seeds of the validation monitor
+(what picked each run's checkpoint) and of the test metrics, and the mean wall
+time of a run. Written beside the runs: ``runs.csv`` (one line per run), ``summary.csv``
+and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polyfuse.nn
+from polyfuse.engine.build import monitor_of
+from polyfuse.engine.config import deep_merge, load_config, resolve_config
+from polyfuse.engine.run import train
+
+__all__ = ["ModelEntry", "compare", "format_summary", "parse_models", "summarise"]
+
+# Column order and headers for the MOSI metrics; other tasks list their keys as they come.
+_HEADERS = {
+    "mae": "MAE",
+    "corr": "Corr",
+    "acc2_has0": "Acc2 has-0",
+    "f1_has0": "F1 has-0",
+    "acc2_non0": "Acc2 non-0",
+    "f1_non0": "F1 non-0",
+    "acc7": "Acc7",
+    "acc": "Acc",
+    "f1_macro": "F1 macro",
+    "ma": "MA",
+}
+MODEL_SECTIONS = ("model", "optim")
+_PERCENT = {"acc2_has0", "f1_has0", "acc2_non0", "f1_non0", "acc7", "acc", "f1_macro", "ma"}
+
+
+@dataclass
+class ModelEntry:
+    """One line of the table: a label and the configuration changes it makes."""
+
+    label: str
+    update: dict[str, Any]
+
+
+def parse_models(spec: str | Sequence[str]) -> list[ModelEntry]:
+    """``man,ban,...`` (fusion names: switch ``model.fusion``) or YAML paths (their
+    ``model`` and ``optim`` sections merged over the base; labelled by file name),
+    comma-separated. Data, task and trainer always come from the base, so that
+    every model is run the same way."""
+    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    if not items:
+        raise ValueError("--models names no model")
+    entries = []
+    for item in items:
+        if item.endswith((".yaml", ".yml")):
+            loaded = load_config(item)
+            update = {key: loaded[key] for key in MODEL_SECTIONS if key in loaded}
+            entries.append(ModelEntry(Path(item).stem, update))
+        else:
+            polyfuse.nn.get(item)  # an unknown name lists the known ones
+            entries.append(ModelEntry(item, {"model": {"fusion": item}}))
+    labels = [e.label for e in entries]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--models names a model twice: {labels}")
+    return entries
+
+
+def compare(
+    base: Mapping[str, Any],
+    models: Sequence[ModelEntry],
+    *,
+    seeds: int = 5,
+    out_dir: str | Path,
+    progress: Any = print,
+) -> list[dict[str, Any]]:
+    """Train every model with every seed; write and return the per-run records."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    base = resolve_config(base)
+    if base["trainer"]["devices"] != 1:
+        raise ValueError("compare trains one run after another in one process: use trainer.devices=1")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records: list[dict[str, Any]] = []
+    for entry in models:
+        for offset in range(seeds):
+            config = deep_merge(base, entry.update)
+            config["seed"] = int(base["seed"]) + offset
+            config = resolve_config(config)
+            run_dir = out_dir / entry.label / f"seed{config['seed']}"
+            result = train(config, run_dir=run_dir)
+            record = {
+                "model": entry.label,
+                "seed": config["seed"],
+                "epochs": result.epochs,
+                "seconds": round(result.train_seconds, 2),
+                **{f"val_{k}": v for k, v in result.validation.items()},
+                **result.test,
+            }
+            records.append(record)
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items() if "/" not in k)
+            progress(f"{entry.label} seed {config['seed']}: {shown} ({result.train_seconds:.1f} s, {result.epochs} epochs)")
+            _write_csv(out_dir / "runs.csv", records)
+    monitor = monitor_of(base)[0].replace("/", "_")  # val/mae -> val_mae
+    summary = summarise(records, validation_key=monitor)
+    _write_csv(out_dir / "summary.csv", summary)
+    (out_dir / "summary.md").write_text(format_summary(summary) + "\n")
+    (out_dir / "base_config.json").write_text(json.dumps(base, indent=2) + "\n")
+    return records
+
+
+def _metric_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    skip = {"model", "seed", "epochs", "seconds"}
+    keys: list[str] = []
+    for record in records:
+        for key in record:
+            if key not in skip and not key.startswith("val_") and key not in keys:
+                keys.append(key)
+    known = [k for k in _HEADERS if k in keys]
+    return known + [k for k in keys if k not in known and k != "loss"]
+
+
+def summarise(records: Sequence[Mapping[str, Any]], *, validation_key: str | None = None) -> list[dict[str, Any]]:
+    """Mean and sample standard deviation per model and metric.
+
+    ``validation_key`` (e.g. ``val_mae``, the monitor that picked each run's
+    checkpoint) comes first, then the test metrics, then seconds and epochs.
+    """
+    keys = _metric_keys(records)
+    if validation_key and any(validation_key in r for r in records):
+        keys = [validation_key, *keys]
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in records):
+        runs = [r for r in records if r["model"] == model]
+        row: dict[str, Any] = {"model": model, "runs": len(runs)}
+        for key in [*keys, "seconds", "epochs"]:
+            values = [float(r[key]) for r in runs if key in r]
+            row[f"{key}_mean"] = statistics.fmean(values) if values else float("nan")
+            row[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        rows.append(row)
+    return rows
+
+
+def format_summary(summary: Sequence[Mapping[str, Any]]) -> str:
+    """A Markdown table: mean ± std per metric (accuracies and F1 in %); a ``val_``
+    column is the validation monitor, all others are test metrics."""
+    if not summary:
+        return "(no runs)"
+    keys = [k[: -len("_mean")] for k in summary[0] if k.endswith("_mean") and k not in ("seconds_mean", "epochs_mean")]
+    headers = ["model", *(_header(k) for k in keys), "s / run"]
+    lines = ["| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]
+    for row in summary:
+        cells = [f"{row['model']} (n={row['runs']})"]
+        for key in keys:
+            mean, std = row[f"{key}_mean"], row[f"{key}_std"]
+            scale, digits = (100.0, 1) if key.removeprefix("val_") in _PERCENT else (1.0, 3)
+            cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
+        cells.append(f"{row['seconds_mean']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _header(key: str) -> str:
+    if key.startswith("val_"):
+        return "val " + _HEADERS.get(key[4:], key[4:])
+    return _HEADERS.get(key, key)
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    fields: list[str] = []
+    for row in rows:
+        fields.extend(k for k in row if k not in fields)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,321 @@
+"""Training, evaluation and prediction runs.
+
+``train(config)`` writes, under the run directory::
+
+    config.yaml            the resolved configuration, before training starts
+    checkpoints/best.safetensors   best on the validation monitor
+    checkpoints/last.safetensors   end of the last finished epoch (for --resume)
+    csv/version_*/metrics.csv      per-epoch logs (a new version per resumed part)
+    tensorboard/version_*/         the same for TensorBoard
+    results.json           validation and test metrics of the best checkpoint, times
+    learning_curves.png
+
+The test partition is evaluated once, after training, with the best checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from polyfuse.data import FeatureStats, PreparedData
+from polyfuse.data.datamodule import FusionDataModule
+from polyfuse.engine.build import build_data, build_task, build_trainer, monitor_of
+from polyfuse.engine.checkpoints import load_state
+from polyfuse.engine.config import dump_config, load_config, resolve_config
+from polyfuse.engine.seeding import seed_everything
+from polyfuse.tasks import FusionTask
+
+__all__ = ["RunResult", "evaluate", "load_model", "predict", "resolve_resume", "train"]
+
+RUN_DIR_ENV = "POLYFUSE_RUN_DIR"  # hands the run directory to DDP worker processes
+
+
+@dataclass
+class RunResult:
+    """What a training run produced."""
+
+    run_dir: Path
+    best_checkpoint: Path
+    validation: dict[str, float]
+    test: dict[str, float]
+    epochs: int
+    train_seconds: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_worker() -> bool:
+    """True in a DDP process other than the launching one (it re-runs the command)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
+
+
+def _new_run_dir(config: Mapping[str, Any]) -> Path:
+    inherited = os.environ.get(RUN_DIR_ENV)
+    if inherited and _is_worker():
+        return Path(inherited)
+    base = Path(str(config["output_dir"])) / str(config["name"] or config["model"]["fusion"])
+    path, number = base, 1
+    while path.exists() and any(path.iterdir()):
+        path, number = base.with_name(f"{base.name}_{number}"), number + 1
+    return path
+
+
+def resolve_resume(resume: str | Path) -> tuple[Path, dict[str, Any], Path]:
+    """Run directory, saved configuration and last checkpoint of a run to resume.
+
+    ``resume`` is the run directory or its ``checkpoints/last.safetensors``.
+    """
+    path = Path(resume)
+    run_dir = path.parent.parent if path.suffix == ".safetensors" else path
+    checkpoint = path if path.suffix == ".safetensors" else run_dir / "checkpoints" / "last.safetensors"
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"cannot resume: no config.yaml in {run_dir}")
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"cannot resume: no checkpoint {checkpoint} (did the first epoch finish?)")
+    return run_dir, load_config(config_path), checkpoint
+
+
+def _stats_to_tensors(stats: Mapping[str, FeatureStats]) -> dict[str, dict[str, torch.Tensor]]:
+    return {name: {"mean": torch.from_numpy(s.mean), "std": torch.from_numpy(s.std)} for name, s in stats.items()}
+
+
+def _stats_from_tensors(stored: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, FeatureStats]:
+    return {name: FeatureStats(s["mean"].numpy(), s["std"].numpy()) for name, s in stored.items()}
+
+
+def _metrics(results: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
+    values = results[0] if results else {}
+    return {key[len(prefix) + 1 :]: float(value) for key, value in values.items() if key.startswith(prefix + "/")}
+
+
+@contextlib.contextmanager
+def _restore_torch_settings() -> Iterator[None]:
+    """Undo the process-wide settings a run changes (CPU threads, deterministic algorithms)."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+
+def train(
+    config: Mapping[str, Any],
+    *,
+    resume: str | Path | None = None,
+    run_dir: str | Path | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> RunResult:
+    """Train, pick the best checkpoint on validation, test it once (see the module docstring).
+
+    Args:
+        config: a configuration (defaults are filled in).
+        resume: a run directory (or its last checkpoint) to continue; its saved
+            configuration is used and ``config`` is ignored.
+        run_dir: where to write (default: a new ``output_dir/name[_k]``).
+        callbacks: extra Lightning callbacks.
+    """
+    with _restore_torch_settings():
+        return _train(config, resume=resume, run_dir=run_dir, callbacks=callbacks)
+
+
+def _train(
+    config: Mapping[str, Any] | None,
+    *,
+    resume: str | Path | None,
+    run_dir: str | Path | None,
+    callbacks: Sequence[Callback],
+) -> RunResult:
+    resume_checkpoint = None
+    if resume is not None:
+        run_dir, config, resume_checkpoint = resolve_resume(resume)
+    config = resolve_config(config)
+    run_dir = Path(run_dir) if run_dir is not None else _new_run_dir(config)
+    seed_everything(int(config["seed"]))
+    data = build_data(config)
+    if not len(data.partitions["valid"]):
+        raise ValueError("the validation partition is empty")
+    datamodule = FusionDataModule(
+        data, batch_size=config["data"]["batch_size"], eval_batch_size=config["data"]["eval_batch_size"],
+        seed=int(config["seed"]),
+    )
+    task = build_task(config, data.input_dims, data.modalities, data.label_info)
+    task.checkpoint_extras = {
+        "config": config,
+        "modalities": data.modalities,
+        "input_dims": data.input_dims,
+        "label_info": data.label_info,
+        "stats": _stats_to_tensors(data.stats),
+    }
+    devices = int(config["trainer"]["devices"])
+    steps = -(-len(data.partitions["train"]) // config["data"]["batch_size"])
+    trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
+    if not _is_worker():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_config(config))
+        if devices > 1:
+            os.environ[RUN_DIR_ENV] = str(run_dir)
+    start = time.perf_counter()
+    try:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=str(resume_checkpoint) if resume_checkpoint else None)
+    finally:
+        if not _is_worker():
+            os.environ.pop(RUN_DIR_ENV, None)
+    seconds = time.perf_counter() - start
+    best = Path(checkpoint.best_model_path) if checkpoint.best_model_path else None
+    if best is None or not best.is_file():
+        raise RuntimeError(f"training produced no best checkpoint in {run_dir / 'checkpoints'}")
+    validation = _metrics(trainer.validate(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "val")
+    test: dict[str, float] = {}
+    if len(data.partitions["test"]):
+        test = _metrics(trainer.test(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "test")
+    epochs = int(trainer.current_epoch)
+    result = RunResult(run_dir, best, validation, test, epochs, seconds, config)
+    if trainer.is_global_zero:
+        monitor, mode = monitor_of(config)
+        summary = {
+            "best_checkpoint": str(best),
+            "monitor": monitor,
+            "mode": mode,
+            "validation": validation,
+            "test": test,
+            "epochs": epochs,
+            "train_seconds": round(seconds, 3),
+            "resumed": resume_checkpoint is not None,
+            "samples": {key: len(p) for key, p in data.partitions.items()},
+        }
+        (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        try:
+            from polyfuse.engine.plots import plot_learning_curves
+
+            plot_learning_curves(run_dir, run_dir / "learning_curves.png")
+        except (ValueError, ImportError):  # pragma: no cover - no epochs logged or no matplotlib
+            pass
+    return result
+
+
+def load_model(checkpoint: str | Path) -> tuple[FusionTask, dict[str, Any]]:
+    """The task module of a checkpoint, weights loaded, in eval mode, and its stored extras."""
+    state_dict, extras = load_state(checkpoint)
+    config = resolve_config(extras["config"])
+    extras = {**extras, "config": config}
+    task = build_task(config, extras["input_dims"], extras["modalities"], extras["label_info"])
+    try:
+        task.load_state_dict(state_dict)
+    except RuntimeError as error:
+        raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
+    task.eval()
+    return task, extras
+
+
+def _data_for(extras: Mapping[str, Any], source: str | None, partitions: Sequence[str] | None, require_labels: bool) -> PreparedData:
+    config = extras["config"]
+    data = build_data(
+        config, source=source, stats=_stats_from_tensors(extras["stats"]), label_info=extras["label_info"],
+        partitions=partitions, require_labels=require_labels,
+    )
+    if data.modalities != list(extras["modalities"]):
+        raise ValueError(f"the data has modalities {data.modalities}, the checkpoint {extras['modalities']}")
+    return data
+
+
+def _partition_key(data: PreparedData, split: str) -> str:
+    if split not in data.partitions:
+        raise ValueError(f"no {split!r} split; have {', '.join(data.partitions)}")
+    return split
+
+
+def _quiet_trainer(config: Mapping[str, Any]):
+    config = {**config, "trainer": {**config["trainer"], "devices": 1, "strategy": "auto", "progress_bar": False}}
+    trainer, _ = build_trainer(config, None, for_training=False)
+    return trainer
+
+
+def evaluate(checkpoint: str | Path, *, split: str = "test", source: str | None = None) -> dict[str, float]:
+    """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
+    for every row of a file without a split)."""
+    task, extras = load_model(checkpoint)
+    partitions = ["all"] if split == "all" else None
+    data = _data_for(extras, source, partitions, require_labels=True)
+    key = _partition_key(data, split)
+    datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
+    trainer = _quiet_trainer(extras["config"])
+    task.stage_metrics["test"].reset()
+    results = trainer.test(task, dataloaders=datamodule.loader(key), verbose=False)
+    return _metrics(results, "test")
+
+
+def predict(
+    checkpoint: str | Path, *, source: str | None = None, split: str = "all", out: str | Path | None = None
+) -> list[dict[str, Any]]:
+    """Predictions of a checkpoint for the rows of a data source, optionally as a CSV.
+
+    ``split``: ``all`` (every row, labels optional) or a partition name. Each
+    record holds ``row``, ``id`` (when ``data.id`` names an array), the prediction
+    (``prediction``; ``prediction_<target>`` for traits; ``prediction`` as the class
+    value and ``prob_<class>`` for classification) and ``label`` when known.
+    """
+    task, extras = load_model(checkpoint)
+    data = _data_for(extras, source, ["all"] if split == "all" else None, require_labels=False)
+    key = _partition_key(data, split)
+    datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
+    trainer = _quiet_trainer(extras["config"])
+    outputs = trainer.predict(task, dataloaders=datamodule.loader(key))
+    rows = torch.cat([o["row"] for o in outputs]).numpy()
+    predictions = torch.cat([o["prediction"] for o in outputs]).numpy()
+    records = _records(extras, data, rows, predictions)
+    if out is not None:
+        _write_csv(records, Path(out))
+    return records
+
+
+def _records(extras: Mapping[str, Any], data: PreparedData, rows: np.ndarray, predictions: np.ndarray) -> list[dict[str, Any]]:
+    task_type = extras["config"]["task"]["type"]
+    info = extras["label_info"]
+    records = []
+    for i, row in enumerate(rows.tolist()):
+        record: dict[str, Any] = {"row": row}
+        if data.ids is not None:
+            record["id"] = data.ids[row].item()
+        if task_type == "sentiment":
+            record["prediction"] = float(predictions[i])
+            if data.targets is not None:
+                record["label"] = float(data.targets[row])
+        elif task_type == "traits":
+            for j, name in enumerate(info["names"]):
+                record[f"prediction_{name}"] = float(predictions[i, j])
+            if data.targets is not None:
+                for j, name in enumerate(info["names"]):
+                    record[f"label_{name}"] = float(data.targets[row, j])
+        else:
+            classes = info["classes"]
+            record["prediction"] = classes[int(predictions[i].argmax())]
+            for c, value in enumerate(classes):
+                record[f"prob_{value}"] = float(predictions[i, c])
+            if data.targets is not None and data.targets[row] >= 0:
+                record["label"] = classes[int(data.targets[row])]
+        records.append(record)
+    return records
+
+
+def _write_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(records[0]) if records else ["row"]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(records)

@@ -1,0 +1,26 @@
+"""Tasks: Lightning modules that put a head, a loss and metrics on a passed-in model."""
+
+from polyfuse.tasks.backbone import ENCODER_TYPES, FusionBackbone, ModalityEncoder
+from polyfuse.tasks.base import SCHEDULERS, FusionTask
+from polyfuse.tasks.tasks import (
+    LOSSES,
+    TASKS,
+    ClassificationTask,
+    SentimentTask,
+    TraitsTask,
+    task_class,
+)
+
+__all__ = [
+    "ENCODER_TYPES",
+    "LOSSES",
+    "SCHEDULERS",
+    "TASKS",
+    "ClassificationTask",
+    "FusionBackbone",
+    "FusionTask",
+    "ModalityEncoder",
+    "SentimentTask",
+    "TraitsTask",
+    "task_class",
+]

@@ -1,0 +1,74 @@
+"""The measuring helpers: timing, peak memory, load, sizes."""
+
+import pytest
+import torch
+
+from polyfuse.bench.measure import (
+    LoadMonitor,
+    Timing,
+    count_flops,
+    machine_info,
+    peak_allocated_bytes,
+    time_callable,
+    time_interleaved,
+)
+from polyfuse.bench.results import format_bytes, parse_bytes
+
+
+def test_time_interleaved_calls_in_turns_and_summarises():
+    calls = []
+    timings = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                               warmup=1, repeats=3)
+    assert calls == ["a", "b"] * 4
+    for timing in timings.values():
+        assert isinstance(timing, Timing) and timing.repeats == 3
+        assert 0 <= timing.minimum <= timing.median <= timing.maximum
+    assert time_callable(lambda: None, warmup=0, repeats=2).repeats == 2
+    with pytest.raises(ValueError, match="repeats"):
+        time_callable(lambda: None, repeats=0)
+
+
+def test_peak_memory_counts_live_tensors_not_freed_ones():
+    size = 1 << 20  # 1 MiB of float32
+
+    def sequential():
+        for _ in range(3):
+            torch.empty(size // 4).fill_(1)  # freed before the next one
+
+    def together():
+        kept = [torch.empty(size // 4).fill_(1) for _ in range(3)]
+        return kept
+
+    peak_sequential = peak_allocated_bytes(sequential)
+    peak_together = peak_allocated_bytes(together)
+    assert peak_sequential is not None and peak_together is not None
+    assert size <= peak_sequential < 1.5 * size
+    assert 3 * size <= peak_together < 3.5 * size
+
+
+def test_count_flops_of_a_matrix_product():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    assert count_flops(lambda: a @ b) == 2 * 3 * 4 * 5
+
+
+def test_load_monitor_and_machine_info():
+    with LoadMonitor() as monitor:
+        torch.randn(200, 200) @ torch.randn(200, 200)
+    result = monitor.result()
+    assert {"seconds", "cpus", "loadavg_1min", "machine_busy", "own", "others", "steal"} <= set(result)
+    if result["machine_busy"] is not None:
+        assert 0 <= result["others"] <= 1 and 0 <= result["own"] <= 1
+    info = machine_info()
+    assert info["torch"] == torch.__version__ and info["torch_threads"] == torch.get_num_threads()
+
+
+def test_byte_sizes():
+    assert parse_bytes("2GiB") == 2 * 2**30
+    assert parse_bytes("512 MiB") == 512 * 2**20
+    assert parse_bytes("1e9") == 10**9
+    assert parse_bytes(7) == 7
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_bytes("lots")
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(3 * 2**30) == "3.0 GiB"
+    assert format_bytes(None) == "n/a"

@@ -1,0 +1,140 @@
+"""Every benchmark runs on tiny sizes and writes valid JSON; the exact modes respect the
+memory bound; plots and docs/BENCHMARKS.md are produced from the results."""
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from polyfuse.bench import approximation, complexity, paper, targets
+from polyfuse.bench.results import read_results, write_results
+from polyfuse.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dataclasses.replace(
+    complexity.QUICK, modalities=(2, 3), lengths=(4, 8), random_features=(8,), batch_sizes=(2,),
+    base_length=4, base_random_features=8, base_batch=2, hidden_dim=8, heads=2,
+)
+
+
+def assert_valid_json(payload):
+    text = json.dumps(payload, allow_nan=False)
+    assert json.loads(text)["benchmark"] == payload["benchmark"]
+    assert {"created", "machine", "settings", "polyfuse"} <= set(payload)
+
+
+def test_complexity_runs_and_bounds_the_exact_modes():
+    settings = dataclasses.replace(TINY, exact_memory_bound=20_000)
+    payload = complexity.run_complexity(settings, sweeps=("modalities", "length", "random_features"))
+    assert_valid_json(payload)
+    rows = payload["rows"]
+    statuses = {(row["model"], row["sweep"], row["modalities"], row["length"]): row for row in rows}
+    ok = statuses[("man-had", "modalities", 3, 4)]
+    assert ok["status"] == "ok" and ok["flops"] > 0 and ok["peak_bytes"] > 0
+    assert ok["forward_s"]["median"] > 0 and ok["forward_backward_s"]["median"] > 0
+    # 2 x 2 x 8^3 entries need more than 20 kB: not run, with the prediction.
+    skipped = statuses[("man-exact", "length", 3, 8)]
+    assert skipped["status"] == "not run" and "would need" in skipped["reason"]
+    assert skipped["predicted_bytes"] == complexity.predicted_tensor_bytes(
+        modalities=3, length=8, batch=2, heads=2, head_dim=4, backward=True) > 20_000
+    assert statuses[("ban", "modalities", 3, 4)]["status"] == "not applicable"
+    assert statuses[("ban", "modalities", 2, 4)]["status"] == "ok"
+    assert {row["model"] for row in rows if row["sweep"] == "random_features"} == {"man-had"}
+
+
+def test_tfn_guard_is_recorded_as_not_run():
+    settings = dataclasses.replace(TINY, models=("tfn",), modalities=(6,), hidden_dim=8, heads=2)
+    row = complexity.run_complexity(settings, sweeps=("modalities",))["rows"][0]
+    assert row["status"] == "not run" and "max_fused_size" in row["reason"]
+
+
+def test_predicted_tensor_bytes_bounds_a_measured_peak():
+    settings = dataclasses.replace(TINY, models=("man-exact", "man-hadamard"), lengths=(10,),
+                                   backward=False, repeats=1)
+    for row in complexity.run_complexity(settings, sweeps=("length",))["rows"]:
+        predicted = complexity.predicted_tensor_bytes(
+            modalities=3, length=10, batch=2, heads=2, head_dim=4, backward=False)
+        assert row["peak_bytes"] <= predicted * 1.5
+
+
+def test_paper_runs_and_reports_ratios():
+    payload = paper.run_paper(lengths=(5,), repeats=1, warmup=0, timing=False)
+    assert_valid_json(payload)
+    variants = payload["results"][0]["variants"]
+    assert set(variants) == {"MAN", "w/o HAD", "w/o CAO", "w/o LSC"}
+    assert variants["MAN"]["ratio_to_man"]["flops_total"] == 1.0
+    assert variants["w/o HAD"]["paper_flops"] == 10.23e6
+    assert variants["w/o LSC"]["ratio_to_man"]["paper_flops"] == pytest.approx(3.07e5 / 3.87e5)
+
+
+def test_approximation_runs_and_predicts():
+    settings = dataclasses.replace(approximation.QUICK, kernel_draws=50, attention_draws=2)
+    payload = approximation.run_approximation(settings)
+    assert_valid_json(payload)
+    assert len(payload["kernel"]) == len(settings.scales) * len(settings.random_features)
+    for row in payload["kernel"]:
+        assert row["predicted_mse_iid"] > 0 and row["measured_mse_iid"] > 0
+    for row in payload["attention"]:
+        assert 0 < row["relative_error_iid"] < 10
+
+
+def test_kernel_mse_follows_eq_12_with_enough_draws():
+    settings = dataclasses.replace(approximation.QUICK, random_features=(32,), scales=(0.5,),
+                                   kernel_draws=20000)
+    row = approximation.kernel_errors(settings)[0]
+    assert row["measured_mse_iid"] == pytest.approx(row["predicted_mse_iid"], rel=0.15)
+    assert row["measured_mse_orthogonal"] <= row["measured_mse_iid"] * 1.1
+    assert row["mean_estimate_iid"] == pytest.approx(row["exact"], rel=0.01)
+
+
+def test_targets_run_on_quick_sizes():
+    payload = targets.run_targets(repeats=1, warmup=0, sizes=targets.QUICK_SIZES)
+    assert_valid_json(payload)
+    assert payload["settings"]["issue_sizes"] is False
+    assert set(payload["targets"]) == set(targets.TARGETS)
+    for target in payload["targets"].values():
+        assert target["value"] > 0 and isinstance(target["passed"], bool)
+    flop_rate = payload["targets"]["had_flop_rate_fraction"]
+    assert flop_rate["had_flops_counted"] > flop_rate["had_flops_by_hand"]
+
+
+def test_cli_writes_json_plots_and_the_docs_script_renders_them(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main(["bench", "complexity", "--preset", "quick", "--sweeps", "modalities",
+                 "--models", "man-had,man-exact,lmf", "--modalities", "2 3", "--lengths", "4",
+                 "--base", "3 4 8 2", "--hidden-dim", "8", "--heads", "2", "--no-backward",
+                 "--output-dir", str(out), "--quiet"]) == 0
+    assert main(["bench", "paper", "--lengths", "4", "--no-timing", "--output-dir", str(out),
+                 "--quiet"]) == 0
+    assert main(["bench", "approximation", "--preset", "quick", "--kernel-draws", "20",
+                 "--attention-draws", "1", "--output-dir", str(out), "--quiet"]) == 0
+    payload = read_results(out / "complexity.json")
+    assert [row["modalities"] for row in payload["rows"] if row["model"] == "lmf"] == [2, 3]
+    for name in ("complexity_modalities.png", "paper_flops.png", "approximation_kernel_mse.png",
+                 "approximation_attention_error.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    # targets: write a small fake result rather than timing the issue's sizes here.
+    fake = targets.run_targets(repeats=1, warmup=0, sizes=targets.QUICK_SIZES)
+    write_results(out / "targets.json", fake)
+
+    spec = importlib.util.spec_from_file_location("write_benchmarks_md", ROOT / "scripts" / "write_benchmarks_md.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    markdown_path = tmp_path / "BENCHMARKS.md"
+    assert script.main(["--results", str(out), "--output", str(markdown_path)]) == 0
+    markdown = markdown_path.read_text()
+    for heading in ("## Speed targets", "## The MAN paper's CMU-MOSI figures beside ours",
+                    "## Cost against the number of modalities", "## Approximation error of had mode"):
+        assert heading in markdown
+    assert "not the issue's sizes" in markdown
+    assert "do not edit by hand" in markdown
+    capsys.readouterr()
+
+
+def test_cli_rejects_bad_options(capsys):
+    assert main(["bench", "complexity", "--models", "nope", "--no-plots", "--quiet"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert main(["bench", "complexity", "--exact-memory-bound", "lots", "--quiet"]) == 2
+    assert "cannot read" in capsys.readouterr().err
