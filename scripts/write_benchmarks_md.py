@@ -202,8 +202,11 @@ def complexity_section(payload: dict[str, Any], folder: Path) -> list[str]:
 
 
 def _disturbed(row: dict[str, Any]) -> bool:
-    others = (row.get("load") or {}).get("others")
-    return others is not None and others > 0.10
+    """Other processes took more than 10% of the CPUs while the point was timed (read
+    from /proc/stat, whose 10 ms ticks make windows under 0.25 s too coarse to judge)."""
+    load = row.get("load") or {}
+    others = load.get("others")
+    return others is not None and load.get("seconds", 0) >= 0.25 and others > 0.10
 
 
 def _growth_table(rows: list[dict[str, Any]], key: str, models: list[str], name: str) -> list[str]:

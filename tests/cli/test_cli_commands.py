@@ -108,3 +108,14 @@ def test_bad_flags_exit_with_usage(capsys):
         main(["train", "--epochs", "3"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --epochs 3" in capsys.readouterr().err
+
+
+def test_resume_from_the_command_line(config_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(config_file), "--out", str(run), *QUIET]) == 0
+    first = capsys.readouterr().out.splitlines()[-1]
+    (run / "results.json").unlink()
+    assert main(["train", "--resume", str(run), *QUIET]) == 0  # nothing left to train: same result
+    assert capsys.readouterr().out.splitlines()[-1] == first
+    assert main(["train", "--resume", str(run), "--seed", "3"]) == 2
+    assert "only --no-progress and --quiet may be added" in error_line(capsys)

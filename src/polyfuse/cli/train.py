@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from polyfuse.cli.options import add_config_arguments, config_from_args, lightning_errors
 
-__all__ = ["add_parser", "format_metrics", "run"]
+__all__ = ["add_parser", "format_metrics", "run", "shown_path"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +27,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def format_metrics(title: str, metrics: dict[str, float]) -> str:
     return f"{title}: " + ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
 
@@ -33,16 +42,28 @@ def format_metrics(title: str, metrics: dict[str, float]) -> str:
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.run import _is_worker, train
 
-    if args.resume and (args.config or args.overrides):
-        raise ValueError("--resume continues a run with its saved configuration; drop --config and --set")
-    config = None if args.resume else config_from_args(args)
-    if config is None and not args.resume:
-        raise ValueError("give --config (or --resume)")
+    if args.resume:
+        given = [flag for flag, value in vars(args).items() if flag.startswith("short_") and value is not None]
+        if args.config or args.overrides or given or args.out:
+            raise ValueError(
+                "--resume continues a run with its saved configuration; only --no-progress and "
+                "--quiet may be added"
+            )
+        display = {"progress_bar": False} if args.no_progress else {}
+        display.update({"quiet": True} if args.quiet else {})
+        config = {"trainer": display}
+    elif not args.config:
+        raise ValueError("give --config (or --resume RUN_DIR)")
+    else:
+        config = config_from_args(args)
     with lightning_errors():
-        result = train(config or {}, resume=args.resume, run_dir=args.out)
+        result = train(config, resume=args.resume, run_dir=None if args.resume else args.out)
     if not _is_worker():
-        print(f"run directory: {result.run_dir}")
-        print(f"best checkpoint: {result.best_checkpoint} ({result.epochs} epochs, {result.train_seconds:.1f} s)")
+        print(f"run directory: {shown_path(result.run_dir)}")
+        print(
+            f"best checkpoint: {shown_path(result.best_checkpoint)} "
+            f"({result.epochs} epochs, {result.train_seconds:.1f} s)"
+        )
         print(format_metrics("validation", result.validation))
         if result.test:
             print(format_metrics("test", result.test))

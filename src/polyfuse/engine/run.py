@@ -39,6 +39,7 @@ from polyfuse.tasks import FusionTask
 
 __all__ = ["RunResult", "evaluate", "load_model", "predict", "resolve_resume", "train"]
 
+DISPLAY_KEYS = ("progress_bar", "quiet")
 RUN_DIR_ENV = "POLYFUSE_RUN_DIR"  # hands the run directory to DDP worker processes
 
 
@@ -125,7 +126,8 @@ def train(
     Args:
         config: a configuration (defaults are filled in).
         resume: a run directory (or its last checkpoint) to continue; its saved
-            configuration is used and ``config`` is ignored.
+            configuration is used, and of ``config`` only the display keys
+            ``trainer.progress_bar`` and ``trainer.quiet``.
         run_dir: where to write (default: a new ``output_dir/name[_k]``).
         callbacks: extra Lightning callbacks.
     """
@@ -142,7 +144,11 @@ def _train(
 ) -> RunResult:
     resume_checkpoint = None
     if resume is not None:
+        saved = config or {}
         run_dir, config, resume_checkpoint = resolve_resume(resume)
+        # Only how the run is displayed may differ from the saved configuration.
+        display = {k: v for k, v in saved.get("trainer", {}).items() if k in DISPLAY_KEYS}
+        config = {**config, "trainer": {**config.get("trainer", {}), **display}}
     config = resolve_config(config)
     run_dir = Path(run_dir) if run_dir is not None else _new_run_dir(config)
     seed_everything(int(config["seed"]))

@@ -206,9 +206,13 @@ def had_whole(
     if padded is not None:
         exponent = exponent.masked_fill(padded.unsqueeze(-1), float("-inf"))  # B_j = 0 there
     stabilisers = stabilisers_for(exponent, layout)  # (G, N, m, H)
+    # split, not slices: the backward of a split is one concatenation, that of each
+    # slice a zero tensor of the whole exponent's size.
     random = [
-        torch.exp(exponent[..., start:stop, :] - stabilisers[..., j, :].unsqueeze(-2))
-        for j, (start, stop) in enumerate(spans(layout))
+        torch.exp(piece - stabiliser.unsqueeze(-2))
+        for piece, stabiliser in zip(
+            exponent.split(list(layout.lengths), dim=-2), stabilisers.unbind(-2), strict=True
+        )
     ]  # B_j^T, (G, N, T_j, H)
     last = len(random) - 1
     # sum_h prod_j (B_j^T v_j)[h, k], Eq. 10, with the last factor contracted over t last.
@@ -312,7 +316,7 @@ def had_chunk(
     torch.bmm(stacked_features.view(heads, rows * total, feature_dim), weights, out=exponent)
     exponent = exponent.view(count, total, num_random_features)  # Eq. 11 exponents
     if padded is not None:
-        exponent.masked_fill_(padded.view(count, total, 1), float("-inf"))  # B_j = 0 there
+        exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))  # B_j = 0 there
     # Stabilisers (note 5), the rescaling weight folded into modality 0's: see stabilisers_for.
     if len(set(lengths)) == 1:
         by_modality = exponent.view(count, num_modalities, lengths[0], num_random_features)
