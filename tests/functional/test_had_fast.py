@@ -79,10 +79,12 @@ def test_fast_equals_reference_for_leading_dims_and_masks(lead, matrix_lead, pad
         assert_same(fast(features, values, no_masks, matrix), expected)
 
 
-@pytest.mark.parametrize("budget", [1, 600, 3000])
+@pytest.mark.parametrize("budget", [1, 600, 3000, 3500])
 @pytest.mark.parametrize("lengths", [(3, 3, 3), (2, 5, 3)])
 def test_chunked_path_equals_reference_whatever_the_chunk_size(monkeypatch, budget, lengths):
-    """Tiny budgets split the work by heads and rows (remainder chunks included)."""
+    """Tiny budgets split the work by heads and rows (remainder chunks included); 3500
+    bytes gives chunks of all 3 heads and 2 of the 5 rows, whose padding masks are not
+    contiguous."""
     monkeypatch.setitem(_had.CHUNK_BYTES, "cpu", budget)
     features, values, masks, matrix = make_case(lengths, lead=(5, 3), matrix_lead=(3,))
     assert_same(fast(features, values, masks, matrix), reference(features, values, masks, matrix))
