@@ -248,6 +248,19 @@ class MAN(FusionModule):
     ) -> Tensor | MANOutput:
         """Fuse the modalities: (B, out_dim), or a :class:`MANOutput` if asked for more."""
         sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, "MAN")
+        return self._fuse(sequences, full_masks, return_sequences, return_attention)
+
+    def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
+        return self._fuse(inputs, masks, False, False)
+
+    def _fuse(
+        self,
+        sequences: list[Tensor],
+        full_masks: list[Tensor],
+        return_sequences: bool,
+        return_attention: bool,
+    ) -> Tensor | MANOutput:
+        """The body of :meth:`forward` on validated inputs (padded steps zeroed)."""
         if self.input_projections is not None:
             sequences = [
                 project(x) * mask.unsqueeze(-1)
@@ -274,6 +287,3 @@ class MAN(FusionModule):
             sequences if return_sequences else None,
             attentions if return_attention else None,
         )
-
-    def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        return self.forward(inputs, masks)
