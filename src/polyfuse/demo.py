@@ -125,7 +125,6 @@ def run_demo(
     progress: bool = True,
 ) -> list[DemoResult]:
     """Generate the planted-interaction task and train every model on it."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     data = planted_interaction(
         num_samples, lengths=(8, 10, 12), feature_dims=(16, 12, 8), chunks=4, distractors=1,
         signal=3.0, seed=seed,
