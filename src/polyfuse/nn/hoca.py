@@ -112,10 +112,6 @@ def _check_query(query: Tensor, batch: int, query_dim: int, owner: str) -> None:
         )
 
 
-def _masked_softmax(logits: Tensor, mask: Tensor) -> Tensor:
-    return logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-
-
 def _weighted_sum(attention: Tensor, features: Tensor) -> Tensor:
     """HOCA Eq. 5: (B, T) weights and (B, T, d_i) features -> (B, d_i) context."""
     return torch.einsum("bt,btf->bf", attention, features)

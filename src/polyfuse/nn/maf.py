@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import prepare_fusion_inputs
-from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS
+from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS, _masked_softmax
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.nn.base import FusionModule
 from polyfuse.nn.hoca import (
@@ -37,7 +37,6 @@ from polyfuse.nn.hoca import (
     MaxLengths,
     _check_lengths,
     _check_query,
-    _masked_softmax,
     _resolve_max_lengths,
     _weighted_sum,
     default_exact_max_length,
