@@ -18,6 +18,7 @@ import polyfuse.nn
 from polyfuse.data import FeatureStats, PreparedData, load_source, prepare_data
 from polyfuse.data.sources import is_synthetic, synthetic_modalities
 from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsModelCheckpoint
+from polyfuse.engine.divergence import DivergenceGuard
 from polyfuse.engine.seeding import ReseedEachEpoch
 from polyfuse.tasks import FusionBackbone, FusionTask, ModalityEncoder, task_class
 
@@ -181,6 +182,8 @@ def build_trainer(
     if trainer_config["num_threads"]:
         torch.set_num_threads(int(trainer_config["num_threads"]))
     all_callbacks: list[Callback] = [ReseedEachEpoch(int(config["seed"]))]
+    if for_training:
+        all_callbacks.append(DivergenceGuard())
     checkpoint = None
     loggers: list[Any] | bool = False
     if for_training:

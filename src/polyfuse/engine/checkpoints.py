@@ -27,12 +27,17 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from polyfuse.engine.rundir import atomic_temp_path
+
 __all__ = [
     "CHECKPOINT_FORMAT",
     "SafetensorsCheckpointIO",
     "SafetensorsModelCheckpoint",
+    "check_extras",
+    "check_finite_state",
     "decode",
     "encode",
+    "load_state",
     "read_checkpoint",
     "write_checkpoint",
 ]
@@ -101,10 +106,9 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     tensors: dict[str, Tensor] = {}
     content = encode(dict(checkpoint), "", tensors)
     metadata = {"format": CHECKPOINT_FORMAT, "content": json.dumps(content)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    save_file(tensors, str(partial), metadata=metadata)
-    os.replace(partial, path)
+    # A unique temporary name: two writers never share a partial file.
+    with atomic_temp_path(path) as partial:
+        save_file(tensors, str(partial), metadata=metadata)
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -165,9 +169,32 @@ def _move(value: Any, device: Any) -> Any:
 
 
 class SafetensorsModelCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, writing ``<name>.safetensors`` files."""
+    """Lightning's ModelCheckpoint, writing ``<name>.safetensors`` files.
+
+    Its saved state names files by absolute paths; Lightning drops the best score
+    when the directory differs on resume (a moved or copied run). Here the saved
+    paths are re-rooted in the current directory, so a moved run keeps its best
+    score and resumes to the same result.
+    """
 
     FILE_EXTENSION = ".safetensors"
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_dir = state_dict.get("dirpath")
+        if saved_dir is not None and self.dirpath is not None and saved_dir != self.dirpath:
+            def moved(path: Any) -> Any:
+                if isinstance(path, str) and path and os.path.dirname(path) == saved_dir:
+                    return os.path.join(self.dirpath, os.path.basename(path))
+                return path
+
+            state_dict = {
+                **state_dict,
+                "dirpath": self.dirpath,
+                **{key: moved(state_dict[key]) for key in ("best_model_path", "kth_best_model_path", "last_model_path") if key in state_dict},
+            }
+            if isinstance(state_dict.get("best_k_models"), dict):
+                state_dict["best_k_models"] = {moved(k): v for k, v in state_dict["best_k_models"].items()}
+        super().load_state_dict(state_dict)
 
 
 def load_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -175,5 +202,45 @@ def load_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     checkpoint = read_checkpoint(path)
     if "state_dict" not in checkpoint or "polyfuse" not in checkpoint:
         raise ValueError(f"{path}: not a polyfuse training checkpoint (no state_dict / polyfuse entry)")
-    return checkpoint["state_dict"], checkpoint["polyfuse"]
+    extras = checkpoint["polyfuse"]
+    check_extras(extras, path)
+    check_finite_state(checkpoint["state_dict"], path)
+    return checkpoint["state_dict"], extras
+
+
+EXTRAS_KEYS = ("config", "modalities", "input_dims", "label_info", "stats")
+
+
+def check_extras(extras: Any, path: str | Path) -> None:
+    """Refuse polyfuse metadata that lacks what rebuilding the model needs, or has NaN statistics."""
+    if not isinstance(extras, Mapping):
+        raise ValueError(f"{path}: the polyfuse metadata is a {type(extras).__name__}, not a mapping")
+    missing = [key for key in EXTRAS_KEYS if key not in extras]
+    if missing:
+        raise ValueError(
+            f"{path}: the checkpoint metadata lacks {', '.join(missing)}; it cannot be used "
+            "(was it written by polyfuse train?)"
+        )
+    if not isinstance(extras["config"], Mapping):
+        raise ValueError(f"{path}: the stored config is a {type(extras['config']).__name__}, not a mapping")
+    stats = extras["stats"]
+    if not isinstance(stats, Mapping):
+        raise ValueError(f"{path}: the stored feature statistics are not a mapping")
+    for name, entry in stats.items():
+        for key in ("mean", "std"):
+            value = entry.get(key) if isinstance(entry, Mapping) else None
+            if not isinstance(value, Tensor):
+                raise ValueError(f"{path}: the feature statistics of {name!r} lack {key!r}")
+            if not bool(value.isfinite().all()):
+                raise ValueError(f"{path}: the stored feature {key} of {name!r} holds NaN or Inf; the checkpoint is broken")
+
+
+def check_finite_state(state_dict: Mapping[str, Any], path: str | Path) -> None:
+    """Refuse weights that hold NaN or Inf (a diverged or corrupted run), naming the first."""
+    for name, value in state_dict.items():
+        if isinstance(value, Tensor) and value.is_floating_point() and not bool(value.isfinite().all()):
+            raise ValueError(
+                f"{path}: weight {name!r} holds NaN or Inf (the run diverged or the file is "
+                "corrupted); this checkpoint is not used"
+            )
 

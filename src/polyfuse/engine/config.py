@@ -1,10 +1,12 @@
 """Run configuration: defaults, YAML files, ``key=value`` overrides, validation.
 
-A configuration is a nested dict with the sections of :data:`DEFAULTS` (see
-docs/TRAINING.md for every key). A YAML file may start from another with
-``base: other.yaml`` (a path relative to the file); its keys then override the
-base's, section by section. :func:`resolve_config` fills in the defaults and
-refuses unknown keys, naming the known ones.
+A configuration is a nested dict with the sections of :data:`DEFAULTS`; the
+schema (keys, types, ranges) is :mod:`polyfuse.engine.schema`, documented in
+docs/CONFIGURATION.md. A YAML file may start from another with ``base:
+other.yaml`` (a path relative to the file); its keys then override the base's,
+section by section. Paths in a file (``data.source``, ``output_dir``) are
+relative to that file. :func:`resolve_config` fills in the defaults and refuses
+unknown keys (with a did-you-mean) and wrong values.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "DEFAULTS",
+    "DEFAULTS",  # noqa: F822 - built lazily by __getattr__
     "apply_overrides",
     "deep_merge",
     "dump_config",
@@ -27,71 +29,38 @@ __all__ = [
     "resolve_config",
 ]
 
-DEFAULTS: dict[str, Any] = {
-    "name": None,  # run name: the directory under output_dir (default: config file name)
-    "seed": 0,
-    "output_dir": "runs",
-    "task": {
-        "type": "sentiment",  # sentiment | traits | classification
-        "loss": "l1",  # regression: l1 | mse | smooth_l1
-        "target_names": None,  # traits: one name per target column
-        "target_ranges": None,  # traits: [[low, high], ...] (default: from training labels)
-        "label_smoothing": 0.0,  # classification
-    },
-    "data": {
-        "source": None,  # .npz / .h5 path, or synthetic:key=value,...
-        "modalities": None,  # array names, in order
-        "label": "label",
-        "split": None,  # split array name (values train / valid / test)
-        "split_values": None,  # {train: [...], valid: [...], test: [...]} other split names
-        "group": None,  # group array for carving held-out parts (default: context.group_by)
-        "id": None,  # id array written next to predictions
-        "context": None,  # {group_by, order_by, window}: contextual mode
-        "validation_fraction": 0.15,
-        "test_fraction": 0.2,  # only without a split array
-        "split_seed": 0,
-        "standardize": True,
-        "nonfinite": "error",  # error | zero | mean
-        "batch_size": 32,  # global batch (all processes together)
-        "eval_batch_size": 256,
-    },
-    "model": {
-        "fusion": "man",  # a name of polyfuse.nn.available()
-        "fusion_dim": 64,  # fusion module out_dim
-        "out_dim": 64,  # backbone output (after the projection)
-        "dropout": 0.1,  # after the projection
-        "skip": True,  # concatenate each modality's own (centre) step to the fused vector
-        "encoder": {"type": "linear", "hidden_dim": 64, "dropout": 0.1},  # none | linear | gru
-        "options": {},  # {fusion name: {keyword arguments}}
-        "input_groups": {},  # {fusion name: [[modality, ...], ...]}
-    },
-    "optim": {"lr": 1e-3, "weight_decay": 0.0, "scheduler": "none"},
-    "trainer": {
-        "max_epochs": 30,
-        "min_epochs": 1,
-        "patience": 10,  # early stopping on the monitored metric; 0 disables
-        "monitor": None,  # default: val/mae (regression), val/loss (classification)
-        "mode": None,  # min | max (default from the monitor)
-        "accelerator": "auto",
-        "devices": 1,
-        "strategy": "auto",  # ddp for several processes (gloo on CPU)
-        "precision": "32-true",  # or bf16-mixed
-        "gradient_clip_val": None,
-        "deterministic": True,
-        "progress_bar": True,
-        "log_every_n_steps": 10,
-        "num_threads": None,  # torch CPU threads per process
-        "quiet": False,  # hide Lightning's info messages
-    },
-}
-
-# Sections whose keys are free (names of fusion modules, partitions, ...).
-_FREE = {("data", "split_values"), ("data", "context"), ("model", "options"), ("model", "input_groups")}
-_CONTEXT_KEYS = ("group_by", "order_by", "window")
+# Limits on configuration files, which may come from anyone.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_ALIASES = 64
+MAX_DEPTH = 32
+_PATH_KEYS = (("data", "source"), ("output_dir",))
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-3`` as a string; numbers in exponent form are floats here."""
+    """Safe YAML with exponent floats (``1e-3``) and bounds on aliases and nesting.
+
+    An alias bomb (a few lines that expand to gigabytes) is refused after
+    :data:`MAX_ALIASES` aliases; nesting deeper than :data:`MAX_DEPTH` is refused
+    before Python's recursion limit is reached.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name); refused as a possible alias bomb")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.add_implicit_resolver(
@@ -101,12 +70,26 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _defaults() -> dict[str, Any]:
+    from polyfuse.engine.schema import RunConfig
+
+    return RunConfig().model_dump()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEFAULTS":  # built from the schema on first use
+        return _defaults()
+    raise AttributeError(name)
+
+
 def parse_value(text: str) -> Any:
     """A ``--set`` value: YAML (numbers, true/false, null, [lists], {maps}) or a string."""
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError:
         return text
+    except RecursionError:  # pragma: no cover - bounded by MAX_DEPTH
+        raise ValueError("--set value nested too deeply") from None
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,16 +110,42 @@ def load_config(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any
         raise FileNotFoundError(f"config file not found: {path}")
     if path.resolve() in _seen:
         raise ValueError(f"{path}: circular base: chain")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: {path.stat().st_size} bytes; config files are limited to {MAX_CONFIG_BYTES} bytes")
     try:
-        content = yaml.load(path.read_text(), Loader=_Loader) or {}
+        content = yaml.load(path.read_bytes().decode("utf-8"), Loader=_Loader) or {}
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(content, dict):
         raise ValueError(f"{path}: a config file must hold a mapping of sections, got {type(content).__name__}")
+    _anchor_paths(content, path.parent)
     base = content.pop("base", None)
     if base is not None:
+        if not isinstance(base, str):
+            raise ValueError(f"{path}: base must be a file name, got {base!r}")
         content = deep_merge(load_config(path.parent / base, (*_seen, path.resolve())), content)
     return content
+
+
+def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
+    """Make the file paths a config file names (data.source, output_dir) relative to its folder.
+
+    They become absolute, so that the saved config.yaml of a run means the same
+    from wherever it is read.
+    """
+    for keys in _PATH_KEYS:
+        node: Any = content
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or not isinstance(node.get(keys[-1]), str):
+            continue
+        value = node[keys[-1]]
+        if not value or value == "synthetic" or value.startswith("synthetic:"):
+            continue
+        path = Path(value).expanduser()
+        node[keys[-1]] = str(path if path.is_absolute() else (folder / path).resolve())
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -147,67 +156,38 @@ def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict
         if not sep or not key.strip():
             raise ValueError(f"bad --set {item!r}: write key=value, for example trainer.max_epochs=5")
         parts = key.strip().split(".")
-        node = result
+        node, defaults = result, _defaults()
         for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
+            if node.get(part) is None:
                 node[part] = {}
+            elif not isinstance(node[part], dict):
+                raise ValueError(f"bad --set {item!r}: {part!r} holds {node[part]!r}, not a section")
             node = node[part]
-        node[parts[-1]] = parse_value(text)
+            defaults = defaults.get(part) if isinstance(defaults, dict) else None
+        value = parse_value(text)
+        last = parts[-1]
+        section = isinstance(defaults, dict) and isinstance(defaults.get(last), dict)
+        if section or isinstance(node.get(last), dict):
+            # A section is merged into, never replaced: --set trainer=3 must not wipe it.
+            if not isinstance(value, dict):
+                raise ValueError(
+                    f"bad --set {item!r}: {key.strip()!r} is a section; set one of its keys "
+                    f"(e.g. {key.strip()}.KEY=VALUE) or give a mapping {{key: value}}"
+                )
+            node[last] = deep_merge(node.get(last) or {}, value)
+        else:
+            node[last] = value
     return result
 
 
-def _check_keys(config: Mapping[str, Any], defaults: Mapping[str, Any], where: tuple[str, ...]) -> None:
-    for key, value in config.items():
-        dotted = ".".join((*where, key))
-        if key not in defaults:
-            known = ", ".join(sorted(defaults))
-            raise ValueError(f"unknown config key {dotted!r}; known keys{' under ' + repr('.'.join(where)) if where else ''}: {known}")
-        if (*where, key) in _FREE:
-            continue
-        if isinstance(defaults[key], dict):
-            if not isinstance(value, Mapping):
-                raise ValueError(f"config key {dotted!r} must be a mapping, got {value!r}")
-            _check_keys(value, defaults[key], (*where, key))
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
 def resolve_config(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The full configuration: defaults filled in, keys and values checked."""
-    config = dict(config or {})
-    _check_keys(config, DEFAULTS, ())
-    resolved = deep_merge(DEFAULTS, config)
-    data, model, trainer, optim = resolved["data"], resolved["model"], resolved["trainer"], resolved["optim"]
-    context = data["context"]
-    if context is not None:
-        _require(isinstance(context, Mapping), "data.context must be a mapping {group_by, order_by, window}")
-        unknown = sorted(set(context) - set(_CONTEXT_KEYS))
-        _require(not unknown, f"unknown data.context key(s) {unknown}; known: {', '.join(_CONTEXT_KEYS)}")
-        _require(bool(context.get("group_by")), "data.context needs group_by (the recording of each row)")
-        data["context"] = {"group_by": None, "order_by": None, "window": None, **context}
-    if isinstance(data["modalities"], str):
-        data["modalities"] = [m.strip() for m in data["modalities"].split(",") if m.strip()]
-    for key in ("batch_size", "eval_batch_size"):
-        _require(isinstance(data[key], int) and data[key] >= 1, f"data.{key} must be a positive integer, got {data[key]!r}")
-    _require(0 < float(data["validation_fraction"]) < 1, "data.validation_fraction must lie in (0, 1)")
-    for section, key in (("trainer", "max_epochs"), ("trainer", "devices"), ("trainer", "min_epochs")):
-        value = resolved[section][key]
-        _require(isinstance(value, int) and value >= 1, f"{section}.{key} must be a positive integer, got {value!r}")
-    _require(isinstance(trainer["patience"], int) and trainer["patience"] >= 0, "trainer.patience must be an integer >= 0")
-    _require(trainer["mode"] in (None, "min", "max"), f"trainer.mode must be min or max, got {trainer['mode']!r}")
-    for key in ("lr", "weight_decay"):
-        try:
-            optim[key] = float(optim[key])
-        except (TypeError, ValueError):
-            raise ValueError(f"optim.{key} must be a number, got {optim[key]!r}") from None
-    _require(isinstance(model["fusion"], str) and bool(model["fusion"]), "model.fusion must name a fusion module")
-    _require(isinstance(model["options"], Mapping), "model.options must map fusion names to keyword arguments")
-    _require(isinstance(model["input_groups"], Mapping), "model.input_groups must map fusion names to groups")
-    _require(isinstance(resolved["seed"], int), f"seed must be an integer, got {resolved['seed']!r}")
-    return resolved
+    """The full configuration: defaults filled in, keys, types and ranges checked
+    (by the schema of :mod:`polyfuse.engine.schema`)."""
+    from polyfuse.engine.schema import validate_config
+
+    if config is not None and not isinstance(config, Mapping):
+        raise ValueError(f"a configuration must be a mapping of sections, got {type(config).__name__}")
+    return validate_config(config or {})
 
 
 def dump_config(config: Mapping[str, Any]) -> str:

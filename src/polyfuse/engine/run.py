@@ -19,6 +19,7 @@ import contextlib
 import csv
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,12 +33,18 @@ from lightning.pytorch.callbacks import Callback
 from polyfuse.data import FeatureStats, PreparedData
 from polyfuse.data.datamodule import FusionDataModule
 from polyfuse.engine.build import build_data, build_task, build_trainer, monitor_of
-from polyfuse.engine.checkpoints import load_state
+from polyfuse.engine.checkpoints import (
+    check_extras,
+    check_finite_state,
+    load_state,
+    read_checkpoint,
+)
 from polyfuse.engine.config import dump_config, load_config, resolve_config
+from polyfuse.engine.rundir import RunDirLock, atomic_write_text, claim_run_dir, safe_run_name
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.tasks import FusionTask
 
-__all__ = ["RunResult", "evaluate", "load_model", "predict", "resolve_resume", "train"]
+__all__ = ["RunInterrupted", "RunResult", "evaluate", "load_model", "predict", "resolve_resume", "train"]
 
 DISPLAY_KEYS = ("progress_bar", "quiet")
 RUN_DIR_ENV = "POLYFUSE_RUN_DIR"  # hands the run directory to DDP worker processes
@@ -61,15 +68,27 @@ def _is_worker() -> bool:
     return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
 
 
-def _new_run_dir(config: Mapping[str, Any]) -> Path:
+class RunInterrupted(Exception):
+    """Training was stopped by Ctrl-C (SIGINT); the run directory can be resumed."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(f"interrupted; resume with: polyfuse train --resume {run_dir}")
+        self.run_dir = run_dir
+
+
+def _run_dir_path(config: Mapping[str, Any]) -> Path:
+    """``output_dir/name``; the name can never point outside ``output_dir``."""
+    name = safe_run_name(str(config["name"] or config["model"]["fusion"]))
+    return Path(str(config["output_dir"])) / name
+
+
+def _claim(config: Mapping[str, Any], run_dir: str | Path | None, resuming: bool) -> tuple[Path, RunDirLock | None]:
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited and _is_worker():
-        return Path(inherited)
-    base = Path(str(config["output_dir"])) / str(config["name"] or config["model"]["fusion"])
-    path, number = base, 1
-    while path.exists() and any(path.iterdir()):
-        path, number = base.with_name(f"{base.name}_{number}"), number + 1
-    return path
+        return Path(inherited), None
+    if run_dir is None:
+        return claim_run_dir(_run_dir_path(config), generated=True)
+    return claim_run_dir(Path(run_dir), generated=False, fresh=not resuming)
 
 
 def resolve_resume(resume: str | Path) -> tuple[Path, dict[str, Any], Path]:
@@ -150,7 +169,44 @@ def _train(
         display = {k: v for k, v in saved.get("trainer", {}).items() if k in DISPLAY_KEYS}
         config = {**config, "trainer": {**config.get("trainer", {}), **display}}
     config = resolve_config(config)
-    run_dir = Path(run_dir) if run_dir is not None else _new_run_dir(config)
+    run_dir, lock = _claim(config, run_dir, resuming=resume is not None)
+    try:
+        return _train_in(config, run_dir, resume_checkpoint, callbacks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _check_resume_checkpoint(path: Path, task: FusionTask, config: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint of another model, or one with NaN weights or statistics."""
+    checkpoint = read_checkpoint(path)
+    extras = checkpoint.get("polyfuse")
+    check_extras(extras, path)
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{path}: not a polyfuse training checkpoint (no state_dict)")
+    if resolve_config(extras["config"])["model"] != config["model"]:
+        raise ValueError(
+            f"cannot resume from {path}: it was trained with another model configuration than "
+            f"the run's config.yaml (model.fusion {extras['config'].get('model', {}).get('fusion')!r})"
+        )
+    expected = task.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or wrong:
+        first = (missing or unexpected or wrong)[0]
+        raise ValueError(
+            f"cannot resume from {path}: its weights belong to another model "
+            f"({len(missing)} missing, {len(unexpected)} unexpected, {len(wrong)} of another shape; "
+            f"first: {first!r})"
+        )
+    check_finite_state(state, path)
+
+
+def _train_in(
+    config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
+) -> RunResult:
     seed_everything(int(config["seed"]))
     data = build_data(config)
     if not len(data.partitions["valid"]):
@@ -169,16 +225,24 @@ def _train(
     }
     devices = int(config["trainer"]["devices"])
     steps = -(-len(data.partitions["train"]) // config["data"]["batch_size"])
+    if resume_checkpoint is not None:
+        _check_resume_checkpoint(resume_checkpoint, task, config)
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
     if not _is_worker():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(config))
+        atomic_write_text(run_dir / "config.yaml", dump_config(config))
         if devices > 1:
             os.environ[RUN_DIR_ENV] = str(run_dir)
     start = time.perf_counter()
+    handler = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=str(resume_checkpoint) if resume_checkpoint else None)
+    except SystemExit:
+        # Lightning turns Ctrl-C into a graceful shutdown and sys.exit(1).
+        if trainer.interrupted:
+            raise RunInterrupted(run_dir) from None
+        raise
     finally:
+        signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT after a Ctrl-C
         if not _is_worker():
             os.environ.pop(RUN_DIR_ENV, None)
     seconds = time.perf_counter() - start
@@ -194,7 +258,7 @@ def _train(
     if trainer.is_global_zero:
         monitor, mode = monitor_of(config)
         summary = {
-            "best_checkpoint": str(best),
+            "best_checkpoint": os.path.relpath(best, run_dir),  # relative: the run may be moved
             "monitor": monitor,
             "mode": mode,
             "validation": validation,
@@ -204,7 +268,7 @@ def _train(
             "resumed": resume_checkpoint is not None,
             "samples": {key: len(p) for key, p in data.partitions.items()},
         }
-        (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
         try:
             from polyfuse.engine.plots import plot_learning_curves
 

@@ -1,0 +1,118 @@
+"""Run directories that two processes can never share, and files that are never half-written.
+
+- :func:`claim_run_dir` creates the run directory at the start of a run and locks
+  it (an advisory ``fcntl`` lock on ``run.lock``, released by the kernel when the
+  process dies, so a killed run never leaves a stale lock). A generated name that
+  is taken moves on to ``name_1``, ``name_2``, ...; a directory named by the user
+  (``--out``, ``--resume``) that another process holds is an error.
+- :func:`atomic_write_text` and :func:`atomic_temp_path` write to a uniquely
+  named temporary file beside the target and rename it over the target, so a
+  reader sees the old file or the new one, never a mixture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "claim_run_dir", "safe_run_name"]
+
+LOCK_NAME = "run.lock"
+_MAX_NUMBERED = 10_000
+
+
+class RunDirLock:
+    """An exclusive lock on a run directory, held until :meth:`release`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._fd: int | None = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise ValueError(
+                f"run directory {run_dir} is in use by another polyfuse process; "
+                "wait for it to finish or write this run elsewhere (--out DIR)"
+            ) from None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def safe_run_name(name: str) -> str:
+    """``name`` when it is one plain directory name (no ``/``, ``..``, or absolute path)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(
+            f"run name {name!r} must be a plain directory name (no '/', '..'); "
+            "runs are always written below output_dir"
+        )
+    return name
+
+
+def claim_run_dir(path: Path, *, generated: bool, fresh: bool = True) -> tuple[Path, RunDirLock]:
+    """Create (or, for ``fresh=False``, open) and lock a run directory.
+
+    Args:
+        path: the wanted directory.
+        generated: the name was made up by polyfuse (``output_dir/name``): when it is
+            taken, ``name_1``, ``name_2``, ... are tried, each created atomically.
+        fresh: a new run; an existing run in a user-named directory is refused
+            instead of being overwritten. ``False`` when resuming.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if generated:
+        for number in range(_MAX_NUMBERED):
+            candidate = path if number == 0 else path.with_name(f"{path.name}_{number}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            try:
+                return candidate, RunDirLock(candidate)
+            except ValueError:  # pragma: no cover - another process won the race for it
+                continue
+        raise ValueError(f"{path.parent}: no free run name {path.name}_N below {_MAX_NUMBERED}")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"run directory {path} is a file, not a directory; choose another --out")
+    path.mkdir(exist_ok=True)
+    lock = RunDirLock(path)
+    if fresh and (path / "config.yaml").exists():
+        lock.release()
+        raise ValueError(
+            f"{path} already holds a run; continue it with --resume {path} or write to another directory"
+        )
+    return path, lock
+
+
+@contextlib.contextmanager
+def atomic_temp_path(path: Path) -> Iterator[Path]:
+    """A unique temporary path beside ``path``; renamed onto ``path`` when the block succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; cannot write a file there")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(fd)
+    temp = Path(name)
+    try:
+        yield temp
+        os.replace(temp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (write a temporary file, then rename)."""
+    with atomic_temp_path(Path(path)) as temp, temp.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())

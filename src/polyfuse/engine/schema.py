@@ -1,0 +1,354 @@
+"""The configuration schema (pydantic): every key, its type, range and default.
+
+:class:`RunConfig` validates a whole configuration. Unknown keys are errors at
+every level, with a did-you-mean. ``model.options`` is checked per fusion module
+against a schema built from that module's constructor signature (names,
+annotations, defaults), so options a module gains are picked up without editing
+this file. docs/CONFIGURATION.md is generated from these classes
+(``python scripts/config_reference.py``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+__all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config"]
+
+SEED_MAX = 2**32 - 1  # numpy's seeding range
+MAX_BATCH = 1 << 20
+PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class _Section(BaseModel):
+    # strict: no bool where a number goes, no "3" where an integer goes.
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class TaskConfig(_Section):
+    """What is predicted and how it is scored."""
+
+    type: str = Field("sentiment", description="sentiment | traits | classification (polyfuse.tasks.TASKS)")
+    loss: str = Field("l1", description="regression loss: l1 | mse | smooth_l1")
+    target_names: list[str] | None = Field(None, description="traits: one name per target column")
+    target_ranges: list[Annotated[list[float], Field(min_length=2, max_length=2)]] | None = Field(
+        None, description="traits: [[low, high], ...] (default: from the training labels)"
+    )
+    label_smoothing: Probability = Field(0.0, description="classification: label smoothing in [0, 1)")
+
+    @field_validator("type")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        from polyfuse.tasks import TASKS
+
+        if value not in TASKS:
+            raise ValueError(f"unknown task type {value!r}{_suggest(value, TASKS)}; expected one of {', '.join(TASKS)}")
+        return value
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        from polyfuse.tasks import LOSSES
+
+        if value not in LOSSES:
+            raise ValueError(f"unknown loss {value!r}{_suggest(value, LOSSES)}; expected one of {', '.join(LOSSES)}")
+        return value
+
+
+class ContextConfig(_Section):
+    """Contextual mode: windows of neighbouring rows of one recording."""
+
+    group_by: str = Field(description="the array naming each row's recording (e.g. video_id)")
+    order_by: str | None = Field(None, description="the array ordering rows within a recording (e.g. start)")
+    window: Annotated[int, Field(ge=0)] | None = Field(None, description="rows per window (0 or null: whole recordings)")
+
+
+class DataConfig(_Section):
+    """Where the features come from and how they are split and batched."""
+
+    source: str | None = Field(None, description=".npz / .h5 path (relative to the config file), or synthetic:key=value,...")
+    modalities: list[str] | None = Field(None, description="array names, in order (a comma-separated string works too)")
+    label: str = Field("label", description="label array name")
+    split: str | None = Field(None, description="split array name (values train / valid / test)")
+    split_values: dict[Literal["train", "valid", "test"], list[str]] | None = Field(
+        None, description="which split values mean train / valid / test"
+    )
+    group: str | None = Field(None, description="group array for carving held-out parts (default: context.group_by)")
+    id: str | None = Field(None, description="id array written next to predictions")
+    context: ContextConfig | None = Field(None, description="contextual mode {group_by, order_by, window}")
+    validation_fraction: Fraction = Field(0.15, description="share of training groups carved out for validation, in (0, 1)")
+    test_fraction: Fraction = Field(0.2, description="share of groups drawn for test, in (0, 1) (only without a split array)")
+    split_seed: Annotated[int, Field(ge=0, le=SEED_MAX)] = Field(0, description="seed of the carving draws")
+    standardize: bool = Field(True, description="standardise features with training statistics")
+    nonfinite: Literal["error", "zero", "mean"] = Field("error", description="what to do with NaN / Inf features")
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(32, description="global training batch (all processes)")
+    eval_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(256, description="evaluation batch")
+
+    @field_validator("modalities", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+
+class EncoderConfig(_Section):
+    """The per-modality encoder before fusion."""
+
+    type: Literal["none", "linear", "gru"] = Field("linear", description="none | linear | gru")
+    hidden_dim: PositiveInt = Field(64, description="encoder output size")
+    dropout: Probability = Field(0.1, description="encoder dropout in [0, 1)")
+
+
+class ModelConfig(_Section):
+    """The fusion module and what surrounds it."""
+
+    fusion: str = Field("man", description="a name of polyfuse.nn.available()")
+    fusion_dim: PositiveInt = Field(64, description="fusion module out_dim")
+    out_dim: PositiveInt = Field(64, description="backbone output (after the projection)")
+    dropout: Probability = Field(0.1, description="dropout after the projection, in [0, 1)")
+    skip: bool = Field(True, description="concatenate each modality's own (centre) step to the fused vector")
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="encoder settings")
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="{fusion name: {constructor keyword: value}}; checked against the constructor"
+    )
+    input_groups: dict[str, list[list[str] | str]] = Field(
+        default_factory=dict, description="{fusion name: [[modality, ...], ...]}: modalities concatenated per input"
+    )
+
+    @field_validator("fusion")
+    @classmethod
+    def _known_fusion(cls, value: str) -> str:
+        _check_fusion_name(value, "model.fusion")
+        return value
+
+    @field_validator("input_groups")
+    @classmethod
+    def _known_group_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            _check_fusion_name(name, "model.input_groups")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, options in value.items():
+            _check_fusion_name(name, "model.options")
+            schema = fusion_option_model(name)
+            try:
+                schema.model_validate(options)
+            except ValidationError as error:
+                raise _KeyError(format_errors(error, ("model", "options", name), model=schema)) from None
+        return value
+
+
+class OptimConfig(_Section):
+    """AdamW and its schedule."""
+
+    lr: Annotated[float, Field(ge=0.0)] = Field(1e-3, description="learning rate (AdamW)")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="AdamW weight decay")
+    scheduler: Literal["none", "cosine"] = Field("none", description="none | cosine (annealing over max_epochs)")
+
+
+class TrainerConfig(_Section):
+    """Lightning trainer settings."""
+
+    max_epochs: PositiveInt = Field(30, description="maximum number of epochs")
+    min_epochs: PositiveInt = Field(1, description="minimum number of epochs")
+    patience: Annotated[int, Field(ge=0)] = Field(10, description="early stopping on the monitored metric; 0 disables")
+    monitor: str | None = Field(None, description="validation metric val/... (default: val/mae regression, val/loss classification)")
+    mode: Literal["min", "max"] | None = Field(None, description="min | max (default from the monitor)")
+    accelerator: str = Field("auto", description="cpu | gpu | auto")
+    devices: PositiveInt = Field(1, description="processes (data parallel) or accelerators")
+    strategy: str = Field("auto", description="Lightning strategy: auto, ddp (gloo on CPU), ...")
+    precision: Literal[PRECISIONS] = Field("32-true", description="Lightning precision, e.g. 32-true or bf16-mixed")  # type: ignore[valid-type]
+    gradient_clip_val: Annotated[float, Field(gt=0.0)] | None = Field(None, description="clip gradient norms to this value (> 0)")
+    deterministic: bool = Field(True, description="deterministic algorithms")
+    progress_bar: bool = Field(True, description="show the progress bar")
+    log_every_n_steps: PositiveInt = Field(10, description="logging interval in steps")
+    num_threads: Annotated[int, Field(ge=1, le=4096)] | None = Field(None, description="torch CPU threads per process")
+    quiet: bool = Field(False, description="hide Lightning's info messages")
+
+    @field_validator("monitor")
+    @classmethod
+    def _validation_metric(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("val/"):
+            raise ValueError(f"must be a validation metric (val/...), got {value!r}")
+        return value
+
+
+class RunConfig(_Section):
+    """A whole run configuration."""
+
+    name: str | None = Field(None, description="run name: the directory under output_dir (default: config file name)")
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] = Field(0, description=f"seed of initialisation, shuffling and dropout, in [0, {SEED_MAX}]")
+    output_dir: str = Field("runs", description="where runs are written (relative to the config file when set there)")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="task section")
+    data: DataConfig = Field(default_factory=DataConfig, description="data section")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="model section")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optim section")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="trainer section")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        from polyfuse.engine.rundir import safe_run_name
+
+        return None if value is None else safe_run_name(value)
+
+    @model_validator(mode="after")
+    def _epochs(self) -> RunConfig:
+        if self.trainer.min_epochs > self.trainer.max_epochs:
+            raise ValueError(
+                f"trainer.min_epochs ({self.trainer.min_epochs}) exceeds trainer.max_epochs ({self.trainer.max_epochs})"
+            )
+        return self
+
+
+class _KeyError(ValueError):
+    """An error whose message is complete (names its key): passed through as it is."""
+
+
+def _suggest(value: str, known: Any) -> str:
+    close = difflib.get_close_matches(str(value), [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_fusion_name(name: str, where: str) -> None:
+    import polyfuse.nn
+
+    known = polyfuse.nn.available()
+    if name not in known:
+        raise _KeyError(f"{where}: unknown fusion module {name!r}{_suggest(name, known)}; known: {', '.join(known)}")
+
+
+_NOT_OPTIONS = ("self", "input_dims", "out_dim")
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _admits_bool(annotation: Any) -> bool:
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_admits_bool(arg) for arg in typing.get_args(annotation))
+
+
+class _Options(BaseModel):
+    # lax: lists where a constructor takes tuples; bools are refused by hand below.
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and isinstance(value, bool) and not _admits_bool(field.annotation):
+            raise ValueError(f"got a boolean where {_type_name(field.annotation)} goes")
+        return value
+
+
+@functools.cache
+def fusion_option_model(name: str) -> type[BaseModel]:
+    """A schema of the keyword options of the fusion module ``name``, from its constructor."""
+    import polyfuse.nn
+
+    cls = polyfuse.nn.get(name)
+    signature = inspect.signature(cls.__init__)
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation that cannot be resolved: accept any value for it
+        hints = {}
+    fields: dict[str, Any] = {}
+    for parameter in signature.parameters.values():
+        if parameter.name in _NOT_OPTIONS or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        annotation = hints.get(parameter.name, Any)
+        default = ... if parameter.default is inspect.Parameter.empty else parameter.default
+        fields[parameter.name] = (annotation, default)
+    return create_model(f"{cls.__name__}Options", __base__=_Options, __doc__=f"Options of {cls.__name__}.", **fields)
+
+
+def _known_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the (nested) model that holds the key at ``loc``."""
+    current: Any = model
+    for part in loc[:-1]:
+        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = [annotation, *typing.get_args(annotation)]
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return []
+    return list(current.model_fields) if current is not None else []
+
+
+_TYPE_TAGS = {"int", "str", "float", "bool", "list", "dict", "tuple", "nullable", "literal", "none"}
+
+
+def _is_key(part: Any) -> bool:
+    """A location part that is a config key or list index, not a pydantic type tag."""
+    return isinstance(part, int) or (str(part).isidentifier() and str(part) not in _TYPE_TAGS)
+
+
+def format_errors(error: ValidationError, prefix: tuple[str, ...] = (), model: type[BaseModel] | None = None) -> str:
+    """One line per problem: the dotted key, what is wrong, the value given, did-you-mean."""
+    lines = []
+    for item in error.errors():
+        loc = tuple(str(part) for part in item["loc"] if _is_key(part))
+        dotted = ".".join((*prefix, *loc))
+        if item["type"] == "extra_forbidden":
+            known = _known_at(model or error_model(error), loc) if model or error_model(error) else []
+            hint = _suggest(loc[-1], known) if known else ""
+            where = ".".join((*prefix, *loc[:-1]))
+            lines.append(
+                f"unknown config key {dotted!r}{hint}; known keys{' under ' + repr(where) if where else ''}: "
+                f"{', '.join(sorted(known))}"
+            )
+            continue
+        message = str(item["msg"]).removeprefix("Value error, ")
+        cause = (item.get("ctx") or {}).get("error")
+        if item["type"] == "missing":
+            lines.append(f"config key {dotted!r} is required")
+        elif isinstance(cause, _KeyError):
+            lines.append(str(cause))
+        else:
+            lines.append(f"config key {dotted!r}: {message} (got {item.get('input')!r})" if dotted else message)
+    return "; ".join(dict.fromkeys(lines))
+
+
+def error_model(error: ValidationError) -> type[BaseModel] | None:
+    """The model class a validation error came from (by its title)."""
+    for model in (RunConfig, TaskConfig, DataConfig, ContextConfig, ModelConfig, EncoderConfig, OptimConfig, TrainerConfig):
+        if model.__name__ == error.title:
+            return model
+    return None
+
+
+def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration with defaults filled in, or ValueError naming every problem."""
+    try:
+        validated = RunConfig.model_validate(dict(config))
+    except ValidationError as error:
+        raise ValueError(format_errors(error, model=RunConfig)) from None
+    return validated.model_dump()
