@@ -13,27 +13,44 @@ The generic format (see docs/TRAINING.md):
 
 Every problem with a file is a ``ValueError`` (or ``FileNotFoundError``) whose
 message names the file and the array, raised here and not deep inside torch.
+
+Files are treated as untrusted. Arrays are read lazily, only those asked for,
+each within a bound on its decompressed size (:data:`MAX_ARRAY_BYTES`, set by the
+environment variable ``POLYFUSE_MAX_ARRAY_BYTES``): a decompression bomb in an
+npz is refused from its header, before anything is inflated. Object (pickled)
+arrays are never loaded. HDF5 datasets that keep their data in other files
+(external storage, virtual datasets) and external links are refused, so a file
+cannot make polyfuse read some other local file; datasets are read in chunks.
 """
 
 from __future__ import annotations
 
+import os
 import zipfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["ArrayTable", "load_arrays"]
+__all__ = ["MAX_ARRAY_BYTES", "ArrayTable", "H5Arrays", "NpzArrays", "load_arrays"]
 
 FEATURE_SUFFIXES = (".npz", ".h5", ".hdf5")
+MAX_ARRAY_BYTES = int(os.environ.get("POLYFUSE_MAX_ARRAY_BYTES", str(8 << 30)))
+_CHUNK_BYTES = 64 << 20  # HDF5 datasets are copied in slices of about this size
 
 
 @dataclass
 class ArrayTable:
-    """Named arrays of a data source; ``origin`` names it in error messages."""
+    """Named arrays of a data source; ``origin`` names it in error messages.
+
+    ``arrays`` may be a lazy mapping (:class:`NpzArrays`, :class:`H5Arrays`) that
+    reads an array when it is first asked for.
+    """
 
     origin: str
-    arrays: dict[str, np.ndarray]
+    arrays: Mapping[str, np.ndarray]
 
     def __contains__(self, name: str) -> bool:
         return name in self.arrays
@@ -61,60 +78,181 @@ class ArrayTable:
         return array
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except ValueError as error:
-        if "allow_pickle" in str(error) or "Object arrays" in str(error):
+def _check_size(path: Path, name: str, shape: tuple[int, ...], itemsize: int, limit: int) -> None:
+    size = int(np.prod(shape, dtype=np.float64)) * itemsize
+    if size > limit:
+        raise ValueError(
+            f"{path}: array {name!r} would take {size} bytes in memory {tuple(shape)}, over the limit of "
+            f"{limit} bytes (a decompression bomb?); raise POLYFUSE_MAX_ARRAY_BYTES if the file is genuine"
+        )
+
+
+class NpzArrays(Mapping[str, np.ndarray]):
+    """The arrays of an ``.npz`` file, each read (and checked) when first asked for."""
+
+    def __init__(self, path: Path, limit: int = MAX_ARRAY_BYTES) -> None:
+        self.path, self.limit = path, limit
+        self._cache: dict[str, np.ndarray] = {}
+        self._headers: dict[str, tuple[str, tuple[int, ...], np.dtype]] = {}
+        try:
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    if not info.filename.endswith(".npy"):
+                        continue
+                    name = info.filename[: -len(".npy")]
+                    with archive.open(info) as member:
+                        shape, dtype = self._header(member, name)
+                    self._headers[name] = (info.filename, shape, dtype)
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            raise ValueError(f"{path}: cannot read as .npz (corrupt or not an npz file): {error}") from None
+
+    def _header(self, member: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        try:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise ValueError(f"npy format version {version} is not supported (1.0 and 2.0 are)")
+        except ValueError as error:
+            raise ValueError(f"{self.path}: array {name!r} has a broken header: {error}") from None
+        if dtype.hasobject:
             raise ValueError(
-                f"{path}: holds object (pickled) arrays, which are never loaded; "
+                f"{self.path}: holds object (pickled) arrays, which are never loaded ({name!r}); "
                 "store strings as fixed-width unicode arrays (dtype 'U')"
-            ) from None
-        raise ValueError(f"{path}: cannot read as .npz: {error}") from None
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise ValueError(f"{path}: cannot read as .npz (corrupt or not an npz file): {error}") from None
+            )
+        _check_size(self.path, name, shape, dtype.itemsize, self.limit)
+        return shape, dtype
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            member_name, shape, dtype = self._headers[name]
+            try:
+                with zipfile.ZipFile(self.path) as archive, archive.open(member_name) as member:
+                    array = np.lib.format.read_array(member, allow_pickle=False)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+                raise ValueError(f"{self.path}: cannot read array {name!r} (corrupt?): {error}") from None
+            if array.shape != shape or array.dtype != dtype:  # pragma: no cover - read_array uses the same header
+                raise ValueError(f"{self.path}: array {name!r} does not match its header")
+            self._cache[name] = array
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers)
+
+    def __len__(self) -> int:
+        return len(self._headers)
 
 
-def _read_h5(path: Path) -> dict[str, np.ndarray]:
-    try:
+class H5Arrays(Mapping[str, np.ndarray]):
+    """The datasets of an HDF5 file by path, each read in chunks when first asked for.
+
+    Only datasets reached by hard links are listed; external links, external
+    storage and virtual datasets are refused (they read other files).
+    """
+
+    def __init__(self, path: Path, limit: int = MAX_ARRAY_BYTES) -> None:
         import h5py
-    except ImportError:  # pragma: no cover - h5py is in the train extra
-        raise ValueError(f"{path}: reading .h5 files needs h5py (pip install 'polyfuse[train]')") from None
-    arrays: dict[str, np.ndarray] = {}
-    try:
-        with h5py.File(path, "r") as handle:
 
-            def visit(name: str, node: object) -> None:
-                if isinstance(node, h5py.Dataset):
-                    value = node[()]
-                    if isinstance(value, np.ndarray) and value.dtype.kind in "OS":
-                        value = np.array(
-                            [v.decode() if isinstance(v, bytes) else str(v) for v in value.ravel()]
-                        ).reshape(value.shape)
-                    arrays[name] = np.asarray(value)
+        self.path, self.limit = path, limit
+        self._cache: dict[str, np.ndarray] = {}
+        self._names: list[str] = []
+        try:
+            with h5py.File(path, "r") as handle:
+                self._refuse_external_links(handle)
+                handle.visititems(lambda name, node: self._names.append(name) if isinstance(node, h5py.Dataset) else None)
+        except OSError as error:
+            raise ValueError(f"{path}: cannot read as HDF5 (corrupt or not an HDF5 file): {error}") from None
 
-            handle.visititems(visit)
-    except OSError as error:
-        raise ValueError(f"{path}: cannot read as HDF5 (corrupt or not an HDF5 file): {error}") from None
-    return arrays
+    def _refuse_external_links(self, handle: Any) -> None:
+        import h5py
+
+        def visit(group: Any, prefix: str) -> None:
+            for key in group:
+                link = group.get(key, getlink=True)
+                name = f"{prefix}{key}"
+                if isinstance(link, h5py.ExternalLink):
+                    raise ValueError(
+                        f"{self.path}: {name!r} is an external link to {link.filename!r}; "
+                        "links to other files are refused"
+                    )
+                if isinstance(link, h5py.HardLink) and isinstance(group[key], h5py.Group):
+                    visit(group[key], name + "/")
+
+        visit(handle, "")
+
+    def _read(self, dataset: Any, name: str) -> np.ndarray:
+        if dataset.external:
+            raise ValueError(
+                f"{self.path}: dataset {name!r} keeps its data in external file(s) "
+                f"{[str(e[0]) for e in dataset.external]}; external storage is refused"
+            )
+        if dataset.is_virtual:
+            raise ValueError(f"{self.path}: dataset {name!r} is a virtual dataset (data in other files); refused")
+        _check_size(self.path, name, dataset.shape, dataset.dtype.itemsize, self.limit)
+        if dataset.dtype.kind in "OSV" or dataset.ndim == 0:
+            value = dataset[()]
+        else:
+            value = np.empty(dataset.shape, dtype=dataset.dtype)
+            row_bytes = max(1, value.nbytes // max(1, dataset.shape[0]))
+            step = max(1, _CHUNK_BYTES // row_bytes)
+            for start in range(0, dataset.shape[0], step):
+                dataset.read_direct(value, np.s_[start : start + step], np.s_[start : start + step])
+        if isinstance(value, (bytes, np.bytes_)) or (isinstance(value, np.ndarray) and value.dtype.kind in "OS"):
+            flat = np.asarray(value).ravel()
+            try:
+                texts = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{self.path}: array {name!r} holds strings that are not UTF-8 ({error.reason}); "
+                    "store them as UTF-8"
+                ) from None
+            value = np.array(texts).reshape(np.shape(value))
+        return np.asarray(value)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            if name not in self._names:
+                raise KeyError(name)
+            import h5py
+
+            try:
+                with h5py.File(self.path, "r") as handle:
+                    self._cache[name] = self._read(handle[name], name)
+            except OSError as error:
+                raise ValueError(f"{self.path}: cannot read dataset {name!r} (corrupt?): {error}") from None
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def load_arrays(path: str | Path) -> ArrayTable:
-    """Read every array of an ``.npz`` or ``.h5`` file (datasets of an .h5 file by their path)."""
+    """The arrays of an ``.npz`` or ``.h5`` file (datasets of an .h5 file by their path), read lazily."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a data file")
     suffix = path.suffix.lower()
+    arrays: Mapping[str, np.ndarray]
     if suffix == ".npz":
-        arrays = _read_npz(path)
+        arrays = NpzArrays(path)
     elif suffix in (".h5", ".hdf5"):
-        arrays = _read_h5(path)
+        try:
+            import h5py  # noqa: F401
+        except ImportError:  # pragma: no cover - h5py is in the train extra
+            raise ValueError(f"{path}: reading .h5 files needs h5py (pip install 'polyfuse[train]')") from None
+        arrays = H5Arrays(path)
     else:
         raise ValueError(
             f"{path}: unknown data format {suffix or '(no suffix)'!r}; expected one of "
             f"{', '.join(FEATURE_SUFFIXES)} or a 'synthetic:...' source"
         )
-    if not arrays:
+    if not len(arrays):
         raise ValueError(f"{path}: holds no arrays")
     return ArrayTable(str(path), arrays)
