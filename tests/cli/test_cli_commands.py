@@ -75,10 +75,10 @@ def error_line(capsys):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--model", "nope"], "unknown fusion module 'nope'; available: ban, concat, hoca, lmf, lowrank_hoca, man, tfn"),
-        (["--set", "trainer.max_epoch=3"], "unknown config key 'trainer.max_epoch'; known keys under 'trainer':"),
+        (["--model", "nope"], "model.fusion: unknown fusion module 'nope'; known: ban, concat, hoca, lmf, lowrank_hoca, man, tfn"),
+        (["--set", "trainer.max_epoch=3"], "unknown config key 'trainer.max_epoch' (did you mean 'max_epochs'?); known keys under 'trainer':"),
         (["--data", "missing.npz"], "data file not found: missing.npz"),
-        (["--set", "model.options.man.size=3"], "model.options.man: unknown option(s) ['size']; MAN takes: hidden_dim"),
+        (["--set", "model.options.man.size=3"], "unknown config key 'model.options.man.size'; known keys under 'model.options.man': attention_dim"),
         (["--model", "ban", "--set", "model.input_groups={}"], "BAN takes at most 2 inputs but the data has 3 modalities"),
         (["--strategy", "warp"], "warp"),
     ],

@@ -83,6 +83,9 @@ def test_set_never_wipes_a_section():
     merged = apply_overrides({"trainer": {"max_epochs": 2}}, ["trainer={patience: 1}"])
     assert merged == {"trainer": {"max_epochs": 2, "patience": 1}}
     assert apply_overrides({}, ["model.options.man.heads=2"]) == {"model": {"options": {"man": {"heads": 2}}}}
+    # Free mappings (not sections) are replaced: {} clears them.
+    groups = {"model": {"input_groups": {"ban": [["m0"], ["m1"]]}}}
+    assert apply_overrides(groups, ["model.input_groups={}"]) == {"model": {"input_groups": {}}}
 
 
 def test_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):

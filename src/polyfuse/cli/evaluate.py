@@ -19,6 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by polyfuse train")
     parser.add_argument("--split", default="test", help="train, valid, test, or all (every row; default test)")
     parser.add_argument("--data", help="another data source with the same modalities (default: the training one)")
+    parser.add_argument(
+        "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"
+    )
     parser.add_argument("--out", help="also write the metrics as JSON here")
     parser.set_defaults(run=run)
 
@@ -28,11 +31,12 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.run import evaluate
 
     quiet_lightning()
-    metrics = evaluate(args.checkpoint, split=args.split, source=args.data)
+    from polyfuse.engine.rundir import atomic_write_text
+
+    metrics = evaluate(args.checkpoint, split=args.split, source=args.data, modalities=args.modalities)
     width = max(len(k) for k in metrics)
     for key, value in metrics.items():
         print(f"{key:<{width}}  {value:.4f}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(metrics, indent=2) + "\n")
+        atomic_write_text(Path(args.out), json.dumps(metrics, indent=2) + "\n")
     return 0

@@ -2,16 +2,51 @@
 
 Each sub-command lives in its own module of this package, which provides
 ``add_parser(subparsers)`` (registering its arguments) and ``run(args) -> int``.
+
+Exit codes (documented in docs/RELIABILITY.md):
+
+- 0: success;
+- 2: bad input: a wrong flag, configuration value or data file (one line on stderr);
+- 3: the machine refused: disk full, read-only or missing permission, a path that is
+  a directory, ... (one line naming the path);
+- 4: training diverged (NaN / Inf loss or weights);
+- 130: interrupted (Ctrl-C); a training run says how to resume it;
+- 1: an unexpected error (a bug: a traceback is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["EXIT_DIVERGED", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_SYSTEM", "main"]
+
+EXIT_INPUT, EXIT_SYSTEM, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 4, 130
+
+# errno -> what to do about it
+_ADVICE = {
+    errno.ENOSPC: "the disk is full; free some space",
+    errno.EDQUOT: "the disk quota is exceeded; free some space",
+    errno.EROFS: "the file system is read-only; write elsewhere (--out or output_dir)",
+    errno.EACCES: "permission denied; write elsewhere or fix the folder's permissions",
+    errno.EPERM: "operation not permitted; write elsewhere or fix the folder's permissions",
+    errno.EISDIR: "it is a directory; give a file path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+}
+
+
+def _system_message(error: OSError) -> str:
+    path = error.filename or "(unknown path)"
+    advice = _ADVICE.get(error.errno or 0, error.strerror or str(error))
+    message = f"cannot write or read {path}: {advice}"
+    run_dir = getattr(error, "polyfuse_run_dir", None)
+    if run_dir is not None and (Path(run_dir) / "checkpoints" / "last.safetensors").is_file():
+        message += f"; the run stopped cleanly and can be resumed: polyfuse train --resume {run_dir}"
+    return message
 
 # Sub-command name -> module in polyfuse.cli implementing it.
 COMMANDS = {
@@ -38,12 +73,27 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from polyfuse.engine.errors import DivergenceError, RunInterrupted
+
+    def fail(message: str, code: int) -> int:
+        print(f"polyfuse {args.command}: error: {message}", file=sys.stderr)
+        return code
+
+    # Every expected failure is one clear line, not a traceback.
     try:
         return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError) as error:
-        # Bad input is reported as one clear line, not a traceback.
-        print(f"polyfuse {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except RunInterrupted as error:
+        return fail(str(error), EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        return fail("interrupted", EXIT_INTERRUPTED)
+    except DivergenceError as error:
+        return fail(str(error), EXIT_DIVERGED)
+    except FileNotFoundError as error:
+        return fail(str(error) if not error.filename else f"not found: {error.filename}", EXIT_INPUT)
+    except OSError as error:
+        return fail(_system_message(error), EXIT_SYSTEM)
+    except ValueError as error:
+        return fail(str(error), EXIT_INPUT)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "sample_title"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", default="test", help="split of the sample (default test)")
     parser.add_argument("--sample", type=int, default=0, help="sample index within the split (default 0)")
     parser.add_argument("--data", help="another data source with the same modalities")
+    parser.add_argument(
+        "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"
+    )
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.set_defaults(run=run)
 
@@ -35,6 +39,15 @@ def _short(value) -> str:
     return text if len(values) == 1 else f"[{text}]"
 
 
+TITLE_WIDTH = 90
+
+
+def sample_title(text: str, width: int = TITLE_WIDTH) -> str:
+    """A figure title wrapped onto lines of at most ``width`` characters, so that long
+    vectors (a traits checkpoint's predictions and labels) are not cut off."""
+    return "\n".join(textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False))
+
+
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine import plots
 
@@ -44,19 +57,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from polyfuse.data.datamodule import FusionDataModule
     from polyfuse.engine.build import quiet_lightning
-    from polyfuse.engine.run import _data_for, load_model
+    from polyfuse.engine.run import _data_for, _partition_key, load_model
 
     quiet_lightning()
     task, extras = load_model(args.checkpoint)
-    data = _data_for(extras, args.data, ["all"] if args.split == "all" else None, require_labels=False)
-    if args.split not in data.partitions:
-        raise ValueError(f"no {args.split!r} split; have {', '.join(data.partitions)}")
+    data = _data_for(
+        extras, args.data, ["all"] if args.split == "all" else None, require_labels=False, modalities=args.modalities
+    )
+    _partition_key(data, args.split)
     batch = FusionDataModule(data, batch_size=1).sample(args.split, args.sample)
     attention = plots.attention_for_sample(task, batch)
     row = int(batch["row"][0])
     prediction = _short(task.predictions(task(batch))[0])
     label = "" if "target" not in batch else f", label {_short(batch['target'][0])}"
-    title = f"{args.split} sample {args.sample} (row {row}): prediction {prediction}{label}"
+    title = sample_title(f"{args.split} sample {args.sample} (row {row}): prediction {prediction}{label}")
     centre = int(batch["centre"][0]) if "centre" in batch else None
     if attention["kind"] == "man":
         path = plots.plot_man_attention(attention, args.out, title=title, centre=centre)

@@ -12,11 +12,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "predict",
         help="write a checkpoint's predictions as CSV",
         description="Predict every row of a data source (labels optional) with a .safetensors "
-        "checkpoint, standardising with the training statistics stored in it.",
+        "checkpoint, standardising with the training statistics stored in it. --modalities "
+        "names the arrays to use when they are named differently than in training.",
     )
     parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by polyfuse train")
     parser.add_argument("--data", help="data source (default: the training one)")
     parser.add_argument("--split", default="all", help="all (default) or train, valid, test")
+    parser.add_argument(
+        "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"
+    )
     parser.add_argument("--out", required=True, help="CSV file to write")
     parser.set_defaults(run=run)
 
@@ -26,6 +30,6 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.run import predict
 
     quiet_lightning()
-    records = predict(args.checkpoint, source=args.data, split=args.split, out=args.out)
+    records = predict(args.checkpoint, source=args.data, split=args.split, out=args.out, modalities=args.modalities)
     print(f"wrote {len(records)} predictions to {args.out}")
     return 0

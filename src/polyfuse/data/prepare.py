@@ -157,6 +157,11 @@ def encode_labels(
         values = raw.astype(str) if raw.dtype.kind in "US" else raw
         if values.ndim != 1:
             raise ValueError(f"{origin}: classification labels must have shape (N,), got {raw.shape}")
+        if values.dtype.kind == "f":  # NaN is a missing label, never a class
+            missing = ~np.isfinite(values)
+            if bool(missing[train_rows].any()):
+                row = int(train_rows[np.flatnonzero(missing[train_rows])[0]])
+                raise ValueError(f"{origin}: the label of row {row} is not finite (NaN / Inf); it cannot be a class")
         classes = list(label_info["classes"]) if label_info else np.unique(values[train_rows]).tolist()
         lookup = {value: index for index, value in enumerate(classes)}
         encoded = np.full(values.shape[0], -1, dtype=np.int64)
@@ -202,8 +207,8 @@ def _check_labels(origin: str, targets: np.ndarray, rows: np.ndarray, task_type:
         bad = np.flatnonzero(used < 0)
         if bad.size:
             raise ValueError(
-                f"{origin}: row {int(rows[bad[0]])} has a class that the training rows do not have "
-                f"(classes: {label_info['classes'][:20]})"
+                f"{origin}: row {int(rows[bad[0]])} has no label (NaN) or a class that the training rows "
+                f"do not have (classes: {label_info['classes'][:20]})"
             )
         return
     finite = np.isfinite(used.reshape(used.shape[0], -1)).all(axis=1)

@@ -44,6 +44,8 @@ SYNTHETIC_DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "test_fraction": 0.2,
 }
+MAX_SYNTHETIC_SAMPLES = 10_000_000
+MAX_SYNTHETIC_VALUES = 500_000_000  # 2 GB of float32
 _INT_KEYS = {"samples", "modalities", "chunks", "distractors", "seed"}
 _TUPLE_KEYS = {"lengths", "dims"}
 
@@ -68,8 +70,32 @@ def parse_synthetic(spec: str) -> dict[str, Any]:
                 options[key] = float(value)
         except ValueError:
             raise ValueError(f"synthetic option {key}={value!r} is not a valid number") from None
-    if options["samples"] < 10:
-        raise ValueError(f"synthetic: samples must be >= 10, got {options['samples']}")
+    if not 10 <= options["samples"] <= MAX_SYNTHETIC_SAMPLES:
+        raise ValueError(f"synthetic: samples must lie in [10, {MAX_SYNTHETIC_SAMPLES}], got {options['samples']}")
+    for key in ("lengths", "dims"):
+        if not options[key] or min(options[key]) < 1:
+            raise ValueError(f"synthetic: {key} must be positive integers, got {'/'.join(map(str, options[key]))}")
+    for key in ("modalities", "chunks"):
+        if options[key] < 1:
+            raise ValueError(f"synthetic: {key} must be >= 1, got {options[key]}")
+    if options["distractors"] < 0:
+        raise ValueError(f"synthetic: distractors must be >= 0, got {options['distractors']}")
+    if not 0 <= options["seed"] <= 2**32 - 1:
+        raise ValueError(f"synthetic: seed must lie in [0, {2**32 - 1}], got {options['seed']}")
+    for key in ("noise", "signal"):
+        if not np.isfinite(options[key]) or options[key] < 0:
+            raise ValueError(f"synthetic: {key} must be a finite number >= 0, got {options[key]}")
+    if not 0.0 < options["min_length_fraction"] <= 1.0:
+        raise ValueError(f"synthetic: min_length_fraction must lie in (0, 1], got {options['min_length_fraction']}")
+    cells = options["samples"] * sum(
+        options["lengths"][j % len(options["lengths"])] * options["dims"][j % len(options["dims"])]
+        for j in range(options["modalities"])
+    )
+    if cells > MAX_SYNTHETIC_VALUES:
+        raise ValueError(
+            f"synthetic: {cells:,} feature values (samples x lengths x dims) exceed {MAX_SYNTHETIC_VALUES:,}; "
+            "lower samples, lengths or dims"
+        )
     if not 0.0 < options["test_fraction"] < 1.0:
         raise ValueError(f"synthetic: test_fraction must lie in (0, 1), got {options['test_fraction']}")
     return options

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -104,6 +105,19 @@ def _fusion_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
+def _with_config_keys(message: str, fusion: str, cls: type) -> str:
+    """``message`` with the config keys of the constructor arguments it names, for CLI users
+    (TFN's size guard names ``max_fused_size``; a config sets ``model.options.tfn.max_fused_size``)."""
+    named = [
+        name for name in inspect.signature(cls.__init__).parameters
+        if name not in ("self", "input_dims", "out_dim") and re.search(rf"\b{re.escape(name)}\b", message)
+    ]
+    if not named:
+        return message
+    keys = ", ".join(f"model.options.{fusion}.{name}" for name in named)
+    return f"{message} [in a configuration: {keys}]"
+
+
 def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> FusionBackbone:
     """Encoders, the fusion module named by ``model.fusion`` and the projection."""
     model = config["model"]
@@ -128,6 +142,8 @@ def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: 
         fusion = polyfuse.nn.create(model["fusion"], input_dims=group_dims, out_dim=int(model["fusion_dim"]), **options)
     except TypeError as error:
         raise ValueError(f"model.options.{model['fusion']}: {error}") from None
+    except ValueError as error:
+        raise ValueError(_with_config_keys(str(error), model["fusion"], cls)) from None
     return FusionBackbone(
         fusion, encoders, fusion_dim=int(model["fusion_dim"]), out_dim=int(model["out_dim"]), groups=groups,
         skip=bool(model["skip"]), dropout=float(model["dropout"]), modality_names=names,

@@ -14,6 +14,7 @@ names the files ``*.safetensors``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Mapping
@@ -108,7 +109,10 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
     metadata = {"format": CHECKPOINT_FORMAT, "content": json.dumps(content)}
     # A unique temporary name: two writers never share a partial file.
     with atomic_temp_path(path) as partial:
-        save_file(tensors, str(partial), metadata=metadata)
+        try:
+            save_file(tensors, str(partial), metadata=metadata)
+        except SafetensorError as error:  # e.g. the disk filled up while writing
+            raise OSError(errno.EIO, f"could not write the checkpoint ({error})", str(path)) from None
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -166,8 +166,9 @@ def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict
             defaults = defaults.get(part) if isinstance(defaults, dict) else None
         value = parse_value(text)
         last = parts[-1]
-        section = isinstance(defaults, dict) and isinstance(defaults.get(last), dict)
-        if section or isinstance(node.get(last), dict):
+        # A section has keys of its own (free mappings such as model.options default to {}).
+        section = isinstance(defaults, dict) and isinstance(defaults.get(last), dict) and bool(defaults[last])
+        if section:
             # A section is merged into, never replaced: --set trainer=3 must not wipe it.
             if not isinstance(value, dict):
                 raise ValueError(

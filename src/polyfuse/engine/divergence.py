@@ -12,14 +12,12 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-__all__ = ["DivergenceError", "DivergenceGuard"]
+from polyfuse.engine.errors import DivergenceError
+
+__all__ = ["DivergenceError", "DivergenceGuard", "divergence_message"]
 
 
-class DivergenceError(ValueError):
-    """Training diverged: the loss or the weights became NaN or Inf."""
-
-
-def _advice(step: int, what: str) -> str:
+def divergence_message(step: int, what: str) -> str:
     return (
         f"{what} became NaN or Inf at training step {step}: the optimisation diverged; "
         "lower the learning rate (optim.lr) or clip gradients (trainer.gradient_clip_val)"
@@ -33,7 +31,7 @@ class DivergenceGuard(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         step = int(trainer.global_step)
         if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss.detach()).all()):
-            raise DivergenceError(_advice(step, "the loss"))
+            raise DivergenceError(divergence_message(step, "the loss"))
         for name, parameter in module.named_parameters():
             if not bool(torch.isfinite(parameter.detach()).all()):
-                raise DivergenceError(_advice(step, f"the weight {name!r}"))
+                raise DivergenceError(divergence_message(step, f"the weight {name!r}"))

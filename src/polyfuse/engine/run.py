@@ -19,6 +19,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,7 +41,15 @@ from polyfuse.engine.checkpoints import (
     read_checkpoint,
 )
 from polyfuse.engine.config import dump_config, load_config, resolve_config
-from polyfuse.engine.rundir import RunDirLock, atomic_write_text, claim_run_dir, safe_run_name
+from polyfuse.engine.divergence import divergence_message
+from polyfuse.engine.errors import DivergenceError, RunInterrupted
+from polyfuse.engine.rundir import (
+    RunDirLock,
+    atomic_temp_path,
+    atomic_write_text,
+    claim_run_dir,
+    safe_run_name,
+)
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.tasks import FusionTask
 
@@ -66,14 +75,6 @@ class RunResult:
 def _is_worker() -> bool:
     """True in a DDP process other than the launching one (it re-runs the command)."""
     return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
-
-
-class RunInterrupted(Exception):
-    """Training was stopped by Ctrl-C (SIGINT); the run directory can be resumed."""
-
-    def __init__(self, run_dir: Path) -> None:
-        super().__init__(f"interrupted; resume with: polyfuse train --resume {run_dir}")
-        self.run_dir = run_dir
 
 
 def _run_dir_path(config: Mapping[str, Any]) -> Path:
@@ -172,6 +173,9 @@ def _train(
     run_dir, lock = _claim(config, run_dir, resuming=resume is not None)
     try:
         return _train_in(config, run_dir, resume_checkpoint, callbacks)
+    except OSError as error:
+        error.polyfuse_run_dir = run_dir  # type: ignore[attr-defined]  # the CLI says how to resume
+        raise
     finally:
         if lock is not None:
             lock.release()
@@ -241,6 +245,12 @@ def _train_in(
         if trainer.interrupted:
             raise RunInterrupted(run_dir) from None
         raise
+    except ValueError as error:
+        # The data were checked finite before training: NaN / Inf met inside the model
+        # after some steps comes from the weights, i.e. the optimisation diverged.
+        if trainer.global_step > 0 and re.search(r"contains (NaN|Inf)", str(error)):
+            raise DivergenceError(divergence_message(int(trainer.global_step), "the activations")) from error
+        raise
     finally:
         signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT after a Ctrl-C
         if not _is_worker():
@@ -292,20 +302,60 @@ def load_model(checkpoint: str | Path) -> tuple[FusionTask, dict[str, Any]]:
     return task, extras
 
 
-def _data_for(extras: Mapping[str, Any], source: str | None, partitions: Sequence[str] | None, require_labels: bool) -> PreparedData:
+def _data_for(
+    extras: Mapping[str, Any],
+    source: str | None,
+    partitions: Sequence[str] | None,
+    require_labels: bool,
+    modalities: Sequence[str] | None = None,
+) -> PreparedData:
+    """The data a checkpoint is applied to.
+
+    ``modalities``: the arrays of ``source`` that stand for the checkpoint's
+    modalities, in its order (e.g. a checkpoint trained on ``synthetic:`` data
+    applied to an npz file whose arrays have other names).
+    """
     config = extras["config"]
+    trained = list(extras["modalities"])
+    if modalities is not None:
+        modalities = [m.strip() for m in (modalities.split(",") if isinstance(modalities, str) else modalities) if m.strip()]
+        if len(modalities) != len(trained):
+            raise ValueError(
+                f"--modalities names {len(modalities)} arrays {modalities}; the checkpoint was trained "
+                f"on {len(trained)} modalities {trained}"
+            )
+        config = {**config, "data": {**config["data"], "modalities": modalities}}
+    elif source is not None and config["data"]["modalities"] is None:
+        config = {**config, "data": {**config["data"], "modalities": trained}}
+    stats = _stats_from_tensors(extras["stats"])
+    wanted = modalities or trained
+    stats = {new: stats[old] for new, old in zip(wanted, trained, strict=True) if old in stats}
     data = build_data(
-        config, source=source, stats=_stats_from_tensors(extras["stats"]), label_info=extras["label_info"],
+        config, source=source, stats=stats, label_info=extras["label_info"],
         partitions=partitions, require_labels=require_labels,
     )
-    if data.modalities != list(extras["modalities"]):
-        raise ValueError(f"the data has modalities {data.modalities}, the checkpoint {extras['modalities']}")
+    if data.modalities != list(wanted):
+        raise ValueError(
+            f"the data has modalities {data.modalities}, the checkpoint {trained}; "
+            "name the arrays to use with --modalities"
+        )
+    if list(data.input_dims) != list(extras["input_dims"]):
+        raise ValueError(
+            f"the modalities {data.modalities} have feature sizes {data.input_dims}; the checkpoint "
+            f"was trained on sizes {list(extras['input_dims'])}"
+        )
     return data
 
 
 def _partition_key(data: PreparedData, split: str) -> str:
     if split not in data.partitions:
         raise ValueError(f"no {split!r} split; have {', '.join(data.partitions)}")
+    if not len(data.partitions[split]):
+        others = [key for key, rows in data.partitions.items() if len(rows)]
+        raise ValueError(
+            f"the {split!r} split of {data.origin} has no rows; "
+            f"choose --split all or one of: {', '.join(others) or '(none)'}"
+        )
     return split
 
 
@@ -315,12 +365,14 @@ def _quiet_trainer(config: Mapping[str, Any]):
     return trainer
 
 
-def evaluate(checkpoint: str | Path, *, split: str = "test", source: str | None = None) -> dict[str, float]:
+def evaluate(
+    checkpoint: str | Path, *, split: str = "test", source: str | None = None, modalities: Sequence[str] | None = None
+) -> dict[str, float]:
     """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
     for every row of a file without a split)."""
     task, extras = load_model(checkpoint)
     partitions = ["all"] if split == "all" else None
-    data = _data_for(extras, source, partitions, require_labels=True)
+    data = _data_for(extras, source, partitions, require_labels=True, modalities=modalities)
     key = _partition_key(data, split)
     datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
     trainer = _quiet_trainer(extras["config"])
@@ -330,7 +382,12 @@ def evaluate(checkpoint: str | Path, *, split: str = "test", source: str | None 
 
 
 def predict(
-    checkpoint: str | Path, *, source: str | None = None, split: str = "all", out: str | Path | None = None
+    checkpoint: str | Path,
+    *,
+    source: str | None = None,
+    split: str = "all",
+    out: str | Path | None = None,
+    modalities: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Predictions of a checkpoint for the rows of a data source, optionally as a CSV.
 
@@ -340,7 +397,7 @@ def predict(
     value and ``prob_<class>`` for classification) and ``label`` when known.
     """
     task, extras = load_model(checkpoint)
-    data = _data_for(extras, source, ["all"] if split == "all" else None, require_labels=False)
+    data = _data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
     key = _partition_key(data, split)
     datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
     trainer = _quiet_trainer(extras["config"])
@@ -383,9 +440,8 @@ def _records(extras: Mapping[str, Any], data: PreparedData, rows: np.ndarray, pr
 
 
 def _write_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(records[0]) if records else ["row"]
-    with path.open("w", newline="") as handle:
+    with atomic_temp_path(path) as temp, temp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(records)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import tempfile
@@ -98,7 +99,7 @@ def atomic_temp_path(path: Path) -> Iterator[Path]:
     """A unique temporary path beside ``path``; renamed onto ``path`` when the block succeeds."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; cannot write a file there")
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     os.close(fd)
     temp = Path(name)

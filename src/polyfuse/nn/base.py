@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from polyfuse._checks import prepare_fusion_inputs
+from polyfuse._precision import guarded_fuse
 
 __all__ = ["FusionModule"]
 
@@ -63,7 +64,7 @@ class FusionModule(nn.Module):
         sequences, full_masks = prepare_fusion_inputs(
             inputs, masks, self.input_dims, type(self).__name__
         )
-        return self.fuse(sequences, full_masks)
+        return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
         """Fuse validated (B, T_j, d_j) inputs with (B, T_j) bool masks into (B, out_dim)."""

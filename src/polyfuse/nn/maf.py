@@ -157,20 +157,22 @@ class MAF(nn.Module):
         rank: int = 1,
         max_lengths: MaxLengths = None,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        owner: str = "MAF",
     ) -> None:
         super().__init__()
+        self.owner = owner  # the module named in error messages (HOCAFusion for the adapter)
         self.input_dims = [int(dim) for dim in input_dims]
         count = len(self.input_dims)
         if count < 1 or query_dim <= 0 or out_dim <= 0 or attention_dim <= 0:
             raise ValueError(
-                f"MAF: sizes must be positive and at least one modality is needed, got "
+                f"{owner}: sizes must be positive and at least one modality is needed, got "
                 f"input_dims={self.input_dims}, query_dim={query_dim}, out_dim={out_dim}"
             )
         self.query_dim, self.out_dim, self.low_rank = int(query_dim), int(out_dim), bool(low_rank)
         self.subsets = parse_orders(orders, count)
         largest = max(len(subset) for subset in self.subsets)
         default = DEFAULT_LOW_RANK_MAX_LENGTH if low_rank else default_exact_max_length(largest)
-        self.max_lengths = _resolve_max_lengths(max_lengths, count, default, "MAF")
+        self.max_lengths = _resolve_max_lengths(max_lengths, count, default, owner)
         self.terms = nn.ModuleDict()
         for subset in self.subsets:
             dims = [self.input_dims[i] for i in subset]
@@ -225,7 +227,7 @@ class MAF(nn.Module):
         Returns:
             (B, O), or a :class:`MAFOutput` when ``return_details``.
         """
-        sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, "MAF")
+        sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, self.owner)
         result = self.fuse_prepared(query, sequences, full_masks)
         return result if return_details else result.fused
 
@@ -233,11 +235,11 @@ class MAF(nn.Module):
         self, query: Tensor, sequences: Sequence[Tensor], masks: Sequence[Tensor]
     ) -> MAFOutput:
         """:meth:`forward` for inputs already validated, zero at padded steps, with bool masks."""
-        _check_query(query, sequences[0].shape[0], self.query_dim, "MAF")
+        _check_query(query, sequences[0].shape[0], self.query_dim, self.owner)
         _check_lengths(
             [sequences[i] for i in self._limited],
             [self.max_lengths[i] for i in self._limited],
-            "MAF",
+            self.owner,
             self._limited,
         )
         per_modality: list[list[Tensor]] = [[] for _ in sequences]
@@ -313,7 +315,8 @@ class _MAFFusion(FusionModule):
         else:
             self.learned_query = nn.Parameter(torch.randn(query_dim))
         self.maf = MAF(
-            self.input_dims, query_dim, out_dim, attention_dim=attention_dim, **maf_options
+            self.input_dims, query_dim, out_dim, attention_dim=attention_dim,
+            owner=type(self).__name__, **maf_options,
         )
 
     def make_query(self, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> Tensor:

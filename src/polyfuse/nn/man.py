@@ -16,6 +16,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from polyfuse._checks import prepare_fusion_inputs
+from polyfuse._precision import guarded_fuse
 from polyfuse.functional.multilinear import MODES, lsc_encoding_from_mask, multilinear_attention
 from polyfuse.functional.random_features import gaussian_random_matrix
 from polyfuse.nn.base import FusionModule
@@ -248,6 +249,8 @@ class MAN(FusionModule):
     ) -> Tensor | MANOutput:
         """Fuse the modalities: (B, out_dim), or a :class:`MANOutput` if asked for more."""
         sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, "MAN")
+        if not (return_sequences or return_attention):
+            return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
         return self._fuse(sequences, full_masks, return_sequences, return_attention)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:

@@ -1,0 +1,121 @@
+"""Every registered fusion module: empty batches, bfloat16, float16 computed in float32
+(or refused with a clear message), and a fuzz over modules x dtypes x scales x
+lengths x masks that finds no NaN / Inf in outputs or gradients for finite inputs."""
+
+import functools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import polyfuse
+
+NAMES = polyfuse.nn.available()
+DIMS = (4, 3, 5)
+FUZZ = settings(
+    max_examples=60, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
+
+
+def count_of(name):
+    return 2 if polyfuse.nn.get(name).max_modalities == 2 else 3
+
+
+@functools.cache
+def float32_module(name):
+    torch.manual_seed(0)
+    return polyfuse.nn.create(name, input_dims=list(DIMS[: count_of(name)]), out_dim=6).eval()
+
+
+def module_in(name, dtype):
+    module = float32_module(name)
+    copy = polyfuse.nn.create(name, input_dims=list(DIMS[: count_of(name)]), out_dim=6).eval()
+    copy.load_state_dict(module.state_dict())
+    return copy.to(dtype)
+
+
+def inputs_for(name, batch, lengths, dtype, scale=1.0, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(batch, t, d, generator=generator) * scale).to(dtype).requires_grad_()
+        for t, d in zip(lengths, DIMS[: count_of(name)], strict=False)
+    ]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_an_empty_batch_gives_an_empty_output(name, dtype):
+    module = module_in(name, dtype)
+    xs = inputs_for(name, 0, (5, 4, 3), dtype)
+    out = module(xs, [torch.ones(0, x.shape[1], dtype=torch.bool) for x in xs])
+    assert out.shape == (0, 6) and out.dtype == dtype
+    out.sum().backward()  # the graph exists: a training step on an empty batch does not fail
+    assert all(x.grad is not None and x.grad.shape == x.shape for x in xs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_agrees_with_float32_on_the_rounded_values(name, dtype):
+    # Oracle: the float32 module with the same (rounded) weights on the same rounded inputs.
+    low = module_in(name, dtype)
+    reference = module_in(name, torch.float32)
+    reference.load_state_dict({k: v.float() for k, v in low.state_dict().items()})
+    xs = inputs_for(name, 3, (5, 4, 3), dtype)
+    expected = reference([x.detach().float() for x in xs])
+    out = low(xs)
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    # float16 is computed in float32 (only the output is rounded); bfloat16 runs natively.
+    tolerance = 2e-3 if dtype == torch.float16 else 0.1
+    torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float16_out_of_range_is_refused_with_a_message(name):
+    module = module_in(name, torch.float16)
+    xs = inputs_for(name, 2, (5, 4, 3), torch.float16, scale=1e4)
+    try:
+        out = module(xs)
+        out.float().sum().backward()
+    except ValueError as error:
+        assert str(error).startswith(f"{type(module).__name__}: ") and "exceeds float16's range" in str(error)
+        assert "bfloat16 or float32" in str(error)
+    else:
+        assert bool(torch.isfinite(out).all()) and all(bool(torch.isfinite(x.grad).all()) for x in xs)
+
+
+@st.composite
+def cases(draw):
+    name = draw(st.sampled_from(NAMES))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    scale = draw(st.sampled_from([1e-4, 1e-2, 1.0, 1e2, 1e4]))
+    batch = draw(st.integers(0, 3))
+    lengths = tuple(draw(st.integers(1, 12)) for _ in range(count_of(name)))
+    real = [[draw(st.integers(1, t)) for _ in range(batch)] for t in lengths]
+    return name, dtype, scale, batch, lengths, real, draw(st.integers(0, 2**16))
+
+
+@FUZZ
+@given(cases())
+def test_fuzz_no_silent_nan_or_inf(case):
+    name, dtype, scale, batch, lengths, real, seed = case
+    module = module_in(name, dtype)
+    xs = inputs_for(name, batch, lengths, dtype, scale, seed)
+    masks = [
+        torch.arange(t)[None, :] < torch.tensor(r, dtype=torch.long).reshape(batch, 1)
+        for t, r in zip(lengths, real, strict=True)
+    ]
+    try:
+        out = module(xs, masks)
+        out.float().square().mean().backward() if batch else out.sum().backward()
+    except ValueError as error:
+        # The only refusal allowed for finite inputs: float16 out of range, named clearly.
+        assert dtype == torch.float16 and "exceeds float16's range" in str(error), str(error)
+        return
+    assert out.shape == (batch, 6)
+    assert bool(torch.isfinite(out).all()), (name, dtype, scale)
+    for x in xs:
+        assert bool(torch.isfinite(x.grad).all()), (name, dtype, scale)
+    for parameter_name, parameter in module.named_parameters():
+        if parameter.grad is not None:
+            assert bool(torch.isfinite(parameter.grad).all()), (name, dtype, scale, parameter_name)
