@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["FLOAT16_MAX", "guarded_fuse"]
+__all__ = ["FLOAT16_MAX", "empty_output", "float32_call", "guarded_fuse", "needs_float32"]
 
 FLOAT16_MAX = float(torch.finfo(torch.float16).max)
 
@@ -53,7 +53,7 @@ def _checked_cast(x: Tensor, dtype: torch.dtype, owner: str) -> Tensor:
     return _CheckedCast.apply(x, dtype, owner)
 
 
-def _empty_output(module: nn.Module, sequences: Sequence[Tensor]) -> Tensor:
+def empty_output(module: nn.Module, sequences: Sequence[Tensor]) -> Tensor:
     """(0, out_dim), connected to the inputs and weights so that backward runs."""
     out = sequences[0].new_zeros((0, int(module.out_dim)))
     anchor = sum(x.sum() for x in sequences)
@@ -74,18 +74,52 @@ def guarded_fuse(
     ``sequences``: validated (B, T_j, d_j) inputs; ``masks``: (B, T_j) bool.
     """
     if sequences[0].shape[0] == 0:
-        return _empty_output(module, sequences)
-    half = torch.float16
-    if all(x.dtype != half for x in sequences) and all(p.dtype != half for p in module.parameters()):
+        return empty_output(module, sequences)
+    if not needs_float32(module, *sequences):
         return fuse(sequences, masks)
+    return float32_call(module, (sequences, masks))
+
+
+def needs_float32(module: nn.Module, *tensors: Tensor) -> bool:
+    """True when an input or a weight is float16 (computed in float32 by :func:`float32_call`)."""
+    half = torch.float16
+    return any(x.dtype == half for x in tensors) or any(p.dtype == half for p in module.parameters())
+
+
+def _map(value: Any, function: Callable[[Tensor], Tensor]) -> Any:
+    if isinstance(value, Tensor):
+        return function(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple of outputs
+        return type(value)(*(_map(v, function) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, function) for v in value)
+    return value
+
+
+def float32_call(module: nn.Module, args: tuple[Any, ...]) -> Any:
+    """``module(*args)`` computed in float32 (weights, buffers and float inputs widened),
+    float outputs cast back to the inputs' dtype; float16 overflow is refused with a message."""
     owner = type(module).__name__
-    dtype = sequences[0].dtype
+    dtypes = [x.dtype for x in _flatten(args) if x.is_floating_point()]
+    dtype = dtypes[0] if dtypes else torch.float32
     state = {name: _checked_cast(p, torch.float32, owner) for name, p in module.named_parameters()}
     state.update({name: b.float() if b.is_floating_point() else b for name, b in module.named_buffers()})
-    wide = [_checked_cast(x, torch.float32, owner) for x in sequences]
-    result = torch.func.functional_call(module, state, (wide, masks), strict=False)
-    if dtype == half:
-        if bool(torch.isfinite(result).all()) and not bool(torch.isfinite(result.to(half)).all()):
+    wide = _map(args, lambda x: _checked_cast(x, torch.float32, owner))
+    result = torch.func.functional_call(module, state, wide, strict=False)
+
+    def narrow(x: Tensor) -> Tensor:
+        if not x.is_floating_point() or x.dtype == dtype:
+            return x
+        if dtype == torch.float16 and bool(torch.isfinite(x).all()) and not bool(torch.isfinite(x.to(dtype)).all()):
             raise ValueError(_advice(owner, "the output"))
-        return _checked_cast(result, half, owner)
-    return result.to(dtype)
+        return _checked_cast(x, dtype, owner)
+
+    return _map(result, narrow)
+
+
+def _flatten(value: Any) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flatten(v)]
+    return []

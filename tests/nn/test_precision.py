@@ -119,3 +119,35 @@ def test_fuzz_no_silent_nan_or_inf(case):
     for parameter_name, parameter in module.named_parameters():
         if parameter.grad is not None:
             assert bool(torch.isfinite(parameter.grad).all()), (name, dtype, scale, parameter_name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 1e2, 1e4])
+def test_chimera_in_every_dtype_and_scale(dtype, scale):
+    from polyfuse.nn.chimera import Chimera
+
+    torch.manual_seed(0)
+    module = Chimera(8).to(dtype)
+    reference = Chimera(8)
+    reference.load_state_dict({k: v.float() for k, v in module.state_dict().items()})
+    generator = torch.Generator().manual_seed(1)
+    text = (torch.randn(2, 5, 8, generator=generator) * scale).to(dtype).requires_grad_()
+    image = (torch.randn(2, 4, 8, generator=generator) * scale).to(dtype).requires_grad_()
+    out = module(text, image)
+    assert out.hidden.dtype == dtype
+    sum(x.float().sum() for x in out if x.is_floating_point()).backward()
+    for value in (*out, text.grad, image.grad, *(p.grad for p in module.parameters() if p.grad is not None)):
+        assert bool(torch.isfinite(value).all())
+    if dtype == torch.float16:  # computed in float32: only the output is rounded
+        expected = reference(text.detach().float(), image.detach().float())
+        torch.testing.assert_close(out.hidden.float(), expected.hidden, rtol=2e-3, atol=2e-3 * expected.hidden.abs().max().item())
+    empty = module(text[:0], image[:0])
+    assert empty.hidden.shape == (0, 9, 8)
+
+
+def test_maf_empty_batch():
+    from polyfuse.nn.maf import MAF
+
+    module = MAF([3, 4], 5, 6)
+    out = module(torch.randn(0, 5), [torch.randn(0, 3, 3), torch.randn(0, 2, 4)])
+    assert out.shape == (0, 6)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import check_finite
+from polyfuse._precision import float32_call, needs_float32
 from polyfuse.functional.lorentz import (
     _check_mask,
     clip_radius,
@@ -468,6 +469,8 @@ class Chimera(nn.Module):
         image_mask: Tensor | None = None,
     ) -> ChimeraOutput:
         """Args: ``text_hidden`` (B, N_t, d), ``image_hidden`` (B, N_v, d), their (B, N) masks."""
+        if needs_float32(self, text_hidden, image_hidden):  # float16: computed in float32
+            return float32_call(self, (text_hidden, image_hidden, text_mask, image_mask))
         d = self.hidden_size
         text_hidden, text_mask = _prepare_hidden(text_hidden, text_mask, d, "text_hidden", "text_mask")
         image_hidden, image_mask = _prepare_hidden(
