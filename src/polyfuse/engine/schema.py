@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -32,7 +33,13 @@ __all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config
 
 SEED_MAX = 2**32 - 1  # numpy's seeding range
 MAX_BATCH = 1 << 20
-PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "bf16", "16-mixed", "16-true", "16")
+
+def _seed_range(value: int) -> int:
+    if not 0 <= value <= SEED_MAX:
+        raise ValueError(f"a seed must lie in [0, {SEED_MAX}]")
+    return value
+
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
@@ -89,7 +96,7 @@ class DataConfig(_Section):
     modalities: list[str] | None = Field(None, description="array names, in order (a comma-separated string works too)")
     label: str = Field("label", description="label array name")
     split: str | None = Field(None, description="split array name (values train / valid / test)")
-    split_values: dict[Literal["train", "valid", "test"], list[str]] | None = Field(
+    split_values: dict[Literal["train", "valid", "test"], list[str | int]] | None = Field(
         None, description="which split values mean train / valid / test"
     )
     group: str | None = Field(None, description="group array for carving held-out parts (default: context.group_by)")
@@ -97,7 +104,7 @@ class DataConfig(_Section):
     context: ContextConfig | None = Field(None, description="contextual mode {group_by, order_by, window}")
     validation_fraction: Fraction = Field(0.15, description="share of training groups carved out for validation, in (0, 1)")
     test_fraction: Fraction = Field(0.2, description="share of groups drawn for test, in (0, 1) (only without a split array)")
-    split_seed: Annotated[int, Field(ge=0, le=SEED_MAX)] = Field(0, description="seed of the carving draws")
+    split_seed: Annotated[int, AfterValidator(_seed_range)] = Field(0, description=f"seed of the carving draws, in [0, {SEED_MAX}]")
     standardize: bool = Field(True, description="standardise features with training statistics")
     nonfinite: Literal["error", "zero", "mean"] = Field("error", description="what to do with NaN / Inf features")
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(32, description="global training batch (all processes)")
@@ -200,7 +207,7 @@ class RunConfig(_Section):
     """A whole run configuration."""
 
     name: str | None = Field(None, description="run name: the directory under output_dir (default: config file name)")
-    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] = Field(0, description=f"seed of initialisation, shuffling and dropout, in [0, {SEED_MAX}]")
+    seed: Annotated[int, AfterValidator(_seed_range)] = Field(0, description=f"seed of initialisation, shuffling and dropout, in [0, {SEED_MAX}]")
     output_dir: str = Field("runs", description="where runs are written (relative to the config file when set there)")
     task: TaskConfig = Field(default_factory=TaskConfig, description="task section")
     data: DataConfig = Field(default_factory=DataConfig, description="data section")
