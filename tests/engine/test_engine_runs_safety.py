@@ -7,23 +7,12 @@ import warnings
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from tests.engine.test_engine_training import Interrupt
 
 from polyfuse.engine import read_checkpoint, train
 from polyfuse.engine.checkpoints import write_checkpoint
 from polyfuse.engine.run import load_model
 from polyfuse.engine.rundir import RunDirLock, atomic_temp_path, atomic_write_text, claim_run_dir
-
-
-class Interrupt(Callback):
-    """Fails at the start of an epoch, as a killed run would."""
-
-    def __init__(self, epoch):
-        self.epoch = epoch
-
-    def on_train_epoch_start(self, trainer, module):
-        if trainer.current_epoch == self.epoch:
-            raise RuntimeError("interrupted")
 
 
 def test_a_locked_run_directory_is_refused(tiny_config, tmp_path):

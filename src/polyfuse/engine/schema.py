@@ -62,22 +62,15 @@ class TaskConfig(_Section):
     )
     label_smoothing: Probability = Field(0.0, description="classification: label smoothing in [0, 1)")
 
-    @field_validator("type")
+    @field_validator("type", "loss")
     @classmethod
-    def _known_task(cls, value: str) -> str:
-        from polyfuse.tasks import TASKS
+    def _registered(cls, value: str, info: ValidationInfo) -> str:
+        import polyfuse.tasks
 
-        if value not in TASKS:
-            raise ValueError(f"unknown task type {value!r}{_suggest(value, TASKS)}; expected one of {', '.join(TASKS)}")
-        return value
-
-    @field_validator("loss")
-    @classmethod
-    def _known_loss(cls, value: str) -> str:
-        from polyfuse.tasks import LOSSES
-
-        if value not in LOSSES:
-            raise ValueError(f"unknown loss {value!r}{_suggest(value, LOSSES)}; expected one of {', '.join(LOSSES)}")
+        # Read at validation time: task types added to the registry are accepted.
+        known, what = (polyfuse.tasks.TASKS, "task type") if info.field_name == "type" else (polyfuse.tasks.LOSSES, "loss")
+        if value not in known:
+            raise ValueError(f"unknown {what} {value!r}{_suggest(value, known)}; expected one of {', '.join(known)}")
         return value
 
 
