@@ -154,3 +154,29 @@ def test_loading_refuses_broken_checkpoints(one_epoch_run, tmp_path, change, mes
     copy = broken_copy(one_epoch_run, tmp_path, change)
     with pytest.raises(ValueError, match=message):
         load_model(copy / "checkpoints" / "last.safetensors")
+
+
+def test_metrics_csv_is_replaced_atomically(tmp_path, monkeypatch):
+    import csv
+
+    import polyfuse.engine.logs as logs
+    from polyfuse.engine.logs import AtomicExperimentWriter
+
+    writer = AtomicExperimentWriter(str(tmp_path / "csv"))
+    writer.log_metrics({"train/loss": 1.0}, step=0)
+    writer.save()
+    before = (tmp_path / "csv" / "metrics.csv").read_text()
+    # A new column makes Lightning's writer truncate and rewrite the file; a crash then lost every row.
+    writer.log_metrics({"train/loss": 0.5, "val/loss": 0.7}, step=1)
+
+    def crash(path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(logs, "atomic_temp_path", crash)
+    with pytest.raises(OSError):
+        writer.save()
+    assert (tmp_path / "csv" / "metrics.csv").read_text() == before
+    monkeypatch.undo()
+    writer.save()
+    rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+    assert [(r["step"], r["train/loss"], r["val/loss"]) for r in rows] == [("0", "1.0", ""), ("1", "0.5", "0.7")]

@@ -13,13 +13,14 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, TQDMProgressBar
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger
 
 import polyfuse.nn
 from polyfuse.data import FeatureStats, PreparedData, load_source, prepare_data
 from polyfuse.data.sources import is_synthetic, synthetic_modalities
 from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsModelCheckpoint
 from polyfuse.engine.divergence import DivergenceGuard
+from polyfuse.engine.logs import AtomicCSVLogger
 from polyfuse.engine.seeding import ReseedEachEpoch
 from polyfuse.tasks import FusionBackbone, FusionTask, ModalityEncoder, task_class
 
@@ -219,7 +220,7 @@ def build_trainer(
         if trainer_config["patience"]:
             all_callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=int(trainer_config["patience"])))
         loggers = [
-            CSVLogger(str(run_dir), name="csv"),
+            AtomicCSVLogger(str(run_dir), name="csv"),
             TensorBoardLogger(str(run_dir), name="tensorboard", default_hp_metric=False),
         ]
     if trainer_config["progress_bar"]:
