@@ -313,7 +313,7 @@ def test_tfn_paper_form_equals_the_equations_by_hand():
     input_dims = [3, 2, 4]
     module = TFN(input_dims, 2, hidden_dims=[3, 2, 2], lstm_dim=4, post_fusion_dim=5)
     module = with_nonzero_biases(module.double().eval())
-    assert module.fused_size == 4 * 3 * 3
+    assert module.fused_size == 4 * 3 * 3 and module.subnetworks[0].lstm.hidden_size == 4
     inputs, masks = random_batch(
         torch.Generator().manual_seed(5), input_dims, [4, 3, 5], dtype=torch.float64, holes=True
     )
@@ -351,6 +351,17 @@ def test_tfn_light_form_is_one_relu_layer_per_modality_and_one_post_fusion_layer
         torch.Generator().manual_seed(7), input_dims, [4, 2, 3], dtype=torch.float64
     )
     torch.testing.assert_close(module(inputs, masks), loop_tfn(module, inputs, masks), rtol=0, atol=1e-10)
+
+
+def test_light_form_with_an_lstm_uses_one_relu_layer_after_it():
+    torch.manual_seed(0)
+    module = TFN([3, 2], 2, subnetworks="light", sequence_modalities=[0])
+    language = module.subnetworks[0]
+    assert language.lstm.hidden_size == 128 and module.hidden_dims == [16, 16]
+    assert [type(m) for m in language.head] == [torch.nn.Linear, torch.nn.ReLU]
+    module = LMF([3, 2], 2, subnetworks="light", sequence_modalities=[1], hidden_dims=[3, 2])
+    assert [type(m) for m in module.subnetworks[1].head] == [torch.nn.Linear, torch.nn.ReLU]
+    assert len(linears_of(module.subnetworks[0].layers)) == 1
 
 
 def test_tfn_dropout_falls_on_the_fused_tensor():
@@ -408,6 +419,7 @@ def test_lmf_paper_form_equals_the_rank_sum_by_hand():
     input_dims = [3, 2, 4]
     module = LMF(input_dims, 3, rank=2, hidden_dims=[3, 2, 2], lstm_dim=4)
     module = with_nonzero_biases(module.double().eval())
+    assert module.subnetworks[0].lstm.hidden_size == 4 and module.rank_weights.shape == (2,)
     inputs, masks = random_batch(
         torch.Generator().manual_seed(9), input_dims, [4, 3, 5], dtype=torch.float64, holes=True
     )
@@ -455,6 +467,25 @@ def test_concat_is_an_mlp_of_the_pooled_vectors_by_hand():
     first, second = linears_of(module.mlp)
     expected = torch.stack([affine(second, relu(affine(first, v))) for v in pooled])
     torch.testing.assert_close(module(inputs, masks), expected, rtol=0, atol=1e-12)
+
+
+def test_concat_defaults_and_dropout_after_the_hidden_layer():
+    module = Concat([2, 3], 4)
+    assert module.hidden_dim == 64 and module.dropout == 0.0
+    assert [m.out_features for m in linears_of(module.mlp)] == [64, 4]
+    assert Concat([2, 3], 4, hidden_dim=1).hidden_dim == 1
+    assert "hidden_dim=64, dropout=0.0" in repr(module)
+
+    torch.manual_seed(0)
+    module = Concat([2, 3], 4, hidden_dim=6, dropout=0.5).train()
+    inputs = [torch.randn(5, 2), torch.randn(5, 3)]
+    torch.manual_seed(1)
+    out = module(inputs)
+    first, second = linears_of(module.mlp)
+    hidden = relu(torch.cat(inputs, 1) @ first.weight.T + first.bias)
+    torch.manual_seed(1)
+    dropped = torch.nn.functional.dropout(hidden, 0.5, training=True)
+    torch.testing.assert_close(out, dropped @ second.weight.T + second.bias)
 
 
 @pytest.mark.parametrize("cls", MODULES)
@@ -560,3 +591,4 @@ def test_zero_post_fusion_layers_and_dropout_bounds_are_accepted():
     assert len(linears_of(TFN([2, 2], 3, hidden_dims=2, post_fusion_layers=0).post_fusion)) == 1
     assert TFN([2, 2], 3, hidden_dims=2, dropout=0.0, subnetwork_dropout=0.0).dropout == 0.0
     assert LMF([2, 2], 3, sequence_modalities=[], hidden_dims=2).sequence_modalities == []
+    assert LMF([2, 2], 3, rank=1).rank == 1
