@@ -81,7 +81,7 @@ def test_tensor_fusion_of_two_vectors_by_hand():
 
 
 def test_tensor_fusion_needs_a_vector():
-    with pytest.raises(ValueError, match="tensor_fusion needs at least one vector"):
+    with pytest.raises(ValueError, match=r"^tensor_fusion needs at least one vector$"):
         tensor_fusion([])
 
 
@@ -107,13 +107,13 @@ def test_low_rank_fusion_rank_one_by_hand():
 
 def test_low_rank_fusion_errors_name_the_factor():
     vectors, factors, rank_weights, _ = random_low_rank((2, 3))
-    with pytest.raises(ValueError, match="low_rank_fusion: 2 vectors but 1 factors"):
+    with pytest.raises(ValueError, match=r"^low_rank_fusion: 2 vectors but 1 factors$"):
         low_rank_fusion(vectors, factors[:1], rank_weights)
     wrong = [factors[0], factors[1][:, :3]]
     with pytest.raises(
         ValueError,
-        match=r"low_rank_fusion: factor 1 has shape \(3, 3, 4\), expected \(rank, 4, out_dim\) "
-        r"for a vector of size 3",
+        match=r"^low_rank_fusion: factor 1 has shape \(3, 3, 4\), expected \(rank, 4, out_dim\) "
+        r"for a vector of size 3$",
     ):
         low_rank_fusion(vectors, wrong, rank_weights)
     with pytest.raises(ValueError, match=r"factor 0 has shape \(3, 4\)"):

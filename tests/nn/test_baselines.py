@@ -393,7 +393,8 @@ def test_tfn_size_error_is_clear_and_limit_can_be_raised():
 
     with pytest.raises(ValueError, match="4 \\* 4 \\* 4 = 64 entries"):
         TFN([2, 2, 2], 2, hidden_dims=3, max_fused_size=63)
-    assert TFN([2, 2, 2], 2, hidden_dims=3, max_fused_size=64).fused_size == 64
+    module = TFN([2, 2, 2], 2, hidden_dims=3, max_fused_size=64)
+    assert module.fused_size == 64 and module.max_fused_size == 64
 
 
 # ---------------------------------------------------------------------------
@@ -435,20 +436,28 @@ def test_lmf_light_form_fuses_the_pooled_vectors(hidden_dims, sizes):
         LMF(input_dims, 4, rank=3, subnetworks="light", hidden_dims=hidden_dims).double()
     )
     assert module.hidden_dims == sizes and module.sequence_modalities == []
+    assert [len(linears_of(net.layers)) for net in module.subnetworks] == [0 if hidden_dims is None else 1] * 3
     inputs, masks = random_batch(
         torch.Generator().manual_seed(10), input_dims, [4, 2, 3], dtype=torch.float64
     )
     torch.testing.assert_close(module(inputs, masks), loop_lmf(module, inputs, masks), rtol=0, atol=1e-10)
 
 
-def test_lmf_initialisation_is_xavier_normal_with_zero_bias():
-    torch.manual_seed(0)
-    module = LMF([3, 3], 20, rank=200, subnetworks="light", hidden_dims=[30, 10])
-    assert torch.equal(module.bias, torch.zeros(20))
-    for factor, h in zip(module.factors, (30, 10), strict=True):
-        expected = (2.0 / (h + 1 + 20)) ** 0.5
-        assert abs(factor.std().item() - expected) < 0.05 * expected
-    assert abs(module.rank_weights.std().item() - (2.0 / 201) ** 0.5) < 0.15 * (2.0 / 201) ** 0.5
+def test_lmf_initialisation_is_glorot_normal_per_rank_slice_with_zero_bias():
+    """Each rank slice (h_j + 1, O) of a factor ~ N(0, 2 / (h_j + 1 + O)); the fusion
+    weights (1, R) ~ N(0, 2 / (1 + R)); the bias is zero. Replayed draw by draw."""
+    module = LMF([3, 3], 2, rank=3, subnetworks="light", hidden_dims=[1, 4])
+    with torch.no_grad():
+        module.bias.fill_(5.0)
+    torch.manual_seed(21)
+    module.reset_parameters()
+    torch.manual_seed(21)
+    for factor, h in zip(module.factors, (1, 4), strict=True):
+        expected = torch.empty(3, h + 1, 2).normal_(0.0, (2.0 / (h + 1 + 2)) ** 0.5)
+        torch.testing.assert_close(factor.detach(), expected, rtol=0, atol=0)
+    expected = torch.empty(3).normal_(0.0, (2.0 / (1 + 3)) ** 0.5)
+    torch.testing.assert_close(module.rank_weights.detach(), expected, rtol=0, atol=0)
+    assert torch.equal(module.bias, torch.zeros(2))
 
 
 # ---------------------------------------------------------------------------
@@ -568,7 +577,8 @@ def test_repr_names_the_form():
         (lambda: Concat([3, 3], 2, dropout=1.0), r"Concat: dropout must lie in \[0, 1\), got 1.0"),
         (lambda: Concat([3, 3], 2, hidden_dim=0), "Concat: hidden_dim must be positive, got 0"),
         (lambda: TFN([3, 3], 2, dropout=-0.1), r"TFN: dropout must lie in \[0, 1\)"),
-        (lambda: LMF([3, 3], 2, subnetwork_dropout=1.5), r"LMF: dropout must lie in \[0, 1\)"),
+        (lambda: LMF([3, 3], 2, subnetwork_dropout=1.5), r"LMF: subnetwork_dropout must lie in \[0, 1\), got 1.5"),
+        (lambda: TFN([3, 3], 2, subnetwork_dropout=1.0), r"TFN: subnetwork_dropout must lie in \[0, 1\), got 1.0"),
         (lambda: LMF([3, 3], 2, hidden_dims=[2, 0]), r"LMF: hidden_dims must be positive, got \[2, 0\]"),
         (lambda: TFN([3, 3], 2, subnetworks="heavy"), "TFN: subnetworks must be one of paper, light, got 'heavy'"),
         (lambda: LMF([3, 3], 2, subnetworks="full"), "LMF: subnetworks must be one of paper, light, got 'full'"),
@@ -592,3 +602,10 @@ def test_zero_post_fusion_layers_and_dropout_bounds_are_accepted():
     assert TFN([2, 2], 3, hidden_dims=2, dropout=0.0, subnetwork_dropout=0.0).dropout == 0.0
     assert LMF([2, 2], 3, sequence_modalities=[], hidden_dims=2).sequence_modalities == []
     assert LMF([2, 2], 3, rank=1).rank == 1
+    assert TFN([2, 2], 3, hidden_dims=1, lstm_dim=1, post_fusion_dim=1).hidden_dims == [1, 1]
+    module = TFN([2, 2], 3, hidden_dims=2, subnetwork_dropout=0.3)
+    assert [net.dropout.p for net in module.subnetworks] == [0.3, 0.3]
+    module = LMF([2, 2], 3, hidden_dims=2, subnetwork_dropout=0.4)
+    assert [net.dropout.p for net in module.subnetworks] == [0.4, 0.4]
+    assert SequenceSubnetwork(2, 2, 2, layers=1, activation=True).dropout.p == 0.0
+    assert PooledSubnetwork(2, 2, layers=1).dropout.p == 0.0

@@ -55,9 +55,9 @@ def _per_modality(value: int | Sequence[int], count: int, what: str, owner: str)
     return sizes
 
 
-def _check_dropout(dropout: float, owner: str) -> float:
+def _check_dropout(dropout: float, owner: str, name: str = "dropout") -> float:
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{owner}: dropout must lie in [0, 1), got {dropout}")
+        raise ValueError(f"{owner}: {name} must lie in [0, 1), got {dropout}")
     return float(dropout)
 
 
@@ -260,7 +260,7 @@ class TFN(FusionModule):
         if post_fusion_layers < 0:
             raise ValueError(f"TFN: post_fusion_layers must be >= 0, got {post_fusion_layers}")
         self.dropout = _check_dropout(dropout, "TFN")
-        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "TFN")
+        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "TFN", "subnetwork_dropout")
         self.form = subnetworks
         self.subnetworks = _build_subnetworks(
             "TFN", self.input_dims, form, sequence_modalities, hidden_dims, lstm_dim,
@@ -364,9 +364,8 @@ class LMF(FusionModule):
         form = _form(subnetworks, "LMF", _LMF_PAPER, _LIGHT)
         if subnetworks == "light" and hidden_dims is None:
             form = replace(form, pooled_layers=0)  # the pooled inputs themselves: h_j = d_j
-            hidden_dims = self.input_dims
         self.form = subnetworks
-        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "LMF")
+        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "LMF", "subnetwork_dropout")
         self.subnetworks = _build_subnetworks(
             "LMF", self.input_dims, form, sequence_modalities, hidden_dims, lstm_dim,
             self.subnetwork_dropout,
