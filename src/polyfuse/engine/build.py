@@ -91,6 +91,23 @@ def _groups(config: Mapping[str, Any], names: Sequence[str]) -> list[list[int]] 
     return groups
 
 
+def _input_indices(
+    values: Sequence[str | int], names: Sequence[str], groups: list[list[int]] | None, option: str
+) -> list[int]:
+    """Fusion input indices for modality names (indices pass through), e.g. TFN's and
+    LMF's ``sequence_modalities: [text]``; with input groups, the group holding the name."""
+    inputs = groups or [[j] for j in range(len(names))]
+    indices = []
+    for value in values:
+        if isinstance(value, int):
+            indices.append(value)
+            continue
+        if value not in names:
+            raise ValueError(f"{option} names {value!r}, not one of the modalities {list(names)}")
+        indices.append(next(i for i, group in enumerate(inputs) if list(names).index(value) in group))
+    return indices
+
+
 def _fusion_options(config: Mapping[str, Any]) -> dict[str, Any]:
     name = config["model"]["fusion"]
     cls = polyfuse.nn.get(name)  # an unknown name lists the known ones
@@ -131,6 +148,10 @@ def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: 
     groups = _groups(config, names)
     group_dims = [sum(encoders[j].output_dim for j in g) for g in groups] if groups else [e.output_dim for e in encoders]
     options = _fusion_options(config)
+    if options.get("sequence_modalities") is not None:  # TFN, LMF: names of the LSTM-read modalities
+        options["sequence_modalities"] = _input_indices(
+            options["sequence_modalities"], names, groups, f"model.options.{model['fusion']}.sequence_modalities"
+        )
     cls = polyfuse.nn.get(model["fusion"])
     limit = getattr(cls, "max_modalities", None)
     if limit is not None and len(group_dims) > limit:

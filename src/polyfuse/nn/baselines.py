@@ -4,8 +4,11 @@ Legend for shapes: ``B`` batch, ``T_j`` length of modality j, ``d_j`` its featur
 size, ``h_j`` the size of its vector after the modality subnetwork, ``m`` the
 number of modalities, ``R`` the rank of LMF, ``O`` the output size (``out_dim``).
 
-All three pool every modality over its real steps first (a masked mean), so they
-see one vector per modality and sample; the pure functions
+Concat pools every modality over its real steps (a masked mean); TFN and LMF map
+every modality to one vector with their papers' modality subnetworks
+(:mod:`polyfuse.nn.modality_subnetworks`: an LSTM for the text-like modalities, a
+masked mean and a few Linear + ReLU layers for the others), or with a lighter form
+on request (``subnetworks="light"``). The pure functions
 :func:`polyfuse.functional.masked_mean`, :func:`polyfuse.functional.tensor_fusion` and
 :func:`polyfuse.functional.low_rank_fusion` hold the math and the modules own the
 parameters.
@@ -20,8 +23,10 @@ References:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +34,7 @@ from torch import Tensor, nn
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.functional.tensor_fusion import low_rank_fusion, tensor_fusion
 from polyfuse.nn.base import FusionModule
+from polyfuse.nn.modality_subnetworks import PooledSubnetwork, SequenceSubnetwork
 from polyfuse.nn.registry import register
 
 __all__ = ["LMF", "TFN", "Concat"]
@@ -49,18 +55,85 @@ def _per_modality(value: int | Sequence[int], count: int, what: str, owner: str)
     return sizes
 
 
-def _check_dropout(dropout: float, owner: str) -> float:
+def _check_dropout(dropout: float, owner: str, name: str = "dropout") -> float:
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{owner}: dropout must lie in [0, 1), got {dropout}")
+        raise ValueError(f"{owner}: {name} must lie in [0, 1), got {dropout}")
     return float(dropout)
 
 
-def _subnetworks(input_dims: Sequence[int], hidden_dims: Sequence[int]) -> nn.ModuleList:
-    """One Linear + ReLU per modality: (B, d_j) -> (B, h_j)."""
+@dataclass(frozen=True)
+class _Subnetworks:
+    """The modality subnetworks of one model in one form (see :func:`_build_subnetworks`)."""
+
+    sequence_modalities: tuple[int, ...]  # the modalities read by an LSTM
+    lstm_dim: int  # H, the LSTM's hidden size
+    sequence_hidden: int  # default h_j of a modality read by an LSTM
+    pooled_hidden: int  # default h_j of a pooled modality
+    pooled_layers: int  # Linear + ReLU layers after the mean
+    sequence_layers: int  # Linear layers after the LSTM
+    sequence_activation: bool  # a ReLU after each of them
+
+
+SUBNETWORK_FORMS = ("paper", "light")
+
+# TFN section 3.1: text through an LSTM of 128 units and two layers of 128 ReLU units;
+# audio and video averaged over time, then three hidden layers of 32 ReLU units.
+_TFN_PAPER = _Subnetworks((0,), 128, 128, 32, 3, 2, True)
+# LMF: an LSTM then a linear layer for text (thid = 128 and text_out = thid / 2 in the
+# authors' MOSI search), a 2-layer network for audio and video (widths 4, 8 or 16 there).
+_LMF_PAPER = _Subnetworks((0,), 128, 64, 16, 2, 1, False)
+# polyfuse's earlier form: the mean and one Linear + ReLU for every modality.
+_LIGHT = _Subnetworks((), 128, 16, 16, 1, 1, True)
+
+
+def _build_subnetworks(
+    owner: str,
+    input_dims: Sequence[int],
+    form: _Subnetworks,
+    sequence_modalities: Sequence[int] | None,
+    hidden_dims: int | Sequence[int] | None,
+    lstm_dim: int | None,
+    dropout: float,
+) -> nn.ModuleList:
+    """One subnetwork per modality: a :class:`SequenceSubnetwork` for the indices in
+    ``sequence_modalities`` (None: the form's), a :class:`PooledSubnetwork` for the
+    others; None sizes come from the form. (B, T_j, d_j), (B, T_j) -> (B, h_j)."""
+    count = len(input_dims)
+    sequence = form.sequence_modalities if sequence_modalities is None else tuple(sequence_modalities)
+    if any(not isinstance(j, int) or isinstance(j, bool) for j in sequence):
+        raise ValueError(f"{owner}: sequence_modalities must be modality indices, got {list(sequence)}")
+    if len(set(sequence)) != len(sequence) or any(not 0 <= j < count for j in sequence):
+        raise ValueError(
+            f"{owner}: sequence_modalities must be distinct indices in [0, {count}), got {list(sequence)}"
+        )
+    if hidden_dims is None:
+        hidden_dims = [form.sequence_hidden if j in sequence else form.pooled_hidden for j in range(count)]
+    hidden = _per_modality(hidden_dims, count, "hidden_dims", owner)
+    lstm_dim = form.lstm_dim if lstm_dim is None else int(lstm_dim)
+    if lstm_dim <= 0:
+        raise ValueError(f"{owner}: lstm_dim must be positive, got {lstm_dim}")
     return nn.ModuleList(
-        nn.Sequential(nn.Linear(d, h), nn.ReLU())
-        for d, h in zip(input_dims, hidden_dims, strict=True)
+        SequenceSubnetwork(
+            d, lstm_dim, h, layers=form.sequence_layers,
+            activation=form.sequence_activation, dropout=dropout,
+        )
+        if j in sequence
+        else PooledSubnetwork(d, h, layers=form.pooled_layers, dropout=dropout)
+        for j, (d, h) in enumerate(zip(input_dims, hidden, strict=True))
     )
+
+
+def _form(subnetworks: str, owner: str, paper: _Subnetworks, light: _Subnetworks) -> _Subnetworks:
+    if subnetworks not in SUBNETWORK_FORMS:
+        raise ValueError(
+            f"{owner}: subnetworks must be one of {', '.join(SUBNETWORK_FORMS)}, got {subnetworks!r}"
+        )
+    return paper if subnetworks == "paper" else light
+
+
+def _encode(subnetworks: nn.ModuleList, inputs: list[Tensor], masks: list[Tensor]) -> list[Tensor]:
+    """z_j for every modality: m tensors (B, h_j)."""
+    return [net(x, mask) for net, x, mask in zip(subnetworks, inputs, masks, strict=True)]
 
 
 # ---------------------------------------------------------------------------
@@ -120,11 +193,22 @@ class Concat(FusionModule):
 class TFN(FusionModule):
     """Tensor Fusion Network (Zadeh et al., EMNLP 2017), for any number of modalities.
 
-    Each modality is masked-mean pooled and passed through its subnetwork
-    (Linear + ReLU) to z_j of size h_j; the fusion layer takes the outer product
-    of the ``[z_j, 1]`` (:func:`tensor_fusion`, TFN's Tensor Fusion Layer), flattened to
-    ``prod_j (h_j + 1)`` entries; dropout and a post-fusion MLP (Linear, ReLU,
-    Linear) map it to the output.
+    Three parts, as in the paper (section 3):
+
+    1. Modality embedding subnetworks map each modality to z_j of size h_j. With
+       ``subnetworks="paper"`` (the default): the modalities in
+       ``sequence_modalities`` (default ``(0,)``: the first modality plays the
+       paper's spoken language) go through an LSTM of ``lstm_dim`` units and two
+       Linear + ReLU layers of width h_j (paper: 128); every other modality is
+       averaged over its real steps and goes through three Linear + ReLU layers of
+       width h_j (paper: 32 for audio and video). With ``subnetworks="light"``:
+       every modality is averaged and goes through one Linear + ReLU (h_j = 16),
+       polyfuse's earlier form.
+    2. The Tensor Fusion Layer: the outer product of the ``[z_j, 1]``
+       (:func:`tensor_fusion`), flattened to ``prod_j (h_j + 1)`` entries.
+    3. The sentiment inference subnetwork: dropout, ``post_fusion_layers``
+       Linear + ReLU layers of width ``post_fusion_dim`` (paper: two layers of 128),
+       then a Linear layer to the output. The light form has one layer of 64.
 
     The fused size grows exponentially with m, so construction refuses a size
     above ``max_fused_size`` rather than exhausting memory at the first batch.
@@ -132,10 +216,18 @@ class TFN(FusionModule):
     Args:
         input_dims: feature size d_j of each modality (m >= 2).
         out_dim: output size O.
-        hidden_dims: h_j, the subnetwork output size: one int for all modalities
-            or one per modality.
-        post_fusion_dim: width of the post-fusion MLP's hidden layer.
+        subnetworks: ``"paper"`` or ``"light"``: the form of the subnetworks and the
+            defaults of the sizes below.
+        sequence_modalities: indices of the modalities read by an LSTM (None: the
+            form's, ``(0,)`` for the paper, none for light).
+        hidden_dims: h_j: one int for all modalities or one per modality (None: the form's).
+        lstm_dim: hidden size of the LSTMs (None: 128).
+        post_fusion_dim: width of the post-fusion layers (None: the form's).
+        post_fusion_layers: number of post-fusion Linear + ReLU layers before the
+            output layer (None: the form's).
         dropout: dropout probability on the fused tensor.
+        subnetwork_dropout: dropout probability on each subnetwork's pooled vector
+            or LSTM state.
         max_fused_size: the largest allowed ``prod_j (h_j + 1)`` (entries per sample).
 
     Shapes:
@@ -148,16 +240,36 @@ class TFN(FusionModule):
         input_dims: Sequence[int],
         out_dim: int,
         *,
-        hidden_dims: int | Sequence[int] = 16,
-        post_fusion_dim: int = 64,
+        subnetworks: str = "paper",
+        sequence_modalities: Sequence[int] | None = None,
+        hidden_dims: int | Sequence[int] | None = None,
+        lstm_dim: int | None = None,
+        post_fusion_dim: int | None = None,
+        post_fusion_layers: int | None = None,
         dropout: float = 0.0,
+        subnetwork_dropout: float = 0.0,
         max_fused_size: int = 2**20,
     ) -> None:
         super().__init__(input_dims, out_dim)
-        self.hidden_dims = _per_modality(hidden_dims, self.num_modalities, "hidden_dims", "TFN")
+        form = _form(subnetworks, "TFN", _TFN_PAPER, _LIGHT)
+        paper = subnetworks == "paper"
+        post_fusion_dim = (128 if paper else 64) if post_fusion_dim is None else int(post_fusion_dim)
+        post_fusion_layers = (2 if paper else 1) if post_fusion_layers is None else int(post_fusion_layers)
         if post_fusion_dim <= 0:
             raise ValueError(f"TFN: post_fusion_dim must be positive, got {post_fusion_dim}")
+        if post_fusion_layers < 0:
+            raise ValueError(f"TFN: post_fusion_layers must be >= 0, got {post_fusion_layers}")
         self.dropout = _check_dropout(dropout, "TFN")
+        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "TFN", "subnetwork_dropout")
+        self.form = subnetworks
+        self.subnetworks = _build_subnetworks(
+            "TFN", self.input_dims, form, sequence_modalities, hidden_dims, lstm_dim,
+            self.subnetwork_dropout,
+        )
+        self.sequence_modalities = [
+            j for j, net in enumerate(self.subnetworks) if isinstance(net, SequenceSubnetwork)
+        ]
+        self.hidden_dims = [net.output_dim for net in self.subnetworks]
         self.fused_size = math.prod(h + 1 for h in self.hidden_dims)
         if self.fused_size > max_fused_size:
             factors = " * ".join(str(h + 1) for h in self.hidden_dims)
@@ -169,28 +281,26 @@ class TFN(FusionModule):
                 f"(currently {self.hidden_dims}), fewer modalities or LMF, or raise the "
                 f"limit with TFN(..., max_fused_size={self.fused_size})."
             )
-        self.post_fusion_dim = int(post_fusion_dim)
+        self.post_fusion_dim = post_fusion_dim
+        self.post_fusion_layers = post_fusion_layers
         self.max_fused_size = int(max_fused_size)
-        self.subnetworks = _subnetworks(self.input_dims, self.hidden_dims)
-        self.post_fusion = nn.Sequential(
-            nn.Dropout(self.dropout),
-            nn.Linear(self.fused_size, self.post_fusion_dim),
-            nn.ReLU(),
-            nn.Linear(self.post_fusion_dim, self.out_dim),
-        )
+        widths = [self.fused_size] + [post_fusion_dim] * post_fusion_layers
+        layers: list[nn.Module] = [nn.Dropout(self.dropout)]
+        for width_in, width_out in itertools.pairwise(widths):
+            layers += [nn.Linear(width_in, width_out), nn.ReLU()]
+        layers.append(nn.Linear(widths[-1], self.out_dim))
+        self.post_fusion = nn.Sequential(*layers)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        vectors = [
-            subnetwork(masked_mean(x, mask))  # (B, h_j)
-            for subnetwork, x, mask in zip(self.subnetworks, inputs, masks, strict=True)
-        ]
+        vectors = _encode(self.subnetworks, inputs, masks)  # m x (B, h_j)
         return self.post_fusion(tensor_fusion(vectors))  # (B, prod_j (h_j + 1)) -> (B, O)
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, hidden_dims={self.hidden_dims}, "
+            f"{super().extra_repr()}, subnetworks={self.form!r}, "
+            f"sequence_modalities={self.sequence_modalities}, hidden_dims={self.hidden_dims}, "
             f"fused_size={self.fused_size}, post_fusion_dim={self.post_fusion_dim}, "
-            f"dropout={self.dropout}"
+            f"post_fusion_layers={self.post_fusion_layers}, dropout={self.dropout}"
         )
 
 
@@ -198,18 +308,32 @@ class TFN(FusionModule):
 class LMF(FusionModule):
     """Low-rank Multimodal Fusion (Liu et al., ACL 2018).
 
-    Each modality is masked-mean pooled to a vector z_j (optionally through a
-    Linear + ReLU subnetwork of size h_j; without one, h_j = d_j); the output is
-    ``h = sum_r w_r * prod_j ([z_j, 1] W_j^{(r)}) + b`` (:func:`low_rank_fusion`), the tensor fusion of TFN with its weight tensor constrained to
-    rank R, computed in O(R * O * sum_j h_j) instead of O(O * prod_j h_j).
+    Each modality goes through its subnetwork to z_j of size h_j. With
+    ``subnetworks="paper"`` (the default): the modalities in ``sequence_modalities``
+    (default ``(0,)``: the first modality plays the paper's text) go through an LSTM
+    of ``lstm_dim`` units and one Linear layer to h_j (default 64); every other
+    modality is averaged over its real steps and goes through a 2-layer Linear + ReLU
+    network of width h_j (default 16). With ``subnetworks="light"``: every modality
+    is averaged, then one Linear + ReLU of width h_j when ``hidden_dims`` is given,
+    nothing otherwise (h_j = d_j), polyfuse's earlier form.
+
+    The output is LMF's fusion with modality-specific factors,
+    ``h = sum_r w_r * prod_j ([z_j, 1] W_j^{(r)}) + b`` (:func:`low_rank_fusion`):
+    the tensor fusion of TFN with its weight tensor constrained to rank R, computed
+    in O(R * O * sum_j h_j) instead of O(O * prod_j h_j). As in the paper, the fused
+    vector is the model's output; there is no post-fusion network.
 
     Args:
         input_dims: feature size d_j of each modality (m >= 2).
         out_dim: output size O.
         rank: R, the number of rank-1 terms.
-        hidden_dims: None (fuse the pooled inputs directly), or h_j: one int for
-            all modalities or one per modality, the size of a Linear + ReLU
-            subnetwork applied after pooling.
+        subnetworks: ``"paper"`` or ``"light"``.
+        sequence_modalities: indices of the modalities read by an LSTM (None: the
+            form's, ``(0,)`` for the paper, none for light).
+        hidden_dims: h_j: one int for all modalities or one per modality (None: the form's).
+        lstm_dim: hidden size of the LSTMs (None: 128).
+        subnetwork_dropout: dropout probability on each subnetwork's pooled vector
+            or LSTM state.
 
     Parameters:
         factors[j]: (R, h_j + 1, O), the modality-specific factors W_j.
@@ -227,20 +351,29 @@ class LMF(FusionModule):
         out_dim: int,
         *,
         rank: int = 4,
+        subnetworks: str = "paper",
+        sequence_modalities: Sequence[int] | None = None,
         hidden_dims: int | Sequence[int] | None = None,
+        lstm_dim: int | None = None,
+        subnetwork_dropout: float = 0.0,
     ) -> None:
         super().__init__(input_dims, out_dim)
         if rank <= 0:
             raise ValueError(f"LMF: rank must be positive, got {rank}")
         self.rank = int(rank)
-        if hidden_dims is None:
-            self.hidden_dims = list(self.input_dims)
-            self.subnetworks = None
-        else:
-            self.hidden_dims = _per_modality(
-                hidden_dims, self.num_modalities, "hidden_dims", "LMF"
-            )
-            self.subnetworks = _subnetworks(self.input_dims, self.hidden_dims)
+        form = _form(subnetworks, "LMF", _LMF_PAPER, _LIGHT)
+        if subnetworks == "light" and hidden_dims is None:
+            form = replace(form, pooled_layers=0)  # the pooled inputs themselves: h_j = d_j
+        self.form = subnetworks
+        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "LMF", "subnetwork_dropout")
+        self.subnetworks = _build_subnetworks(
+            "LMF", self.input_dims, form, sequence_modalities, hidden_dims, lstm_dim,
+            self.subnetwork_dropout,
+        )
+        self.sequence_modalities = [
+            j for j, net in enumerate(self.subnetworks) if isinstance(net, SequenceSubnetwork)
+        ]
+        self.hidden_dims = [net.output_dim for net in self.subnetworks]
         self.factors = nn.ParameterList(
             nn.Parameter(torch.empty(self.rank, h + 1, self.out_dim)) for h in self.hidden_dims
         )
@@ -256,10 +389,11 @@ class LMF(FusionModule):
         nn.init.zeros_(self.bias)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        vectors = [masked_mean(x, mask) for x, mask in zip(inputs, masks, strict=True)]
-        if self.subnetworks is not None:
-            vectors = [net(v) for net, v in zip(self.subnetworks, vectors, strict=True)]
+        vectors = _encode(self.subnetworks, inputs, masks)  # m x (B, h_j)
         return low_rank_fusion(vectors, list(self.factors), self.rank_weights, bias=self.bias)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, rank={self.rank}, hidden_dims={self.hidden_dims}"
+        return (
+            f"{super().extra_repr()}, rank={self.rank}, subnetworks={self.form!r}, "
+            f"sequence_modalities={self.sequence_modalities}, hidden_dims={self.hidden_dims}"
+        )
