@@ -160,14 +160,14 @@ def augmented_features(
     for mean in means[1:]:
         total = total + mean  # S, (..., 1, K')
     centred = [a - mean for a, mean in zip(scaled, means, strict=True)]  # a'_j
-    spread = None  # sum_j mean_t |a'_j[t]|^2 over real steps, (..., 1, 1)
+    spreads = []  # mean_t |a'_j[t]|^2 over real steps, (..., 1, 1) per modality
     for a, mask, count in zip(centred, masks, counts, strict=True):
         squares = a.square().sum(-1)
         if mask is not None:
             squares = squares * mask
         term = squares.sum(-1)[..., None, None] / count
-        spread = term if spread is None else spread + term
-    alpha = random_features_module.gerf_alpha(spread, feature_dim)  # (..., 1, 1)
+        spreads.append(term)
+    alpha = random_features_module.gerf_alpha(spreads, feature_dim)  # (..., 1, 1)
     factor = torch.sqrt(1 + 2 * alpha)  # B, (..., 1, 1)
     rows = []
     for j, (a, mean) in enumerate(zip(centred, means, strict=True)):

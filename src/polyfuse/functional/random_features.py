@@ -6,6 +6,7 @@ Shapes: ``H`` number of random features, ``K'`` feature size, ``T`` sequence len
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -100,7 +101,7 @@ def antithetic_rows(random_features: Tensor) -> Tensor:
     return torch.cat([random_features[..., :kept, :], -random_features[..., : num_features - kept, :]], -2)
 
 
-def gerf_alpha(spread: Tensor, dim: int) -> Tensor:
+def gerf_alpha(spreads: Sequence[Tensor], dim: int) -> Tensor:
     """The parameter alpha >= 0 of the generalised exponential random features.
 
     For one tuple with centred sum u (``z`` minus the data's mean), the features
@@ -115,14 +116,17 @@ def gerf_alpha(spread: Tensor, dim: int) -> Tensor:
     infinite from sigma^2 = 1/2. docs/BENCHMARKS.md has the derivation.
 
     Args:
-        spread: (...) E_t |u_t|^2, the mean squared norm of the centred sums over all
-            tuples (uniform weights), = sum_j mean_t |a_j[t] - c_j|^2.
+        spreads: per modality (...) mean_t |a_j[t] - c_j|^2; their sum is E_t |u_t|^2,
+            the mean squared norm of the centred sums over all tuples (uniform weights).
         dim: K'.
 
     Returns:
-        (...) alpha = spread / K' (= sigma^2).
+        (...) alpha = sum of spreads / K' (= sigma^2).
     """
-    return spread.clamp_min(0) / dim
+    total = spreads[0]
+    for spread in spreads[1:]:
+        total = total + spread
+    return total.clamp_min(0) / dim
 
 
 def gerf_relative_variance(
