@@ -454,7 +454,8 @@ class HadFunction(torch.autograd.Function):
         stacked_features, weights, padded, *values = ctx.saved_tensors
         layout = ctx.layout
         with torch.no_grad():
-            grads = had_backward(stacked_features, weights, values, padded, layout, grad_output)
+            grads = had_backward(stacked_features, weights, values, padded, layout, grad_output,
+                                 ctx.needs_input_grad[1])
         grad_stacked, grad_weights, grad_values = grads
         return (grad_stacked, grad_weights, None, None, *grad_values)
 
@@ -466,13 +467,15 @@ def had_backward(
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
-) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring)."""
+    weights_need_grad: bool = True,
+) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring); the
+    gradient of the weights only when ``weights_need_grad`` (MAN's W is a buffer)."""
     heads, rows = stacked_features.shape[:2]
     num_random_features = weights.shape[-1]
     head_chunk, row_chunk = chunk_sizes(layout, num_random_features, weights)
     grad_stacked = torch.empty_like(stacked_features)
-    grad_weights = torch.zeros_like(weights)
+    grad_weights = torch.zeros_like(weights) if weights_need_grad else None
     grad_values = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in values]
     for head_start in range(0, heads, head_chunk):
         head_span = slice(head_start, min(heads, head_start + head_chunk))
@@ -485,9 +488,11 @@ def had_backward(
                 None if padded is None else padded[span],
                 layout,
                 grad_output[span],
+                weights_need_grad,
             )
             grad_stacked[span] = chunk_grads[0]
-            grad_weights[head_span] += chunk_grads[1]
+            if grad_weights is not None:
+                grad_weights[head_span] += chunk_grads[1]
             for grad, chunk_grad in zip(grad_values, chunk_grads[2], strict=True):
                 grad[span] = chunk_grad
     return grad_stacked, grad_weights, grad_values
@@ -500,7 +505,8 @@ def had_chunk_backward(
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
-) -> tuple[Tensor, Tensor, list[Tensor]]:
+    weights_need_grad: bool = True,
+) -> tuple[Tensor, Tensor | None, list[Tensor]]:
     """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, values
     (g, n, T_j, K), grad_output (g, n, K)."""
     heads, rows, total, feature_dim = stacked_features.shape
@@ -539,8 +545,10 @@ def had_chunk_backward(
         grad_values.append((random[j] @ grad_contracted).view(values[j].shape))
     grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
     grad_stacked = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
-    grad_weights = torch.bmm(stacked_features.reshape(heads, rows * total, feature_dim).transpose(-1, -2),
-                             grad_exponent)
+    grad_weights = None
+    if weights_need_grad:
+        flat_features = stacked_features.reshape(heads, rows * total, feature_dim)
+        grad_weights = torch.bmm(flat_features.transpose(-1, -2), grad_exponent)
     return grad_stacked, grad_weights, grad_values
 
 
