@@ -72,3 +72,16 @@ def test_byte_sizes():
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(3 * 2**30) == "3.0 GiB"
     assert format_bytes(None) == "n/a"
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    from polyfuse.bench.measure import paired_ratio
+
+    samples = {"slow": [10.0, 30.0, 12.0, 50.0, 9.0], "fast": [1.0, 2.0, 2.0, 10.0, 1.0]}
+    ratios = sorted([10.0, 15.0, 6.0, 5.0, 9.0])  # per round, by hand
+    result = paired_ratio(samples, "slow", "fast")
+    assert result["median"] == 9.0 and result["rounds"] == 5
+    assert result["minimum"] == ratios[0] and result["maximum"] == ratios[-1]
+    assert result["first_quartile"] == 6.0 and result["third_quartile"] == 10.0  # inclusive quartiles
+    # A ratio of medians would give 12 / 2 = 6 here: the pairing matters.
+    assert result["median"] != 12.0 / 2.0

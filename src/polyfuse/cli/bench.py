@@ -130,7 +130,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "matrix product's. Run it on a quiet machine: the load is recorded."
         ),
     )
-    targets.add_argument("--repeats", type=int, default=7)
+    targets.add_argument("--repeats", type=int, default=15)
     targets.add_argument("--warmup", type=int, default=2)
     targets.add_argument("--quick", action="store_true",
                          help="tiny sizes that exercise the code (not the issue's targets)")
@@ -203,7 +203,7 @@ def _targets(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench.targets import QUICK_SIZES, run_targets
 
     sizes = QUICK_SIZES if args.quick else None
-    payload = run_targets(repeats=args.repeats, warmup=args.warmup, sizes=sizes,
+    payload = run_targets(repeats=args.repeats, warmup=args.warmup, sizes=sizes, threads=args.threads or 2,
                           progress=_progress(args))
     return payload, None
 
