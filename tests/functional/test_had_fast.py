@@ -193,6 +193,14 @@ def test_gradcheck_of_the_custom_backward(lengths):
     assert torch.autograd.gradcheck(function, inputs)
 
 
+def test_double_backward_is_a_clear_error_not_a_wrong_zero():
+    features, values, masks, matrix = make_case((2, 3), lead=(2,), num_features=3, feature_dim=2, value_dim=2)
+    inputs = [t.clone().requires_grad_() for t in features]
+    output = ML._had_attention(inputs, values, masks, matrix, 1.0, False)
+    with pytest.raises(RuntimeError, match="the backward is not differentiable"):
+        torch.autograd.grad(output.sum(), inputs[0], create_graph=True)
+
+
 @pytest.mark.parametrize("scale", [9.0, 40.0])
 def test_large_inputs_match_the_oracle_in_float64_and_stay_accurate_in_float32(scale):
     """The stabilisation (note 5) is exact: float64 to 1e-9 of the log-domain oracle;

@@ -451,6 +451,11 @@ class HadFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        if torch.is_grad_enabled():  # create_graph=True: refuse rather than return wrong zeros
+            raise RuntimeError(
+                'multilinear_attention(mode="had"): the backward is not differentiable '
+                '(no second derivatives); use mode="exact" for double backward'
+            )
         stacked_features, weights, padded, *values = ctx.saved_tensors
         layout = ctx.layout
         with torch.no_grad():
