@@ -72,3 +72,51 @@ def test_byte_sizes():
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(3 * 2**30) == "3.0 GiB"
     assert format_bytes(None) == "n/a"
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    from polyfuse.bench.measure import paired_ratio
+
+    samples = {"slow": [10.0, 30.0, 12.0, 50.0, 9.0], "fast": [1.0, 2.0, 2.0, 10.0, 1.0]}
+    ratios = sorted([10.0, 15.0, 6.0, 5.0, 9.0])  # per round, by hand
+    result = paired_ratio(samples, "slow", "fast")
+    assert result["median"] == 9.0 and result["rounds"] == 5
+    assert result["minimum"] == ratios[0] and result["maximum"] == ratios[-1]
+    assert result["first_quartile"] == 6.0 and result["third_quartile"] == 10.0  # inclusive quartiles
+    # A ratio of medians would give 12 / 2 = 6 here: the pairing matters.
+    assert result["median"] != 12.0 / 2.0
+
+
+def test_had_backward_memory_does_not_grow_with_the_length(monkeypatch):
+    """The custom backward recomputes per chunk: beyond the inputs and their gradients,
+    the peak of forward + backward grows from T = 40 to T = 160 by at most two more
+    copies of the inputs (the stacked feature rows and their gradient, O(T K')), not
+    like the (G, N, T, H) random features (H = 64 here, 8 times the feature size)."""
+    import polyfuse.functional as F
+    from polyfuse.bench.measure import peak_allocated_bytes
+    from polyfuse.functional import _had
+
+    monkeypatch.setitem(_had.CHUNK_BYTES, "cpu", 64 << 10)
+    generator = torch.Generator().manual_seed(0)
+    extra = {}
+    for length in (40, 160):
+        features = [(torch.randn(4, 2, length, 8, generator=generator) * 0.3).requires_grad_() for _ in range(3)]
+        values = [torch.randn(4, 2, length, 8, generator=generator).requires_grad_() for _ in range(3)]
+        matrix = torch.randn(2, 64, 8, generator=generator)
+
+        def step(features=features, values=values, matrix=matrix):
+            F.multilinear_attention(features, values, mode="had", random_features=matrix).sum().backward()
+
+        step()
+        for t in (*features, *values):
+            t.grad = None
+        peak = peak_allocated_bytes(step)
+        if peak is None:
+            pytest.skip("this torch build exposes no allocation events")
+        inputs = sum(t.numel() * t.element_size() for t in (*features, *values))
+        extra[length] = (peak - 2 * inputs, inputs)  # inputs' gradients are as large as the inputs
+    growth = extra[160][0] - extra[40][0]
+    input_growth = extra[160][1] - extra[40][1]
+    exponent_growth = 4 * 2 * 3 * (160 - 40) * 64 * 4  # one (G, N, T, H) float32 tensor
+    assert growth <= 2 * input_growth
+    assert growth < 0.5 * exponent_growth

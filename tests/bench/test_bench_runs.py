@@ -4,6 +4,7 @@ memory bound; plots and docs/BENCHMARKS.md are produced from the results."""
 import dataclasses
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -70,18 +71,31 @@ def test_paper_runs_and_reports_ratios():
 
 
 def test_approximation_runs_and_predicts():
-    settings = dataclasses.replace(approximation.QUICK, kernel_draws=50, attention_draws=2)
+    settings = dataclasses.replace(approximation.QUICK, modalities=(2,), random_features=(16,),
+                                   scales=(0.3,), seeds=2, kernel_draws=50)
     payload = approximation.run_approximation(settings)
     assert_valid_json(payload)
-    assert len(payload["kernel"]) == len(settings.scales) * len(settings.random_features)
+    assert len(payload["kernel"]) == len(settings.kernel_norms) * len(settings.kernel_random_features)
     for row in payload["kernel"]:
         assert row["predicted_mse_iid"] > 0 and row["measured_mse_iid"] > 0
-    for row in payload["attention"]:
-        assert 0 < row["relative_error_iid"] < 10
+    (row,) = payload["attention"]
+    assert 0 < row["error_gerf"] < 10 and 0 < row["error_arf"] < 10
+    assert row["improvement"] == pytest.approx(row["error_arf"] / row["error_gerf"])
+    # The ARF column is appendix Eq. 12 at the tuples' mean |z|^2, recomputed here.
+    features, _, _ = approximation._draw_case(2, 0.3, 16, settings.seed + 2000, settings)
+    means = [a[0].mean(0) for a in features]
+    z2 = sum(float((a[0] - c).square().sum(-1).mean()) for a, c in zip(features, means, strict=True))
+    z2 += float(sum(means).square().sum())
+    first = math.expm1(z2) / 16
+    features, _, _ = approximation._draw_case(2, 0.3, 16, settings.seed + 2001, settings)
+    means = [a[0].mean(0) for a in features]
+    z2 = sum(float((a[0] - c).square().sum(-1).mean()) for a, c in zip(features, means, strict=True))
+    z2 += float(sum(means).square().sum())
+    assert row["kernel_variance_arf"] == pytest.approx((first + math.expm1(z2) / 16) / 2)
 
 
 def test_kernel_mse_follows_eq_12_with_enough_draws():
-    settings = dataclasses.replace(approximation.QUICK, random_features=(32,), scales=(0.5,),
+    settings = dataclasses.replace(approximation.QUICK, kernel_random_features=(32,), kernel_norms=(0.5,),
                                    kernel_draws=20000)
     row = approximation.kernel_errors(settings)[0]
     assert row["measured_mse_iid"] == pytest.approx(row["predicted_mse_iid"], rel=0.15)
@@ -109,7 +123,7 @@ def test_cli_writes_json_plots_and_the_docs_script_renders_them(tmp_path, capsys
     assert main(["bench", "paper", "--lengths", "4", "--no-timing", "--output-dir", str(out),
                  "--quiet"]) == 0
     assert main(["bench", "approximation", "--preset", "quick", "--kernel-draws", "20",
-                 "--attention-draws", "1", "--output-dir", str(out), "--quiet"]) == 0
+                 "--seeds", "1", "--modalities", "2", "--random-features", "16", "--output-dir", str(out), "--quiet"]) == 0
     payload = read_results(out / "complexity.json")
     assert [row["modalities"] for row in payload["rows"] if row["model"] == "lmf"] == [2, 3]
     for name in ("complexity_modalities.png", "paper_flops.png", "approximation_kernel_mse.png",

@@ -65,12 +65,12 @@ def cao_logit(features, temperature=1.0):
     return logit
 
 
-def hadamard_logit(features):
+def hadamard_logit(features, temperature=1.0):
     def logit(b, index):
         product = torch.ones(features[0].shape[-1], dtype=features[0].dtype)
         for j, t in enumerate(index):
             product = product * features[j][b, t]
-        return product.sum()
+        return temperature * product.sum()
 
     return logit
 
@@ -97,6 +97,20 @@ def test_hadamard_matches_loops_over_all_tuples(lengths):
     torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_hadamard_mode_applies_the_temperature():
+    """Kills the mutant that drops the temperature in hadamard mode: the logits of a
+    temperature of 0.3 and of 1 give different outputs, each equal to the loops'."""
+    lengths = (2, 4, 3)
+    features, values = make_inputs(lengths, scale=1.5)
+    masks = make_masks(lengths)
+    for temperature in (0.3, 2.5):
+        expected = loop_attention(features, values, masks, hadamard_logit(features, temperature))
+        actual = F.multilinear_attention(features, values, masks, mode="hadamard", temperature=temperature)
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+    untempered = loop_attention(features, values, masks, hadamard_logit(features))
+    assert (untempered - expected).abs().max() > 1e-2
+
+
 def test_exact_attention_tensor_is_a_distribution_over_real_tuples():
     lengths = (3, 4, 2)
     features, values = make_inputs(lengths)
@@ -113,7 +127,7 @@ def test_exact_attention_tensor_is_a_distribution_over_real_tuples():
 
 
 def brute_force_had(features, values, masks, random_features, temperature=1.0):
-    """MAN Eq. 9, 10, 12 by building the full tuple tensor A[t] = sum_h prod_j B_j[t_j, h]
+    """(estimator="arf") MAN Eq. 9, 10, 12 by building the full tuple tensor A[t] = sum_h prod_j B_j[t_j, h]
     from unstabilised positive random features, then normalising."""
     scale = math.sqrt(temperature)
     batch = features[0].shape[0]
@@ -154,30 +168,31 @@ def test_had_equals_brute_force_tuple_tensor(lengths, with_masks):
     expected, expected_marginals = brute_force_had(features, values, masks, random_features, 0.5)
     actual, marginals = F.multilinear_attention(
         features, values, masks, mode="had", random_features=random_features,
-        temperature=0.5, return_attention=True,
+        temperature=0.5, return_attention=True, estimator="arf",
     )
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
     for marginal, expected_marginal in zip(marginals, expected_marginals, strict=True):
         torch.testing.assert_close(marginal, expected_marginal, rtol=1e-10, atol=1e-10)
 
 
-def had_error(features, values, exact, num_features, orthogonal, seed):
+def had_error(features, values, exact, num_features, orthogonal, seed, estimator="gerf"):
     generator = torch.Generator().manual_seed(seed)
     random_features = F.gaussian_random_matrix(
         num_features, features[0].shape[-1], orthogonal=orthogonal, generator=generator, dtype=DOUBLE
     )
-    estimate = F.multilinear_attention(features, values, mode="had", random_features=random_features)
+    estimate = F.multilinear_attention(features, values, mode="had", random_features=random_features,
+                                       estimator=estimator)
     return (estimate - exact).pow(2).sum().item()
 
 
-def test_had_converges_to_exact_as_random_features_grow():
+@pytest.mark.parametrize("estimator", ["gerf", "arf"])
+def test_had_converges_to_exact_as_random_features_grow(estimator):
     features, values = make_inputs((4, 5, 3), feature_dim=6, scale=0.2)
     exact = F.multilinear_attention(features, values, mode="exact")
     errors = []
     for num_features in (32, 256, 2048):
-        errors.append(
-            sum(had_error(features, values, exact, num_features, False, seed) for seed in range(20)) / 20
-        )
+        errors.append(sum(had_error(features, values, exact, num_features, False, seed, estimator)
+                          for seed in range(20)) / 20)
     # The mean squared error falls like 1/H: 8 times more features, about 8 times less error.
     assert errors[1] < errors[0] / 4 and errors[2] < errors[1] / 4
     assert errors[2] < 0.05 * exact.pow(2).sum().item()  # within a few percent at H = 2048
@@ -260,15 +275,17 @@ def test_large_inputs_stay_finite_and_match_the_unstabilised_formula():
     assert torch.isfinite(reference).all()
     single = [a.float() for a in features], [v.float() for v in values]
     assert not torch.isfinite(unstabilised_had(*single, random_features.float())).all()
-    stable32 = F.multilinear_attention(*single, mode="had", random_features=random_features.float())
+    stable32 = F.multilinear_attention(*single, mode="had", random_features=random_features.float(),
+                                       estimator="arf")
     torch.testing.assert_close(stable32.double(), reference, rtol=1e-3, atol=1e-4)
     # Inputs scaled by 100: finite in both precisions, and equal to the literal
     # formula wherever that is finite.
     features, values = make_inputs((3, 4, 5), scale=0.4 * 100)
-    stable64 = F.multilinear_attention(features, values, mode="had", random_features=random_features)
+    stable64 = F.multilinear_attention(features, values, mode="had", random_features=random_features,
+                                       estimator="arf")
     stable32 = F.multilinear_attention(
         [a.float() for a in features], [v.float() for v in values], mode="had",
-        random_features=random_features.float(),
+        random_features=random_features.float(), estimator="arf",
     )
     assert torch.isfinite(stable64).all() and torch.isfinite(stable32).all()
     literal = unstabilised_had(features, values, random_features)

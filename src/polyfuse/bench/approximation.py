@@ -1,24 +1,31 @@
 """``polyfuse bench approximation``: how well had mode approximates the exact attention.
 
-Two measurements, both in float64:
+Three measurements, all in float64:
 
-* **Kernel estimate** (appendix Eq. 12, note 4 of the papers' README): for m vectors
-  v_j of norm ``scale`` in random directions, the H-feature estimate
-  (1/H) sum_h prod_j phi(v_j)_h of SM = exp(sum_{j<k} v_j . v_k) is drawn
-  ``draws`` times; its measured mean squared error is set beside the prediction
-  exp(|z|^2) SM^2 (1 - exp(-|z|^2)) / H (z = sum_j v_j) for i.i.d. Gaussian rows of
-  W, and measured for orthogonal rows (appendix G; no closed form, it should do no
-  worse).
-* **Attention output**: the relative error |had - exact| / |exact| (Frobenius norm
-  over a batch) of :func:`polyfuse.functional.multilinear_attention`, against H, for
-  features scaled so that their norm is about ``scale``, averaged over draws of W.
+* **Attention output** (the table of issue 14): for m modalities with features
+  a_j[t] ~ N(0, s^2 I_8) and values ~ N(0, I_4), the relative error
+  |had - exact| / |exact| of :func:`polyfuse.functional.multilinear_attention` with
+  W a standard orthogonal Gaussian matrix (H, 8), median over ``seeds`` draws of
+  data and W, for MAN's ARF (``estimator="arf"``) and the default centred
+  generalised features (``"gerf"``) on the same draws; beside them the theoretical
+  relative variance of one tuple's kernel estimate at the mean squared norm of the
+  tuples' sums (appendix Eq. 12 for ARF, :func:`gerf_relative_variance` for gerf).
+* **Kernel estimate** (appendix Eq. 12, note 4): for m vectors v_j of norm ``scale``,
+  the measured mean squared error of the ARF estimate beside Eq. 12's prediction,
+  i.i.d. and orthogonal rows.
+* **A trained model** (:func:`trained_model_errors`): a MAN checkpoint evaluated with
+  had (both estimators) and exact attention; task metrics and the relative error of
+  the MAN fusion output, had against exact.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import math
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +38,7 @@ from polyfuse.functional import (
     multilinear_attention,
     positive_random_features,
 )
+from polyfuse.functional.random_features import gerf_alpha, gerf_relative_variance
 
 __all__ = [
     "FULL",
@@ -40,22 +48,27 @@ __all__ = [
     "kernel_errors",
     "predicted_kernel_mse",
     "run_approximation",
+    "trained_model_errors",
 ]
 
 DOUBLE = torch.float64
+# Lengths per number of modalities: the issue's (20, 30, 25) for m = 3; shorter for
+# more modalities so that the exact tensor (prod_j T_j entries) stays small.
+LENGTHS = {2: (20, 30), 3: (20, 30, 25), 4: (12, 15, 10, 12), 6: (6, 8, 5, 6, 8, 5)}
 
 
 @dataclass(frozen=True)
 class ApproximationSettings:
-    random_features: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
-    scales: tuple[float, ...] = (0.3, 0.6, 0.9)
-    modalities: int = 3
+    modalities: tuple[int, ...] = (2, 3, 4, 6)
+    random_features: tuple[int, ...] = (16, 24, 64, 256)
+    scales: tuple[float, ...] = (0.3, 0.5, 1.0)
+    seeds: int = 7
     feature_dim: int = 8
-    kernel_draws: int = 4000
-    attention_draws: int = 20
-    lengths: tuple[int, ...] = (6, 8, 10)
     value_dim: int = 4
-    batch: int = 8
+    batch: int = 1
+    kernel_random_features: tuple[int, ...] = (16, 64, 256)
+    kernel_norms: tuple[float, ...] = (0.3, 0.6)
+    kernel_draws: int = 4000
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,8 +77,8 @@ class ApproximationSettings:
 
 FULL = ApproximationSettings()
 QUICK = ApproximationSettings(
-    random_features=(16, 64), scales=(0.3, 0.6), kernel_draws=200, attention_draws=3,
-    lengths=(3, 4, 5), batch=2,
+    modalities=(2, 3), random_features=(16, 64), scales=(0.3, 0.5), seeds=3,
+    kernel_random_features=(16,), kernel_norms=(0.3,), kernel_draws=200,
 )
 
 
@@ -93,9 +106,8 @@ def _draw_matrices(
     if not orthogonal:
         return torch.randn(draws, num_features, dim, generator=generator, dtype=DOUBLE)
     if num_features % dim == 0:  # whole blocks: one batched draw, blocks never straddle matrices
-        rows = gaussian_random_matrix(
-            draws * num_features, dim, orthogonal=True, generator=generator, dtype=DOUBLE
-        )
+        rows = gaussian_random_matrix(draws * num_features, dim, orthogonal=True, generator=generator,
+                                      dtype=DOUBLE)
         return rows.view(draws, num_features, dim)
     return torch.stack([
         gaussian_random_matrix(num_features, dim, orthogonal=True, generator=generator, dtype=DOUBLE)
@@ -103,86 +115,173 @@ def _draw_matrices(
     ])
 
 
-def kernel_errors(settings: ApproximationSettings) -> list[dict[str, Any]]:
-    """Measured MSE of the kernel estimate (i.i.d. and orthogonal) and Eq. 12's prediction."""
+def kernel_errors(settings: ApproximationSettings, modalities: int = 3) -> list[dict[str, Any]]:
+    """Measured MSE of the ARF kernel estimate (i.i.d. and orthogonal) and Eq. 12's prediction."""
     generator = torch.Generator().manual_seed(settings.seed)
     rows = []
-    for scale in settings.scales:
-        directions = torch.randn(settings.modalities, settings.feature_dim, generator=generator, dtype=DOUBLE)
-        vectors = scale * directions / directions.norm(dim=-1, keepdim=True)
+    for norm in settings.kernel_norms:
+        directions = torch.randn(modalities, settings.feature_dim, generator=generator, dtype=DOUBLE)
+        vectors = norm * directions / directions.norm(dim=-1, keepdim=True)
         exact = _kernel(vectors)
-        z2 = float(vectors.sum(0).pow(2).sum())
-        for num_features in settings.random_features:
+        for num_features in settings.kernel_random_features:
             row: dict[str, Any] = {
-                "scale": scale, "random_features": num_features, "exact": exact, "z_squared": z2,
+                "norm": norm, "random_features": num_features, "exact": exact,
+                "z_squared": float(vectors.sum(0).pow(2).sum()),
                 "predicted_mse_iid": predicted_kernel_mse(vectors, num_features),
             }
             for name, orthogonal in (("iid", False), ("orthogonal", True)):
-                squared, total = 0.0, 0.0
-                chunk = max(1, min(settings.kernel_draws, 2**22 // (num_features * settings.feature_dim)))
-                done = 0
-                while done < settings.kernel_draws:
-                    count = min(chunk, settings.kernel_draws - done)
-                    matrices = _draw_matrices(count, num_features, settings.feature_dim, orthogonal, generator)
-                    phi = positive_random_features(vectors.unsqueeze(0), matrices)  # (draws, m, H)
-                    estimates = phi.prod(dim=1).mean(dim=-1)  # (draws,)
-                    squared += float((estimates - exact).pow(2).sum())
-                    total += float(estimates.sum())
-                    done += count
-                row[f"measured_mse_{name}"] = squared / settings.kernel_draws
-                row[f"mean_estimate_{name}"] = total / settings.kernel_draws
+                matrices = _draw_matrices(settings.kernel_draws, num_features, settings.feature_dim,
+                                          orthogonal, generator)
+                phi = positive_random_features(vectors.unsqueeze(0), matrices)  # (draws, m, H)
+                estimates = phi.prod(dim=1).mean(dim=-1)  # (draws,)
+                row[f"measured_mse_{name}"] = float((estimates - exact).pow(2).mean())
+                row[f"mean_estimate_{name}"] = float(estimates.mean())
             rows.append(row)
     return rows
+
+
+def _draw_case(modalities: int, scale: float, num_features: int, seed: int,
+               settings: ApproximationSettings) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = LENGTHS.get(modalities) or tuple(itertools.islice(itertools.cycle((6, 8, 5)), modalities))
+    features = [torch.randn(settings.batch, t, settings.feature_dim, generator=generator, dtype=DOUBLE) * scale
+                for t in lengths]
+    values = [torch.randn(settings.batch, t, settings.value_dim, generator=generator, dtype=DOUBLE)
+              for t in lengths]
+    matrix = gaussian_random_matrix(num_features, settings.feature_dim, orthogonal=True,
+                                    generator=generator, dtype=DOUBLE)
+    return features, values, matrix
+
+
+def _mean_squared_sums(features: list[torch.Tensor], centred: bool) -> float:
+    """E_t |sum_j a_j[t_j] (- c_j)|^2 over all tuples, uniform weights, first sample:
+    sum_j mean |a_j - c_j|^2 + |sum_j c_j|^2 (the last term only when not centred)."""
+    means = [a[0].mean(0) for a in features]
+    spread = sum(float((a[0] - c).square().sum(-1).mean()) for a, c in zip(features, means, strict=True))
+    return spread if centred else spread + float(sum(means).square().sum())
 
 
 def attention_errors(settings: ApproximationSettings) -> list[dict[str, Any]]:
-    """Relative error of had against exact attention, per scale, H and feature type."""
-    generator = torch.Generator().manual_seed(settings.seed + 1)
-    lengths = settings.lengths[: settings.modalities]
-    if len(lengths) < settings.modalities:
-        lengths = lengths + (lengths[-1],) * (settings.modalities - len(lengths))
+    """Relative output error of had (ARF and gerf) against exact, per m, H and s."""
     rows = []
-    for scale in settings.scales:
-        features = [
-            torch.randn(settings.batch, t, settings.feature_dim, generator=generator, dtype=DOUBLE)
-            * (scale / math.sqrt(settings.feature_dim))
-            for t in lengths
-        ]
-        values = [torch.randn(settings.batch, t, settings.value_dim, generator=generator, dtype=DOUBLE)
-                  for t in lengths]
-        exact = multilinear_attention(features, values, mode="exact")
-        norm = float(exact.norm())
-        for num_features in settings.random_features:
-            row: dict[str, Any] = {"scale": scale, "random_features": num_features}
-            for name, orthogonal in (("iid", False), ("orthogonal", True)):
-                errors = []
-                for _ in range(settings.attention_draws):
-                    matrix = gaussian_random_matrix(
-                        num_features, settings.feature_dim, orthogonal=orthogonal,
-                        generator=generator, dtype=DOUBLE,
-                    )
-                    estimate = multilinear_attention(features, values, mode="had", random_features=matrix)
-                    errors.append(float((estimate - exact).norm()) / norm)
-                mean = sum(errors) / len(errors)
-                spread = math.sqrt(sum((e - mean) ** 2 for e in errors) / max(len(errors) - 1, 1))
-                row[f"relative_error_{name}"] = mean
-                row[f"relative_error_{name}_std"] = spread
-            rows.append(row)
+    for modalities, scale, num_features in itertools.product(
+        settings.modalities, settings.scales, settings.random_features
+    ):
+        errors: dict[str, list[float]] = {"arf": [], "gerf": []}
+        variance: dict[str, list[float]] = {"arf": [], "gerf": []}
+        for index in range(settings.seeds):
+            seed = settings.seed + 1000 * modalities + index
+            features, values, matrix = _draw_case(modalities, scale, num_features, seed, settings)
+            exact = multilinear_attention(features, values, mode="exact")
+            for estimator in errors:
+                estimate = multilinear_attention(features, values, mode="had", random_features=matrix,
+                                                 estimator=estimator)
+                errors[estimator].append(float((estimate - exact).norm() / exact.norm()))
+            z2 = _mean_squared_sums(features, centred=False)
+            u2 = _mean_squared_sums(features, centred=True)
+            alpha = float(gerf_alpha([torch.tensor(u2)], settings.feature_dim))
+            variance["arf"].append(math.expm1(z2) / num_features)  # appendix Eq. 12
+            variance["gerf"].append(gerf_relative_variance(u2, alpha, settings.feature_dim, num_features))
+        row: dict[str, Any] = {"modalities": modalities, "scale": scale, "random_features": num_features}
+        for estimator, values_ in errors.items():
+            quartiles = statistics.quantiles(values_, n=4) if len(values_) > 1 else [values_[0]] * 3
+            row[f"error_{estimator}"] = statistics.median(values_)
+            row[f"error_{estimator}_quartiles"] = [quartiles[0], quartiles[2]]
+            row[f"kernel_variance_{estimator}"] = statistics.median(variance[estimator])
+        row["improvement"] = row["error_arf"] / row["error_gerf"]
+        rows.append(row)
     return rows
+
+
+def format_attention_table(rows: list[dict[str, Any]]) -> str:
+    """The attention rows as a Markdown table."""
+    lines = ["| m | s | H | error ARF | error gerf | ARF / gerf | kernel rel. variance ARF | gerf |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(
+            f"| {row['modalities']} | {row['scale']} | {row['random_features']} | {row['error_arf']:.3g} | "
+            f"{row['error_gerf']:.3g} | {row['improvement']:.2f} | {row['kernel_variance_arf']:.3g} | "
+            f"{row['kernel_variance_gerf']:.3g} |"
+        )
+    return "\n".join(lines)
 
 
 def run_approximation(
     settings: ApproximationSettings, *, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     with LoadMonitor() as load:
-        kernel = kernel_errors(settings)
-        if progress is not None:
-            progress(f"kernel estimate: {len(kernel)} points")
         attention = attention_errors(settings)
         if progress is not None:
             progress(f"attention output: {len(attention)} points")
+        kernel = kernel_errors(settings)
+        if progress is not None:
+            progress(f"kernel estimate: {len(kernel)} points")
     payload = result_header("approximation", settings.to_dict())
     payload["load"] = load.result()
-    payload["kernel"] = kernel
     payload["attention"] = attention
+    payload["kernel"] = kernel
+    payload["table"] = format_attention_table(attention)
     return payload
+
+
+@contextlib.contextmanager
+def _man_estimator(estimator: str) -> Iterator[None]:
+    """Make MAN layers call had mode with ``estimator`` (a benchmark instrument: the
+    layers themselves always use the library default)."""
+    from polyfuse.nn import man
+
+    original = man.multilinear_attention
+    man.multilinear_attention = functools.partial(original, estimator=estimator)
+    try:
+        yield
+    finally:
+        man.multilinear_attention = original
+
+
+def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | None = None) -> dict[str, Any]:
+    """A trained MAN checkpoint with had attention (gerf, ARF) and exact attention:
+    the task metrics of each and the relative error |had - exact| / |exact| of the MAN
+    fusion output over the split (Frobenius norm over all its samples)."""
+    from polyfuse.data.datamodule import FusionDataModule
+    from polyfuse.engine.run import _data_for, _metrics, _partition_key, _quiet_trainer, load_model
+    from polyfuse.nn.man import MultiLinearAttentionLayer
+
+    task, extras = load_model(checkpoint)
+    layers = [module for module in task.modules() if isinstance(module, MultiLinearAttentionLayer)]
+    if not layers:
+        raise ValueError(f"{checkpoint}: no MAN layer in this model")
+    data = _data_for(extras, source, None, require_labels=True)
+    loader = FusionDataModule(data, batch_size=1, eval_batch_size=256).loader(_partition_key(data, split))
+    fusion = layers[-1]  # the last MAN layer's fused output (B, G c)
+    trainer = _quiet_trainer(extras["config"])
+
+    def metrics() -> dict[str, float]:
+        task.stage_metrics["test"].reset()
+        return _metrics(trainer.test(task, dataloaders=loader, verbose=False), "test")
+
+    def fused_outputs() -> torch.Tensor:
+        captured: list[torch.Tensor] = []
+        handle = fusion.register_forward_hook(lambda _m, _i, output: captured.append(
+            (output[0] if isinstance(output, tuple) else output).detach().flatten(1)))
+        try:
+            with torch.no_grad():
+                for batch in loader:
+                    task.predict_step(batch, 0)
+        finally:
+            handle.remove()
+        return torch.cat(captured)
+
+    result: dict[str, Any] = {"checkpoint": str(checkpoint), "split": split}
+    outputs = {}
+    for name, mode, estimator in (("had_gerf", "had", "gerf"), ("had_arf", "had", "arf"), ("exact", "exact", "gerf")):
+        for layer in layers:
+            layer.mode = mode
+        with _man_estimator(estimator):
+            outputs[name] = fused_outputs()
+            result[f"metrics_{name}"] = metrics()
+    for layer in layers:
+        layer.mode = "had"
+    norm = float(outputs["exact"].norm())
+    for name in ("had_gerf", "had_arf"):
+        result[f"relative_error_{name}"] = float((outputs[name] - outputs["exact"]).norm()) / norm
+    return result

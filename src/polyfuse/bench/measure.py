@@ -42,27 +42,50 @@ __all__ = [
     "count_flops",
     "machine_info",
     "matmul_flop_rate",
+    "paired_ratio",
     "peak_allocated_bytes",
     "time_callable",
     "time_interleaved",
+    "time_interleaved_samples",
 ]
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Wall-clock seconds of one call: median, minimum and maximum over ``repeats``."""
+    """Wall-clock seconds of one call: median, minimum, maximum and quartiles over
+    ``repeats``."""
 
     median: float
     minimum: float
     maximum: float
     repeats: int
+    first_quartile: float | None = None
+    third_quartile: float | None = None
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
 
 
 def _summary(samples: list[float]) -> Timing:
-    return Timing(statistics.median(samples), min(samples), max(samples), len(samples))
+    first, third = _quartiles(samples)
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples), first, third)
+
+
+def _quartiles(samples: list[float]) -> tuple[float, float]:
+    if len(samples) < 2:
+        return samples[0], samples[0]
+    quartiles = statistics.quantiles(samples, n=4, method="inclusive")
+    return quartiles[0], quartiles[2]
+
+
+def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> dict[str, float]:
+    """The ratio of two callables' times per interleaved round (both measured under the
+    same load), summarised by its median and quartiles: steadier than a ratio of medians
+    when the load drifts during the run."""
+    ratios = [a / b for a, b in zip(samples[numerator], samples[denominator], strict=True)]
+    first, third = _quartiles(ratios)
+    return {"median": statistics.median(ratios), "first_quartile": first, "third_quartile": third,
+            "minimum": min(ratios), "maximum": max(ratios), "rounds": len(ratios)}
 
 
 def time_callable(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5) -> Timing:
@@ -74,6 +97,14 @@ def time_interleaved(
     fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 5
 ) -> dict[str, Timing]:
     """Time several callables in turns, so that load changes hit them alike."""
+    samples = time_interleaved_samples(fns, warmup=warmup, repeats=repeats)
+    return {name: _summary(values) for name, values in samples.items()}
+
+
+def time_interleaved_samples(
+    fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 5
+) -> dict[str, list[float]]:
+    """The raw seconds of :func:`time_interleaved`, one per round and callable."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     for _ in range(warmup):
@@ -85,7 +116,7 @@ def time_interleaved(
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
-    return {name: _summary(values) for name, values in samples.items()}
+    return samples
 
 
 def count_flops(fn: Callable[[], Any]) -> int:

@@ -111,55 +111,55 @@ def plot_paper(payload: dict[str, Any], folder: str | Path) -> list[Path]:
 
 
 def plot_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path]:
-    """Kernel-estimate MSE against H with Eq. 12's prediction; attention error against H."""
+    """Output error of had (ARF and gerf) against H, one panel per m; ARF kernel MSE
+    against H with appendix Eq. 12's prediction."""
     plt = _pyplot()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    scales: Sequence[float] = list(dict.fromkeys(row["scale"] for row in payload["kernel"]))
-    for index, scale in enumerate(scales):
-        rows = [row for row in payload["kernel"] if row["scale"] == scale]
-        hs = [row["random_features"] for row in rows]
-        color = f"C{index}"
-        axis.plot(hs, [row["predicted_mse_iid"] for row in rows], color=color, linestyle="-",
-                  label=f"|v| = {scale}: Eq. 12 prediction (i.i.d.)")
-        axis.plot(hs, [row["measured_mse_iid"] for row in rows], color=color, marker="o",
-                  linestyle="none", label=f"|v| = {scale}: measured, i.i.d.")
-        axis.plot(hs, [row["measured_mse_orthogonal"] for row in rows], color=color, marker="x",
-                  linestyle="none", label=f"|v| = {scale}: measured, orthogonal")
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
-    axis.set_xlabel("random features H")
-    axis.set_ylabel("mean squared error of the kernel estimate")
-    axis.set_title("ARF estimate of exp(sum_{j<k} v_j . v_k), m = 3 (appendix Eq. 12)", fontsize=10)
-    axis.legend(fontsize=7, ncol=1)
-    axis.grid(True, which="both", alpha=0.3)
+    rows = payload["attention"]
+    modalities: Sequence[int] = list(dict.fromkeys(row["modalities"] for row in rows))
+    figure, axes = plt.subplots(1, len(modalities), figsize=(4.2 * len(modalities), 4), squeeze=False)
+    for axis, m in zip(axes[0], modalities, strict=True):
+        for index, scale in enumerate(dict.fromkeys(row["scale"] for row in rows)):
+            points = [row for row in rows if row["modalities"] == m and row["scale"] == scale]
+            hs = [row["random_features"] for row in points]
+            for estimator, style in (("arf", "--x"), ("gerf", "-o")):
+                axis.plot(hs, [row[f"error_{estimator}"] for row in points], style, color=f"C{index}",
+                          label=f"s = {scale}, {estimator}")
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("random features H")
+        axis.set_title(f"m = {m}", fontsize=10)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("|had - exact| / |exact| (median)")
+    axes[0][-1].legend(fontsize=7)
     figure.tight_layout()
-    path = folder / "approximation_kernel_mse.png"
+    path = folder / "approximation_attention_error.png"
     figure.savefig(path, dpi=80)
     plt.close(figure)
     paths.append(path)
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for index, scale in enumerate(dict.fromkeys(row["scale"] for row in payload["attention"])):
-        rows = [row for row in payload["attention"] if row["scale"] == scale]
-        hs = [row["random_features"] for row in rows]
+    for index, norm in enumerate(dict.fromkeys(row["norm"] for row in payload["kernel"])):
+        points = [row for row in payload["kernel"] if row["norm"] == norm]
+        hs = [row["random_features"] for row in points]
         color = f"C{index}"
-        for name, style in (("iid", "-o"), ("orthogonal", "--x")):
-            axis.errorbar(hs, [row[f"relative_error_{name}"] for row in rows],
-                          yerr=[row[f"relative_error_{name}_std"] for row in rows], fmt=style,
-                          color=color, capsize=2, label=f"|a| ~ {scale}, {name}")
+        axis.plot(hs, [row["predicted_mse_iid"] for row in points], color=color, linestyle="-",
+                  label=f"|v| = {norm}: Eq. 12 prediction (i.i.d.)")
+        axis.plot(hs, [row["measured_mse_iid"] for row in points], color=color, marker="o",
+                  linestyle="none", label=f"|v| = {norm}: measured, i.i.d.")
+        axis.plot(hs, [row["measured_mse_orthogonal"] for row in points], color=color, marker="x",
+                  linestyle="none", label=f"|v| = {norm}: measured, orthogonal")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("random features H")
-    axis.set_ylabel("|had - exact| / |exact|")
-    axis.set_title("had against exact multi-linear attention (mean and spread over draws of W)",
-                   fontsize=10)
+    axis.set_ylabel("mean squared error of the kernel estimate")
+    axis.set_title("ARF estimate of exp(sum_{j<k} v_j . v_k), m = 3 (appendix Eq. 12)", fontsize=10)
     axis.legend(fontsize=7)
     axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
-    path = folder / "approximation_attention_error.png"
+    path = folder / "approximation_kernel_mse.png"
     figure.savefig(path, dpi=80)
     plt.close(figure)
     paths.append(path)

@@ -16,7 +16,10 @@ measurements taken in turns in one run, so that the machine's load hits both ali
    builds (features (B, G, T, K' + C), values (B, G, T, K), masks (B, 1, T)); the
    whole layer (with its projections) is recorded too.
 
-Forward passes run under ``torch.no_grad`` in eval mode (inference).
+Forward passes run under ``torch.no_grad`` in eval mode (inference). Each ratio is the
+median over rounds of the ratio within a round (the two calls of a round run back to
+back, under the same load), reported with its quartiles; the run uses a fixed number of
+threads (``threads``, default 2), recorded in the result.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from typing import Any
 
 import torch
 
-from polyfuse.bench.measure import LoadMonitor, count_flops, time_interleaved
+from polyfuse.bench.measure import (
+    LoadMonitor,
+    _summary,
+    count_flops,
+    paired_ratio,
+    time_interleaved_samples,
+)
 from polyfuse.bench.results import result_header
 from polyfuse.functional import gaussian_random_matrix, lsc_encoding, multilinear_attention
 from polyfuse.nn.man import MAN
@@ -127,15 +136,33 @@ QUICK_SIZES = TargetSizes(
 
 def run_targets(
     *,
-    repeats: int = 7,
+    repeats: int = 15,
     warmup: int = 2,
     sizes: TargetSizes | None = None,
+    threads: int | None = 2,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure the four targets; returns the JSON payload. ``sizes`` other than the
     default (e.g. :data:`QUICK_SIZES`, for tests) do not measure the issue's targets
-    and are recorded as such."""
-    sizes = sizes or TargetSizes()
+    and are recorded as such. ``threads``: torch's intra-op threads for the run
+    (None keeps the current setting); restored afterwards."""
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run_targets(repeats, warmup, sizes or TargetSizes(), progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _timed(calls: dict[str, Callable[[], None]], warmup: int, repeats: int) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    samples = time_interleaved_samples(calls, warmup=warmup, repeats=repeats)
+    return {name: _summary(values) for name, values in samples.items()}, samples
+
+
+def _run_targets(
+    repeats: int, warmup: int, sizes: TargetSizes, progress: Callable[[str], None] | None
+) -> dict[str, Any]:
     measurements: dict[str, Any] = {}
     loads: dict[str, Any] = {}
 
@@ -148,11 +175,12 @@ def run_targets(
     inputs = _inputs(batch, length, 3, MOSI["hidden_dim"], 0)
     calls = {mode: _forward(_mosi_layer(mode, 3), inputs) for mode in ("exact", "had")}
     with LoadMonitor() as load:
-        timings = time_interleaved(calls, warmup=warmup, repeats=repeats)
+        timings, samples = _timed(calls, warmup, repeats)
     loads["exact_over_had"] = load.result()
-    ratio = timings["exact"].median / timings["had"].median
+    paired = paired_ratio(samples, "exact", "had")
+    ratio = paired["median"]
     measurements["exact_over_had"] = {
-        "exact_s": timings["exact"].to_dict(), "had_s": timings["had"].to_dict(),
+        "exact_s": timings["exact"].to_dict(), "had_s": timings["had"].to_dict(), "ratio": paired,
         **_verdict("exact_over_had", ratio)}
     report("exact / had", f"{ratio:.1f}")
 
@@ -161,11 +189,12 @@ def run_targets(
     calls = {name: _forward(_mosi_layer("had", m), _inputs(batch, length, m, MOSI["hidden_dim"], m))
              for name, m in (("few", few), ("many", many))}
     with LoadMonitor() as load:
-        timings = time_interleaved(calls, warmup=warmup, repeats=repeats)
+        timings, samples = _timed(calls, warmup, repeats)
     loads["modalities_8_over_2"] = load.result()
-    ratio = timings["many"].median / timings["few"].median
+    paired = paired_ratio(samples, "many", "few")
+    ratio = paired["median"]
     measurements["modalities_8_over_2"] = {
-        "modalities": [few, many],
+        "modalities": [few, many], "ratio": paired,
         "m2_s": timings["few"].to_dict(), "m8_s": timings["many"].to_dict(),
         **_verdict("modalities_8_over_2", ratio)}
     report("had m=8 / m=2", f"{ratio:.2f}")
@@ -175,11 +204,12 @@ def run_targets(
     calls = {name: _forward(layer, _inputs(batch, t, 3, MOSI["hidden_dim"], t))
              for name, t in (("short", length), ("long", sizes.long_length))}
     with LoadMonitor() as load:
-        timings = time_interleaved(calls, warmup=warmup, repeats=repeats)
+        timings, samples = _timed(calls, warmup, repeats)
     loads["length_400_over_50"] = load.result()
-    ratio = timings["long"].median / timings["short"].median
+    paired = paired_ratio(samples, "long", "short")
+    ratio = paired["median"]
     measurements["length_400_over_50"] = {
-        "lengths": [length, sizes.long_length],
+        "lengths": [length, sizes.long_length], "ratio": paired,
         "T50_s": timings["short"].to_dict(), "T400_s": timings["long"].to_dict(),
         **_verdict("length_400_over_50", ratio)}
     report("had T=400 / T=50", f"{ratio:.2f}")
@@ -214,25 +244,30 @@ def run_targets(
     matmul_b = torch.randn(size, size)
     matmul_out = torch.empty(size, size)
     with LoadMonitor() as load:
-        timings = time_interleaved(
+        timings, samples = _timed(
             {"matmul": lambda: torch.mm(matmul_a, matmul_b, out=matmul_out),
              "had_attention": had_attention, "man_layer": module_forward},
-            warmup=warmup, repeats=repeats,
+            warmup, repeats,
         )
     loads["had_flop_rate_fraction"] = load.result()
     matmul_rate = 2 * size**3 / timings["matmul"].median
-    had_rate = hand / timings["had_attention"].median
+    # Per round: (hand FLOPs / had time) / (matmul FLOPs / matmul time).
+    paired = paired_ratio(samples, "matmul", "had_attention")
+    paired = {key: value * hand / (2 * size**3) if key != "rounds" else value
+              for key, value in paired.items()}
+    had_rate = paired["median"] * matmul_rate
     measurements["had_flop_rate_fraction"] = {
         "matmul_s": timings["matmul"].to_dict(), "matmul_flop_rate": matmul_rate,
         "had_s": timings["had_attention"].to_dict(), "had_flops_by_hand": hand,
         "had_flops_counted": counted, "had_flop_rate": had_rate,
         "man_layer_s": timings["man_layer"].to_dict(), "man_layer_flops_counted": module_flops,
         "man_layer_flop_rate_fraction": module_flops / timings["man_layer"].median / matmul_rate,
-        **_verdict("had_flop_rate_fraction", had_rate / matmul_rate)}
-    report("had FLOP rate / matmul rate", f"{had_rate / matmul_rate:.2f}")
+        "fraction": paired, **_verdict("had_flop_rate_fraction", paired["median"])}
+    report("had FLOP rate / matmul rate", f"{paired['median']:.2f}")
 
     settings = {"repeats": repeats, "warmup": warmup, "mosi": MOSI, "sizes": asdict(sizes),
-                "issue_sizes": sizes == TargetSizes()}
+                "issue_sizes": sizes == TargetSizes(), "threads": torch.get_num_threads(),
+                "interop_threads": torch.get_num_interop_threads()}
     payload = result_header("targets", settings)
     payload["targets"] = measurements
     payload["load"] = loads

@@ -98,20 +98,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     approximation = commands.add_parser(
         "approximation",
-        help="had against exact: error against H, i.i.d. and orthogonal, with Eq. 12",
+        help="had against exact: output error of ARF and gerf, theoretical variance, Eq. 12",
         description=(
-            "Mean squared error of the ARF kernel estimate against the number of random "
-            "features, i.i.d. and orthogonal, beside the appendix Eq. 12 prediction; and "
-            "the relative error of had against exact attention output, for several "
-            "input scales."
+            "Relative error of had against exact attention output for MAN's ARF and the "
+            "default gerf estimator side by side (m, H and feature scale s grids, median "
+            "over seeds) with the theoretical kernel variance of each; the ARF kernel MSE "
+            "beside appendix Eq. 12. With --checkpoint: a trained MAN's metrics and fusion "
+            "output error with had (gerf, ARF) against exact."
         ),
     )
     approximation.add_argument("--preset", choices=("full", "quick"), default="full")
-    approximation.add_argument("--random-features", type=_ints, default=None)
-    approximation.add_argument("--scales", type=_floats, default=None, help="norms of the inputs")
+    approximation.add_argument("--modalities", type=_ints, default=None, help="grid of m")
+    approximation.add_argument("--random-features", type=_ints, default=None, help="grid of H")
+    approximation.add_argument("--scales", type=_floats, default=None, help="feature std s grid")
+    approximation.add_argument("--seeds", type=int, default=None, help="draws of data and W per point")
     approximation.add_argument("--kernel-draws", type=int, default=None)
-    approximation.add_argument("--attention-draws", type=int, default=None)
     approximation.add_argument("--seed", type=int, default=None)
+    approximation.add_argument("--checkpoint", default=None,
+                               help="a trained MAN .safetensors checkpoint: had vs exact on --split")
+    approximation.add_argument("--split", default="test")
+    approximation.add_argument("--data", default=None, help="data source for --checkpoint")
     common(approximation)
 
     targets = commands.add_parser(
@@ -124,7 +130,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "matrix product's. Run it on a quiet machine: the load is recorded."
         ),
     )
-    targets.add_argument("--repeats", type=int, default=7)
+    targets.add_argument("--repeats", type=int, default=15)
     targets.add_argument("--warmup", type=int, default=2)
     targets.add_argument("--quick", action="store_true",
                          help="tiny sizes that exercise the code (not the issue's targets)")
@@ -178,19 +184,26 @@ def _approximation(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench import approximation
     from polyfuse.bench.plots import plot_approximation
 
+    if args.checkpoint is not None:
+        payload = approximation.trained_model_errors(args.checkpoint, split=args.split, source=args.data)
+        for key, value in payload.items():
+            print(f"{key}: {value}")
+        return payload, None
     settings = approximation.QUICK if args.preset == "quick" else approximation.FULL
     changes = {name: getattr(args, name) for name in
-               ("random_features", "scales", "kernel_draws", "attention_draws", "seed")
+               ("modalities", "random_features", "scales", "seeds", "kernel_draws", "seed")
                if getattr(args, name) is not None}
     settings = dataclasses.replace(settings, **changes)
-    return approximation.run_approximation(settings, progress=_progress(args)), plot_approximation
+    payload = approximation.run_approximation(settings, progress=_progress(args))
+    print(payload["table"])
+    return payload, plot_approximation
 
 
 def _targets(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench.targets import QUICK_SIZES, run_targets
 
     sizes = QUICK_SIZES if args.quick else None
-    payload = run_targets(repeats=args.repeats, warmup=args.warmup, sizes=sizes,
+    payload = run_targets(repeats=args.repeats, warmup=args.warmup, sizes=sizes, threads=args.threads or 2,
                           progress=_progress(args))
     return payload, None
 

@@ -1,11 +1,13 @@
 """The fast path of multi-linear attention's had mode (MAN Eq. 9 to 12).
 
-:func:`polyfuse.functional.multilinear._had_attention` lays its inputs out with
+:func:`polyfuse.functional.multilinear._had_attention` builds the random features'
+exponent rows with :func:`augmented_features` (the estimator: MAN's ARF or the default
+centred generalised features) and :func:`augmented_weights`, lays them out with
 :func:`had_layout` and :func:`stack_features`, then runs :func:`had_chunked`
-(without gradients: chunk by chunk, in place, in buffers that stay in cache) or
-:func:`had_whole` (with gradients: the same steps on whole tensors, out of place,
-for autograd). The straightforward form of the equations,
-``_had_attention_reference`` beside it, is the oracle the tests hold this to.
+(without gradients: chunk by chunk, in place, in buffers that stay in cache),
+:class:`HadFunction` (with gradients: the same forward, a backward that recomputes
+chunk by chunk) or :func:`had_whole` (marginals with gradients: whole tensors, for
+autograd). The tests hold all of them to brute-force loops over tuples.
 
 Shapes: ``G`` "heads" (the flattened leading dims of the random features, one
 random matrix each), ``N`` "rows" (the flattened leading dims they are shared
@@ -23,9 +25,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from polyfuse.functional import random_features as random_features_module
+
 __all__ = [
     "CHUNK_BYTES",
+    "ESTIMATORS",
+    "HadFunction",
     "HadLayout",
+    "augmented_features",
     "augmented_weights",
     "elementwise_product",
     "from_layout",
@@ -43,6 +50,7 @@ __all__ = [
 # small enough for each core's share to stay in its L2 cache across the passes (max,
 # exp, products); elsewhere large, since every chunk costs kernel launches.
 CHUNK_BYTES = {"cpu": 4 << 20}
+ESTIMATORS = ("gerf", "arf")
 CHUNK_BYTES_DEFAULT = 256 << 20
 
 
@@ -100,38 +108,98 @@ def from_layout(tensor: Tensor, layout: HadLayout) -> Tensor:
     return shaped.permute(*inverse, rank).contiguous()
 
 
-def stack_features(
-    features: Sequence[Tensor], temperature: float, layout: HadLayout, differentiable: bool
-) -> Tensor:
-    """Stack the modalities' features along time for one batched matrix product.
+def augmented_features(
+    features: Sequence[Tensor],
+    masks: Sequence[Tensor | None],
+    temperature: float,
+    estimator: str,
+) -> list[Tensor]:
+    """Per modality the rows that, times :func:`augmented_weights`, give the exponents of
+    the random features, B_j[t, h] = exp(row_j[t] . column_h).
+
+    With a~_j = sqrt(temperature) a_j (the temperature multiplies the logits):
+
+    * ``"arf"`` (MAN Eq. 11): rows [a~, -|a~|^2 / 2, 0], so the exponent is
+      w_h . a~ - |a~|^2 / 2.
+    * ``"gerf"`` (the default): centred, generalised exponential features. With c_j the
+      mean of a~_j over real steps, S = sum_j c_j and a'_j = a~_j - c_j,
+      sum_{j<k} a~_j . a~_k = sum_{j<k} a'_j . a'_k + sum_j a'_j . (S - c_j) + const:
+      the second part is a deterministic weight per step, only the pair products of the
+      centred features are estimated. Rows [B a', -|a'|^2 / 2 + a' . (S - c_j), -alpha]
+      (the last entry in modality 0 only, 0 elsewhere), B = sqrt(1 + 2 alpha),
+      alpha = :func:`~polyfuse.functional.random_features.gerf_alpha` of the data:
+      the product over modalities is exp(-alpha |w|^2 + B w . u - sum_j |a'_j|^2 / 2 + ...)
+      with u = sum_j a'_j, whose expectation over w ~ N(0, I) is
+      (1 + 2 alpha)^(-K'/2) exp(sum_{j<k} a~_j . a~_k + const): the constants cancel in
+      the ratio of Eq. 10 and 12. c_j and alpha are chosen per sample and head from
+      the data; gradients flow through them, so that the gradient is that of the
+      computed output.
+
+    Args:
+        features: (..., T_j, K') per modality, padded steps zeroed.
+        masks: (..., T_j) bool per modality, or None for a modality without padding.
 
     Returns:
-        (heads, rows, T, K' + 1): the features a_j[t] followed by
-        -temperature |a_j[t]|^2 / 2 (see :func:`augmented_weights`).
+        (..., T_j, K' + 2) per modality.
     """
-    ordered = [layout.lead[i] for i in layout.order]
+    scale = math.sqrt(temperature)
+    scaled = [a * scale for a in features]
+    if estimator == "arf":
+        return [
+            torch.cat([a, -0.5 * (a * a).sum(-1, keepdim=True), torch.zeros_like(a[..., :1])], -1)
+            for a in scaled
+        ]
     feature_dim = features[0].shape[-1]
-    stacked = features[0].new_empty(*ordered, layout.offsets[-1], feature_dim + 1)
-    for (start, stop), a in zip(spans(layout), features, strict=True):
-        stacked[..., start:stop, :feature_dim] = to_layout(a, layout, 2)
-        if differentiable:  # slice assignments only: autograd must not see a read overwritten
-            squared_norms = (a * a).sum(-1, keepdim=True)
-            stacked[..., start:stop, feature_dim:] = to_layout(squared_norms, layout, 2)
-    if differentiable:
-        stacked[..., feature_dim] *= -0.5 * temperature
-    else:  # one pass over the stacked features, in place
-        squared_norms = torch.linalg.vector_norm(stacked[..., :feature_dim], dim=-1).square_()
-        torch.mul(squared_norms, -0.5 * temperature, out=stacked[..., feature_dim])
-    return stacked.view(layout.heads, layout.rows, layout.offsets[-1], feature_dim + 1)
+    means, counts = [], []  # c_j (..., 1, K') and the number of real steps (..., 1, 1)
+    for a, mask in zip(scaled, masks, strict=True):
+        count = a.new_full((1, 1), a.shape[-2]) if mask is None else mask.sum(-1)[..., None, None].to(a.dtype)
+        counts.append(count)
+        real = a if mask is None else a * mask.unsqueeze(-1)  # no gradient into padded steps
+        means.append(real.sum(-2, keepdim=True) / count)
+    total = means[0]
+    for mean in means[1:]:
+        total = total + mean  # S, (..., 1, K')
+    centred = [a - mean for a, mean in zip(scaled, means, strict=True)]  # a'_j
+    spreads = []  # mean_t |a'_j[t]|^2 over real steps, (..., 1, 1) per modality
+    for a, mask, count in zip(centred, masks, counts, strict=True):
+        squares = a.square().sum(-1)
+        if mask is not None:
+            squares = squares * mask
+        term = squares.sum(-1)[..., None, None] / count
+        spreads.append(term)
+    alpha = random_features_module.gerf_alpha(spreads, feature_dim)  # (..., 1, 1)
+    factor = torch.sqrt(1 + 2 * alpha)  # B, (..., 1, 1)
+    rows = []
+    for j, (a, mean) in enumerate(zip(centred, means, strict=True)):
+        weight = -0.5 * (a * a).sum(-1, keepdim=True) + (a * (total - mean)).sum(-1, keepdim=True)
+        last = (-alpha).expand(*weight.shape) if j == 0 else torch.zeros_like(weight)
+        rows.append(torch.cat([a * factor, weight, last.to(a.dtype)], -1))
+    return rows
 
 
-def augmented_weights(random_features: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
-    """(heads, K' + 1, H): sqrt(temperature) W^T followed by a row of ones, so that
-    [a, -temperature |a|^2 / 2] times it is the exponent of Eq. 11 at sqrt(temperature) a."""
+def stack_features(rows: Sequence[Tensor], layout: HadLayout) -> Tensor:
+    """Stack the modalities' rows (:func:`augmented_features`) along time for one
+    batched matrix product: (heads, rows, T, K' + 2)."""
+    return torch.cat(
+        [
+            to_layout(row, layout, 2).reshape(layout.heads, layout.rows, *row.shape[-2:])
+            for row in rows
+        ],
+        dim=-2,
+    )
+
+
+def augmented_weights(random_features: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
+    """(heads, K' + 2, H): W^T (with antithetic rows for ``"gerf"``), a row of ones and
+    the row |w_h|^2, so that a row of :func:`augmented_features` times it is the
+    exponent of the random features."""
     num_random_features, feature_dim = random_features.shape[-2:]
     matrices = random_features.to(dtype).reshape(-1, num_random_features, feature_dim)
+    if estimator == "gerf":
+        matrices = random_features_module.antithetic_rows(matrices)
     ones = matrices.new_ones(matrices.shape[0], 1, num_random_features)
-    return torch.cat([matrices.transpose(-1, -2) * math.sqrt(temperature), ones], dim=-2)
+    squared_norms = (matrices * matrices).sum(-1).unsqueeze(-2)
+    return torch.cat([matrices.transpose(-1, -2), ones, squared_norms], dim=-2)
 
 
 def padded_in_layout(masks: Sequence[Tensor | None], layout: HadLayout, device: torch.device) -> Tensor | None:
@@ -255,7 +323,7 @@ def had_chunked(
 ) -> tuple[Tensor, list[Tensor]]:
     """The had steps chunk by chunk, in place, in preallocated buffers (no gradients).
 
-    ``stacked_features`` (G, N, T, K' + 1) from :func:`stack_features`, ``values`` per
+    ``stacked_features`` (G, N, T, K' + 2) from :func:`stack_features`, ``values`` per
     modality (G, N, T_j, K).
     """
     heads, rows, total, _ = stacked_features.shape
@@ -303,7 +371,7 @@ def had_chunk(
     output: Tensor,
     marginals: Sequence[Tensor],
 ) -> None:
-    """One chunk of :func:`had_chunked`: (g, n, T, K' + 1) stacked features, values v_j^T
+    """One chunk of :func:`had_chunked`: (g, n, T, K' + 2) stacked features, values v_j^T
     as (g n, K, T_j); writes ``output`` (g, n, K) and, if given, ``marginals`` (g, n, T_j)."""
     heads, rows, total, feature_dim = stacked_features.shape
     num_random_features = weights.shape[-1]
@@ -356,6 +424,158 @@ def had_chunk(
         others = elementwise_product([sums[:, i] for i in range(num_modalities) if i != j])  # (g n, H)
         weighted = torch.bmm(random[j], others.unsqueeze(-1)).squeeze(-1) / denominator
         marginal.copy_(weighted.view_as(marginal))
+
+
+class HadFunction(torch.autograd.Function):
+    """The had output (Eq. 10 / Eq. 12) with a backward that recomputes, chunk by chunk,
+    what the forward computed, instead of keeping the (G, N, T, H) random features:
+    memory beyond the inputs and outputs is one chunk's, whatever T.
+
+    Inputs: ``stacked_features`` (G, N, T, F), ``weights`` (G, F, H), ``padded``
+    (G, N, T) or None, ``layout``, then the m ``values`` (G, N, T_j, K). Output (G, N, K).
+
+    Backward, per row (one sample and head), with E_j = exp(exponent_j - m_j) (T_j, H),
+    P_j = E_j^T V_j (H, K), s_j = E_j^T 1 (H), y = sum_h prod_j P_j / sum_h prod_j s_j:
+    dP_j = (dy / den) prod_{i != j} P_i, ds_j = -(dy . y / den) prod_{i != j} s_i,
+    dE_j = V_j dP_j^T + 1 ds_j^T, dV_j = E_j dP_j, d exponent_j = dE_j * E_j,
+    d stacked = d exponent W^T, d W = stacked^T d exponent. The stabilisers m_j are
+    constants: the output does not depend on them (note 5).
+    """
+
+    @staticmethod
+    def forward(ctx, stacked_features, weights, padded, layout, *values):
+        ctx.save_for_backward(stacked_features, weights, padded, *values)
+        ctx.layout = layout
+        output, _ = had_chunked(stacked_features, weights, values, padded, layout, False)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if torch.is_grad_enabled():  # create_graph=True: refuse rather than return wrong zeros
+            raise RuntimeError(
+                'multilinear_attention(mode="had"): the backward is not differentiable '
+                '(no second derivatives); use mode="exact" for double backward'
+            )
+        stacked_features, weights, padded, *values = ctx.saved_tensors
+        layout = ctx.layout
+        with torch.no_grad():
+            grads = had_backward(stacked_features, weights, values, padded, layout, grad_output,
+                                 ctx.needs_input_grad[1])
+        grad_stacked, grad_weights, grad_values = grads
+        return (grad_stacked, grad_weights, None, None, *grad_values)
+
+
+def had_backward(
+    stacked_features: Tensor,
+    weights: Tensor,
+    values: Sequence[Tensor],
+    padded: Tensor | None,
+    layout: HadLayout,
+    grad_output: Tensor,
+    weights_need_grad: bool = True,
+) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring); the
+    gradient of the weights only when ``weights_need_grad`` (MAN's W is a buffer)."""
+    heads, rows = stacked_features.shape[:2]
+    num_random_features = weights.shape[-1]
+    head_chunk, row_chunk = chunk_sizes(layout, num_random_features, weights)
+    grad_stacked = torch.empty_like(stacked_features)
+    grad_weights = torch.zeros_like(weights) if weights_need_grad else None
+    grad_values = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in values]
+    for head_start in range(0, heads, head_chunk):
+        head_span = slice(head_start, min(heads, head_start + head_chunk))
+        for row_start in range(0, rows, row_chunk):
+            span = (head_span, slice(row_start, min(rows, row_start + row_chunk)))
+            chunk_grads = had_chunk_backward(
+                stacked_features[span],
+                weights[head_span],
+                [v[span] for v in values],
+                None if padded is None else padded[span],
+                layout,
+                grad_output[span],
+                weights_need_grad,
+            )
+            grad_stacked[span] = chunk_grads[0]
+            if grad_weights is not None:
+                grad_weights[head_span] += chunk_grads[1]
+            for grad, chunk_grad in zip(grad_values, chunk_grads[2], strict=True):
+                grad[span] = chunk_grad
+    return grad_stacked, grad_weights, grad_values
+
+
+def had_chunk_backward(
+    stacked_features: Tensor,
+    weights: Tensor,
+    values: Sequence[Tensor],
+    padded: Tensor | None,
+    layout: HadLayout,
+    grad_output: Tensor,
+    weights_need_grad: bool = True,
+) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, values
+    (g, n, T_j, K), grad_output (g, n, K)."""
+    heads, rows, total, feature_dim = stacked_features.shape
+    num_random_features = weights.shape[-1]
+    count = heads * rows
+    exponent = torch.bmm(stacked_features.reshape(heads, rows * total, feature_dim), weights)
+    exponent = exponent.view(count, total, num_random_features)
+    if padded is not None:
+        exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))
+    stabilisers = stabilisers_for(exponent, layout)  # (g n, m, H)
+    random = [
+        torch.exp(piece - stabiliser.unsqueeze(-2))
+        for piece, stabiliser in zip(
+            exponent.split(list(layout.lengths), dim=-2), stabilisers.unbind(-2), strict=True
+        )
+    ]  # E_j, (g n, T_j, H)
+    flat_values = [v.reshape(count, *v.shape[-2:]) for v in values]
+    contracted = [b.transpose(-1, -2) @ v for b, v in zip(random, flat_values, strict=True)]  # P_j
+    sums = [b.sum(dim=-2) for b in random]  # s_j, (g n, H)
+    others_contracted = products_of_others(contracted)
+    others_sums = products_of_others(sums)
+    numerator = (contracted[0] * others_contracted[0]).sum(dim=-2)  # (g n, K)
+    denominator = (sums[0] * others_sums[0]).sum(dim=-1, keepdim=True)  # (g n, 1)
+    output = numerator / denominator
+    grad = grad_output.reshape(count, -1)
+    grad_numerator = grad / denominator  # (g n, K)
+    grad_denominator = -(grad * output).sum(-1, keepdim=True) / denominator  # (g n, 1)
+    grad_exponent = torch.empty_like(exponent)
+    grad_values = []
+    for j, (start, stop) in enumerate(spans(layout)):
+        grad_contracted = grad_numerator.unsqueeze(-2) * others_contracted[j]  # dP_j, (g n, H, K)
+        grad_sums = grad_denominator * others_sums[j]  # ds_j, (g n, H)
+        grad_random = flat_values[j] @ grad_contracted.transpose(-1, -2)  # (g n, T_j, H)
+        grad_random += grad_sums.unsqueeze(-2)
+        grad_exponent[:, start:stop] = grad_random.mul_(random[j])
+        grad_values.append((random[j] @ grad_contracted).view(values[j].shape))
+    grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
+    grad_stacked = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
+    grad_weights = None
+    if weights_need_grad:
+        flat_features = stacked_features.reshape(heads, rows * total, feature_dim)
+        grad_weights = torch.bmm(flat_features.transpose(-1, -2), grad_exponent)
+    return grad_stacked, grad_weights, grad_values
+
+
+def products_of_others(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """For each j the element-wise product of all tensors but the j-th (prefix times
+    suffix products: no division, exact with zeros)."""
+    count = len(tensors)
+    prefix = [None] * count
+    suffix = [None] * count
+    for j in range(1, count):
+        prefix[j] = tensors[j - 1] if prefix[j - 1] is None else prefix[j - 1] * tensors[j - 1]
+    for j in range(count - 2, -1, -1):
+        suffix[j] = tensors[j + 1] if suffix[j + 1] is None else suffix[j + 1] * tensors[j + 1]
+    result = []
+    for before, after in zip(prefix, suffix, strict=True):
+        if before is None:
+            result.append(after)
+        elif after is None:
+            result.append(before)
+        else:
+            result.append(before * after)
+    return result
 
 
 def in_layout(tensors: Sequence[Tensor], layout: HadLayout) -> list[Tensor]:

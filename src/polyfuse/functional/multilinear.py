@@ -16,7 +16,6 @@ features (Eq. 9 to 12); the ``"exact"`` and ``"hadamard"`` modes build the tenso
 
 from __future__ import annotations
 
-import math
 import string
 from collections.abc import Sequence
 
@@ -25,7 +24,6 @@ from torch import Tensor
 
 from polyfuse._checks import check_finite, check_masks, check_modality_list
 from polyfuse.functional import _had
-from polyfuse.functional.random_features import positive_random_features
 
 __all__ = [
     "MODES",
@@ -136,6 +134,7 @@ def multilinear_attention(
     random_features: Tensor | None = None,
     temperature: float = 1.0,
     return_attention: bool = False,
+    estimator: str = "gerf",
 ) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
     """Multi-linear attention over m >= 2 modalities of unequal lengths (MAN Eq. 5).
 
@@ -158,6 +157,13 @@ def multilinear_attention(
             the full tensor (B, T_1, ..., T_m); in had mode the list of per-modality
             marginals (B, T_j), each the sum of the estimated attention over all
             other modalities' steps, computed at linear cost.
+        estimator: the random features of ``"had"`` mode. ``"gerf"`` (default):
+            centred generalised exponential features with a variance-optimal
+            parameter per sample and head and antithetic pairs of W's rows
+            (:func:`polyfuse.functional._had.augmented_features`); its kernel
+            variance is :func:`~polyfuse.functional.random_features.gerf_relative_variance`.
+            ``"arf"``: MAN's addition random features (Eq. 11) as published, kept
+            for comparison. Both are unbiased kernel estimates with the same cost.
 
     Returns:
         (B, K) tensor, or ``(output, attention)`` when ``return_attention``.
@@ -207,6 +213,10 @@ def multilinear_attention(
             )
         if not temperature > 0:
             raise ValueError(f'mode="had" needs temperature > 0, got {temperature}')
+        if estimator not in _had.ESTIMATORS:
+            raise ValueError(
+                f"unknown estimator {estimator!r}; expected one of {', '.join(_had.ESTIMATORS)}"
+            )
         return _had_attention(
             features,
             values,
@@ -214,6 +224,7 @@ def multilinear_attention(
             random_features,
             temperature,
             return_attention,
+            estimator,
         )
 
     logits = (
@@ -302,6 +313,7 @@ def _had_attention(
     random_features: Tensor,
     temperature: float,
     return_attention: bool,
+    estimator: str = "gerf",
 ) -> Tensor | tuple[Tensor, list[Tensor]]:
     """Hierarchical approximation decomposition (MAN Eq. 9 to 12, appendix Algorithm 1).
 
@@ -314,18 +326,17 @@ def _had_attention(
     numerator and denominator are multiplied by the same constant, so the ratio is
     exactly the unstabilised one, and the denominator is >= 1 (never 0 or Inf).
 
-    The same results as :func:`_had_attention_reference` (the equations as they
-    read), computed faster: every random matrix meets the rows of all modalities and
-    all samples it serves in one matrix product, which also subtracts |a|^2 / 2 and
-    applies the temperature (an extra column of the features, an extra row of the
-    matrix); the rescaling weight exp(sum_j m_j[h] - max) is folded into modality
-    0's stabiliser; and the last modality's contraction is reordered: with R the
-    product of the other modalities' (H, K) factors and B the (T, H) matrix of
-    phi(a[t])_h, sum_h R[h, k] (B^T v)[h, k] = sum_t v[t, k] (B R)[t, k], so that the
-    last factor is never stored. Without gradients the work runs chunk by chunk in
-    buffers that stay in cache and are updated in place; with gradients the same
-    steps run on whole tensors, out of place, for autograd
-    (:mod:`polyfuse.functional._had`).
+    The random features are those of ``estimator`` (see
+    :func:`polyfuse.functional._had.augmented_features`); every random matrix meets
+    the rows of all modalities and all samples it serves in one matrix product, whose
+    extra columns carry the deterministic per-step weights; the last modality's
+    contraction is reordered: with R the product of the other modalities' (H, K)
+    factors and B the (T, H) matrix of features, sum_h R[h, k] (B^T v)[h, k] =
+    sum_t v[t, k] (B R)[t, k], so that the last factor is never stored. Without
+    gradients the work runs chunk by chunk in buffers that stay in cache; with
+    gradients :class:`~polyfuse.functional._had.HadFunction` runs the same forward
+    and recomputes each chunk in its backward (memory independent of T); the
+    marginals with gradients take the whole-tensor autograd path.
 
     Takes what :func:`multilinear_attention` hands over: padded steps zeroed, and a
     mask per modality, or None for a modality without padding.
@@ -338,73 +349,18 @@ def _had_attention(
         random_features.shape[:-2],
     )
     layout = _had.had_layout(lead, features, random_features)
-    weights = _had.augmented_weights(random_features, temperature, features[0].dtype)
+    weights = _had.augmented_weights(random_features, estimator, features[0].dtype)
     padded = _had.padded_in_layout(masks, layout, features[0].device)
     values = _had.in_layout(values, layout)  # (G, N, T_j, K)
-    stacked = _had.stack_features(features, temperature, layout, differentiable)
-    run = _had.had_whole if differentiable else _had.had_chunked
-    output, marginals = run(stacked, weights, values, padded, layout, return_attention)
+    rows = _had.augmented_features(features, masks, temperature, estimator)
+    stacked = _had.stack_features(rows, layout)  # (G, N, T, K' + 2)
+    if not differentiable:
+        output, marginals = _had.had_chunked(stacked, weights, values, padded, layout, return_attention)
+    elif return_attention:
+        output, marginals = _had.had_whole(stacked, weights, values, padded, layout, True)
+    else:
+        output, marginals = _had.HadFunction.apply(stacked, weights, padded, layout, *values), []
     output = _had.from_layout(output, layout)
     if not return_attention:
         return output
     return output, [_had.from_layout(marginal, layout) for marginal in marginals]
-
-
-def _had_attention_reference(
-    features: Sequence[Tensor],
-    values: Sequence[Tensor],
-    masks: Sequence[Tensor],
-    random_features: Tensor,
-    temperature: float,
-    return_attention: bool,
-) -> Tensor | tuple[Tensor, list[Tensor]]:
-    """Hierarchical approximation decomposition, written as the equations read (the oracle).
-
-    The straightforward form of MAN Eq. 9 to 12 (appendix Algorithm 1), kept as the
-    reference that :func:`_had_attention` is tested against; it is not used by the
-    library.
-
-    With B_j[t, h] = phi(a_j[t])_h the positive random features (Eq. 11),
-    numerator f'_k = sum_h prod_j (B_j^T values_j)[h, k] (Eq. 10) and denominator
-    sum A = sum_h prod_j (B_j^T 1)[h] (Eq. 12). Stabilisation (note 5): for every
-    modality j and feature h the largest exponent m_j[h] over real steps is taken
-    out, B_j = exp(exponent - m_j) <= 1; the products over modalities then carry
-    the factor exp(sum_j m_j[h]), which is rescaled by its maximum over h. Both
-    numerator and denominator are multiplied by the same constant, so the ratio is
-    exactly the unstabilised one, and the denominator is >= 1 (never 0 or Inf).
-    """
-    scale = math.sqrt(temperature)
-    scaled_features = []
-    log_scales = []
-    sums = []
-    contracted = []
-    for a, v, mask in zip(features, values, masks, strict=True):
-        exponent = positive_random_features(a * scale, random_features, log=True)  # (B, T_j, H)
-        exponent = exponent.masked_fill(~mask.unsqueeze(-1), float("-inf"))  # padded: B_j = 0
-        # The result does not depend on the stabiliser, so it needs no gradient.
-        log_scale = exponent.amax(dim=-2).detach()  # (B, H)
-        features_j = torch.exp(exponent - log_scale.unsqueeze(-2))  # (B, T_j, H), Eq. 11
-        scaled_features.append(features_j)
-        log_scales.append(log_scale)
-        sums.append(features_j.sum(dim=-2))  # B_j 1: (B, H), Eq. 12
-        contracted.append(torch.einsum("...th,...tk->...hk", features_j, v))  # B_j values_j, Eq. 10
-    total_log_scale = torch.stack(torch.broadcast_tensors(*log_scales)).sum(0)
-    weight = torch.exp(total_log_scale - total_log_scale.amax(dim=-1, keepdim=True))  # (B, H)
-    numerator = torch.einsum("...h,...hk->...k", weight, _product(contracted))
-    denominator = (weight * _product(sums)).sum(dim=-1, keepdim=True)  # (B, 1)
-    output = numerator / denominator
-    if not return_attention:
-        return output
-    marginals = []
-    for j, features_j in enumerate(scaled_features):
-        others = _product([s for i, s in enumerate(sums) if i != j])  # (B, H)
-        marginal = torch.einsum("...th,...h->...t", features_j, weight * others)
-        marginals.append(marginal / denominator)
-    return output, marginals
-
-
-def _product(tensors: Sequence[Tensor]) -> Tensor:
-    result = tensors[0]
-    for tensor in tensors[1:]:
-        result = result * tensor
-    return result
