@@ -240,23 +240,66 @@ def test_cp_weight_tensor_matches_loops():
         assert abs(float(tensor[index]) - expected) < 1e-12
 
 
-def test_hoca_refuses_an_oversized_tensor_and_names_the_size():
+def test_hoca_refuses_one_oversized_sample_and_names_its_size():
     features = [torch.zeros(4, 100, 32) for _ in range(8)]
     weight = torch.zeros(1).expand([100] * 7)  # the right shape, no memory
     with pytest.raises(ValueError) as error:
         hoca_attention(features, 0, weight)
     message = str(error.value)
-    correlation = 4 * 100**8
-    intermediate = 4 * 32 * 100**7
+    correlation = 100**8  # one sample: T_1 x ... x T_8
+    intermediate = 32 * 100**7  # (d, T_1, ..., T_7) before the last product over d
     assert f"{correlation + intermediate:,}" in message
-    assert "max_elements" in message and "4 x 100 x 100" in message
+    assert "max_elements" in message and "one sample" in message
+    assert "100 x 100 x 100" in message and "4 x 100" not in message
     # a small case just above a lowered bound is refused, and allowed once raised
     small, _, _ = random_problem(3, batch=2)
-    weight = torch.ones(5, 4, dtype=F64)
-    needed = 2 * 3 * 5 * 4 + 2 * 4 * 3 * 4  # tensor + (B, d, T_0, T_2) intermediate
+    needed = 3 * 5 * 4 + 4 * 3 * 4  # one sample: tensor + (d, T_0, T_2) intermediate
     with pytest.raises(ValueError, match=f"needs {needed:,} elements"):
         hoca_attention(small, 1, torch.ones(3, 4, dtype=F64), max_elements=needed - 1)
-    assert hoca_attention(small, 0, weight, max_elements=needed).shape == (2, 3)
+    with pytest.raises(ValueError, match=f"needs {needed:,} elements"):
+        high_order_correlation(small, max_elements=needed - 1)
+    expected = loop_hoca(small, 0, torch.ones(5, 4, dtype=F64), [torch.ones(2, t, dtype=torch.bool)
+                                                                  for t in LENGTHS[:3]])
+    got = hoca_attention(small, 0, torch.ones(5, 4, dtype=F64), max_elements=needed)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("samples_per_chunk", [1, 2, 4])
+def test_a_batch_larger_than_the_bound_runs_in_chunks_with_the_same_values(samples_per_chunk):
+    """The bound is per sample: B x (one sample) > max_elements is split, not refused."""
+    features, _, masks = random_problem(3, batch=5, dim=3, seed=7)
+    gen = generator(8)
+    weights = [torch.randn(non_target(LENGTHS[:3], t), generator=gen, dtype=F64) for t in range(3)]
+    per_sample = 3 * 5 * 4 + 3 * 3 * 4  # T_0 T_1 T_2 + d T_0 T_2
+    bound = samples_per_chunk * per_sample + per_sample - 1  # fits samples_per_chunk, not more
+    unchunked_all = hoca_attention_all_targets(features, weights, masks)
+    chunked_all = hoca_attention_all_targets(features, weights, masks, max_elements=bound)
+    for target in range(3):
+        expected = loop_hoca(features, target, weights[target], masks)  # Eq. 9 by loops
+        chunked = hoca_attention(features, target, weights[target], masks, max_elements=bound)
+        torch.testing.assert_close(chunked, expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(chunked_all[target], expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(chunked_all[target], unchunked_all[target], rtol=0, atol=1e-14)
+    correlation = high_order_correlation(features, masks, max_elements=bound)
+    assert correlation.shape == (5, *LENGTHS[:3])
+    for b in range(5):
+        for index in itertools.product(*[range(t) for t in LENGTHS[:3]]):
+            entry = loop_correlation_entry(features, masks, b, index)  # Eq. 7
+            assert abs(float(correlation[(b, *index)]) - entry) < 1e-12
+
+
+def test_evaluation_batch_of_256_is_not_refused_when_each_sample_fits():
+    gen = generator(9)
+    features = [torch.randn(256, 12, 4, generator=gen, dtype=F64) for _ in range(3)]
+    weight = torch.randn(12, 12, generator=gen, dtype=F64)
+    per_sample = 12**3 + 4 * 12**2
+    attention = hoca_attention(features, 1, weight, max_elements=40 * per_sample)  # 256 > 40
+    masks = [torch.ones(1, 12, dtype=torch.bool)] * 3
+    for b in (0, 39, 40, 255):  # first and last sample of a chunk, and the final one
+        sample = [x[b : b + 1] for x in features]
+        torch.testing.assert_close(
+            attention[b], loop_hoca(sample, 1, weight, masks)[0], rtol=0, atol=1e-12
+        )
 
 
 # ---------------------------------------------------------------------------
