@@ -569,3 +569,64 @@ def test_errors_name_the_modality_and_the_problem():
         high_order_correlation(bad)
     with pytest.raises(ValueError, match="at least 2"):
         hoca_attention(features[:1], 0, torch.ones(()))
+
+
+def _validation_cases():
+    """(call, message pattern): every check of the module, each error naming its caller."""
+    features, factors, masks = random_problem(3)
+    ones = torch.ones(4, dtype=F64)
+    weights = [torch.ones(non_target(LENGTHS[:3], t), dtype=F64) for t in range(3)]
+    nan = [x.clone() for x in features]
+    nan[1][0, 0, 0] = float("nan")
+    query = torch.ones(3, 2, dtype=F64)
+    unary = {"query_weight": torch.ones(5, 2, dtype=F64), "feature_weight": torch.ones(5, 4,
+             dtype=F64), "score_vector": torch.ones(5, dtype=F64)}
+    return [
+        (lambda: high_order_correlation(nan), r"^high_order_correlation features\[1\] \(modality 1\) contains NaN"),
+        (lambda: hoca_attention(nan, 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) contains NaN"),
+        (lambda: hoca_attention_all_targets(nan, weights), r"^hoca_attention features\[1\]"),
+        (lambda: low_rank_hoca_attention(nan, 0, factors, ones), r"^low_rank_hoca_attention features\[1\]"),
+        (lambda: low_rank_hoca_attention_all_targets(nan, factors, [ones] * 3), r"^low_rank_hoca_attention features\[1\]"),
+        (lambda: bahdanau_attention(query, nan[1], None, **unary), r"^bahdanau_attention features\[0\] \(modality 0\) contains NaN"),
+        (lambda: high_order_correlation(features, max_elements=10), r"^high_order_correlation: the exact HOCA correlation tensor of one sample \(T_1 x \.\.\. x T_n = 3 x 5 x 4\) needs 108 elements \(60 for the tensor, 48 for"),
+        (lambda: hoca_attention(features, 0, weights[0], max_elements=10), r"^hoca_attention: the exact"),
+        (lambda: hoca_attention_all_targets(features, weights, max_elements=10), r"^hoca_attention_all_targets: the exact"),
+        (lambda: hoca_attention_all_targets(features, weights[:2]), r"^hoca_attention weights: expected exactly 3 modalities, got 2"),
+        (lambda: hoca_attention_all_targets(features, [*weights, weights[0]]), r"^hoca_attention weights: expected exactly 3 modalities, got 4"),
+        (lambda: hoca_attention_all_targets(features, [weights[0], weights[0], weights[2]]), r"^hoca_attention weights\[1\] \(T_i for every modality i != 1\) has shape \(5, 4\), expected \(3, 4\)"),
+        (lambda: hoca_attention(features, 0, weights[0].float()), r"^hoca_attention weight \(T_i for every modality i != 0\) has dtype torch.float32, the features have torch.float64"),
+        (lambda: hoca_attention(features, 0, [[1.0]]), r"^hoca_attention weight .* must be a tensor, got list"),
+        (lambda: hoca_attention(features, True, weights[0]), r"^target must be a modality index in \[0, 2\], got True"),
+        (lambda: hoca_attention(features, -1, weights[0]), r"^target must be a modality index in \[0, 2\], got -1"),
+        (lambda: hoca_attention(features, 1.0, weights[1]), r"^target must be a modality index"),
+        (lambda: hoca_attention([features[0][0], *features[1:]], 0, weights[0]), r"^hoca_attention features\[0\] \(modality 0\) has shape \(3, 4\); expected \(B, T_0, d\)"),
+        (lambda: hoca_attention([features[0], features[1].int(), features[2]], 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) has dtype torch.int32; expected a float"),
+        (lambda: hoca_attention([features[0], features[1][:2], features[2]], 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) has shape \(2, 5, 4\), modality 0 has \(3, 3, 4\): all modalities need the same batch size"),
+        (lambda: hoca_attention([features[0], features[1].float(), features[2]], 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) has dtype torch.float32, modality 0 has torch.float64"),
+        (lambda: hoca_attention([features[0], features[1][:, :0], features[2]], 0, torch.ones(0, 4, dtype=F64)), r"^hoca_attention features\[1\] \(modality 1\) is an empty sequence \(T = 0\)"),
+        (lambda: hoca_attention(features, 0, weights[0], [masks[0], masks[1][:, :2], masks[2]]), r"hoca_attention features masks\[1\]"),
+        (lambda: low_rank_hoca_attention(features, 0, factors[0], ones), r"^factors must be a list of 3 tensors \(k, T_i\), one per modality"),
+        (lambda: low_rank_hoca_attention(features, 0, factors[:2], ones), r"^factors must be a list of 3 tensors"),
+        (lambda: low_rank_hoca_attention(features, 0, [None, factors[1][0], factors[2]], ones), r"^factors\[1\] \(modality 1\) must be a \(k, T_1\) tensor"),
+        (lambda: low_rank_hoca_attention(features, 0, [None, factors[1], factors[2][:2]], ones), r"^factors\[2\] \(modality 2, \(k, T_2\)\) has shape \(2, 4\), expected \(3, 4\)"),
+        (lambda: low_rank_hoca_attention_all_targets(features, [None, *factors[1:]], [ones] * 3), r"^factors\[0\] \(modality 0\) must be"),
+        (lambda: low_rank_hoca_attention_all_targets(features, factors, [ones] * 2), r"^weight_vectors: expected exactly 3 modalities, got 2"),
+        (lambda: low_rank_hoca_attention_all_targets(features, factors, [ones] * 4), r"^weight_vectors: expected exactly 3 modalities, got 4"),
+        (lambda: low_rank_hoca_attention_all_targets(features, factors, [ones, ones[:3], ones]), r"^weight_vectors\[1\] \(d,\) has shape \(3,\), expected \(4,\)"),
+        (lambda: cp_weight_tensor([]), r"^cp_weight_tensor factors: expected at least 1 modalities, got 0"),
+        (lambda: cp_weight_tensor([factors[0], factors[1][:2]]), r"^cp_weight_tensor factors\[1\] has shape \(2, 5\); expected \(k, T_1\) with the rank k = 3"),
+        (lambda: cp_weight_tensor([factors[0], factors[1][0]]), r"^cp_weight_tensor factors\[1\] has shape \(5,\)"),
+        (lambda: bahdanau_attention(query[:2], features[0], None, **unary), r"^query has shape \(2, 2\); expected \(B, d_q\) with B = 3"),
+        (lambda: bahdanau_attention(query[:, None], features[0], None, **unary), r"^query has shape \(3, 1, 2\)"),
+        (lambda: query_conditioned_features(query[:2], features[0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\) and features \(B, T, d_f\) with the same B, got \(2, 2\) and \(3, 3, 4\)"),
+        (lambda: query_conditioned_features(query[0], features[0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\)"),
+        (lambda: query_conditioned_features(query, features[0][0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\)"),
+    ]
+
+
+def test_every_check_names_its_caller_and_the_problem():
+    cases = _validation_cases()
+    assert len(cases) == 39
+    for call, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()
