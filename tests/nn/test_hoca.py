@@ -18,7 +18,7 @@ import torch
 import polyfuse
 from polyfuse.functional.hoca import cp_weight_tensor
 from polyfuse.nn.hoca import HOCA, BahdanauAttention, LowRankHOCA, default_exact_max_length
-from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, parse_orders
+from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, combine_attentions, parse_orders
 
 F64 = torch.float64
 ADAPTERS = ["hoca", "lowrank_hoca"]
@@ -513,3 +513,35 @@ def test_maf_orders_choose_the_terms():
     )
     with pytest.raises(ValueError, match=r"query has shape \(4, 2\)"):
         ub(query[:, :2], inputs, masks)
+
+
+def test_combine_attentions_defaults_to_the_log_form():
+    gen = torch.Generator().manual_seed(10)
+    attentions = torch.rand(2, 4, 3, generator=gen, dtype=F64).softmax(dim=1)
+    theta = torch.tensor([0.5, 1.5, -0.25], dtype=F64)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    attentions = attentions * mask[..., None]
+    got = combine_attentions(attentions, theta, mask)  # no combination given
+    for b in range(2):
+        real = mask[b].tolist()
+        scores = [sum(float(theta[k]) * math.log(float(attentions[b, r, k])) for k in range(3))
+                  if real[r] else 0.0 for r in range(4)]
+        torch.testing.assert_close(got[b], loop_softmax(scores, real), rtol=0, atol=1e-12)
+
+
+def test_module_errors_name_the_module():
+    inputs, masks = random_batch(11, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    maf = MAF(INPUT_DIMS, 3, 4, orders="UB").double()
+    with pytest.raises(ValueError, match=r"^MAF: query has shape \(4, 2\), expected"):
+        maf(query[:, :2], inputs, masks)
+    short = [3, 3, 3]
+    with pytest.raises(ValueError, match=r"^HOCA: modality 0 has 5 time steps, more than "):
+        HOCA(INPUT_DIMS, 3, max_lengths=short).double()(query, inputs, masks)
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: modality 0 has 5 time steps"):
+        LowRankHOCA(INPUT_DIMS, 3, max_lengths=short).double()(query, inputs, masks)
+    # max_elements bounds the weights at construction and one sample's correlation tensor
+    # in forward: 5 x 7 x 3 = 105 elements plus the (d, 5, 3) intermediate, 60, > 150
+    exact = HOCA(INPUT_DIMS, 3, attention_dim=4, max_lengths=[5, 7, 3], max_elements=150)
+    with pytest.raises(ValueError, match=r"^hoca_attention_all_targets: .* needs 165 elements"):
+        exact.double()(query, inputs, masks)
