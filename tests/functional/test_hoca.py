@@ -621,12 +621,16 @@ def _validation_cases():
         (lambda: query_conditioned_features(query[:2], features[0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\) and features \(B, T, d_f\) with the same B, got \(2, 2\) and \(3, 3, 4\)"),
         (lambda: query_conditioned_features(query[0], features[0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\)"),
         (lambda: query_conditioned_features(query, features[0][0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\)"),
+        (lambda: hoca_attention(features[:1], 0, weights[0]), r"^hoca_attention features: expected at least 2 modalities, got 1"),
+        (lambda: high_order_correlation(features[:2], max_elements=10), r"needs 15 elements \(15 for the tensor, 0 for the intermediate product\)"),
+        (lambda: low_rank_hoca_attention(features, 0, dict(enumerate(factors)), ones), r"^factors must be a list of 3 tensors"),
+        (lambda: low_rank_hoca_attention(features, 0, factors, ones[:3]), r"^weight_vector \(d,\) has shape \(3,\), expected \(4,\)"),
     ]
 
 
 def test_every_check_names_its_caller_and_the_problem():
     cases = _validation_cases()
-    assert len(cases) == 39
+    assert len(cases) == 43
     for call, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             call()
