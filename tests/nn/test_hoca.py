@@ -545,3 +545,26 @@ def test_module_errors_name_the_module():
     exact = HOCA(INPUT_DIMS, 3, attention_dim=4, max_lengths=[5, 7, 3], max_elements=150)
     with pytest.raises(ValueError, match=r"^hoca_attention_all_targets: .* needs 165 elements"):
         exact.double()(query, inputs, masks)
+
+
+def test_helpers_and_forward_checks_name_the_module():
+    assert parse_orders(3, 4) == [(0, 1, 2), (0, 1, 3), (0, 2, 3), (1, 2, 3)]  # an int order
+    with pytest.raises(ValueError, match=r"^orders: give at least one order, e.g. 'UBT'$"):
+        parse_orders([], 3)
+    assert default_exact_max_length(22) == 1  # 2**21 > 2**20: only length 1 fits
+    inputs, masks = random_batch(12, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    wrong = [inputs[0], inputs[1][..., :3], inputs[2]]
+    with pytest.raises(ValueError, match=r"^MAF: modality 1 has feature size 3"):
+        MAF(INPUT_DIMS, 3, 4, orders="U").double()(query, wrong, masks)
+    with pytest.raises(ValueError, match=r"^HOCA: modality 1 has feature size 3"):
+        HOCA(INPUT_DIMS, 3, max_lengths=8).double()(query, wrong, masks)
+    low_rank = LowRankHOCA(INPUT_DIMS, 3, max_lengths=8).double()
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: query has shape \(4,\), expected"):
+        low_rank(query[:, 0], inputs, masks)
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: query has shape list, expected"):
+        low_rank(query.tolist(), inputs, masks)
+    for bad in ([4, 4], 0, [4, 0, 4]):
+        with pytest.raises(ValueError, match=r"^HOCA: max_lengths must be a positive int or 3"):
+            HOCA(INPUT_DIMS, 3, max_lengths=bad)
+    assert HOCA([2, 2], 3, max_lengths=1).max_lengths == [1, 1]
