@@ -240,23 +240,66 @@ def test_cp_weight_tensor_matches_loops():
         assert abs(float(tensor[index]) - expected) < 1e-12
 
 
-def test_hoca_refuses_an_oversized_tensor_and_names_the_size():
+def test_hoca_refuses_one_oversized_sample_and_names_its_size():
     features = [torch.zeros(4, 100, 32) for _ in range(8)]
     weight = torch.zeros(1).expand([100] * 7)  # the right shape, no memory
     with pytest.raises(ValueError) as error:
         hoca_attention(features, 0, weight)
     message = str(error.value)
-    correlation = 4 * 100**8
-    intermediate = 4 * 32 * 100**7
+    correlation = 100**8  # one sample: T_1 x ... x T_8
+    intermediate = 32 * 100**7  # (d, T_1, ..., T_7) before the last product over d
     assert f"{correlation + intermediate:,}" in message
-    assert "max_elements" in message and "4 x 100 x 100" in message
+    assert "max_elements" in message and "one sample" in message
+    assert "100 x 100 x 100" in message and "4 x 100" not in message
     # a small case just above a lowered bound is refused, and allowed once raised
     small, _, _ = random_problem(3, batch=2)
-    weight = torch.ones(5, 4, dtype=F64)
-    needed = 2 * 3 * 5 * 4 + 2 * 4 * 3 * 4  # tensor + (B, d, T_0, T_2) intermediate
+    needed = 3 * 5 * 4 + 4 * 3 * 4  # one sample: tensor + (d, T_0, T_2) intermediate
     with pytest.raises(ValueError, match=f"needs {needed:,} elements"):
         hoca_attention(small, 1, torch.ones(3, 4, dtype=F64), max_elements=needed - 1)
-    assert hoca_attention(small, 0, weight, max_elements=needed).shape == (2, 3)
+    with pytest.raises(ValueError, match=f"needs {needed:,} elements"):
+        high_order_correlation(small, max_elements=needed - 1)
+    expected = loop_hoca(small, 0, torch.ones(5, 4, dtype=F64), [torch.ones(2, t, dtype=torch.bool)
+                                                                  for t in LENGTHS[:3]])
+    got = hoca_attention(small, 0, torch.ones(5, 4, dtype=F64), max_elements=needed)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("samples_per_chunk", [1, 2, 4])
+def test_a_batch_larger_than_the_bound_runs_in_chunks_with_the_same_values(samples_per_chunk):
+    """The bound is per sample: B x (one sample) > max_elements is split, not refused."""
+    features, _, masks = random_problem(3, batch=5, dim=3, seed=7)
+    gen = generator(8)
+    weights = [torch.randn(non_target(LENGTHS[:3], t), generator=gen, dtype=F64) for t in range(3)]
+    per_sample = 3 * 5 * 4 + 3 * 3 * 4  # T_0 T_1 T_2 + d T_0 T_2
+    bound = samples_per_chunk * per_sample + per_sample - 1  # fits samples_per_chunk, not more
+    unchunked_all = hoca_attention_all_targets(features, weights, masks)
+    chunked_all = hoca_attention_all_targets(features, weights, masks, max_elements=bound)
+    for target in range(3):
+        expected = loop_hoca(features, target, weights[target], masks)  # Eq. 9 by loops
+        chunked = hoca_attention(features, target, weights[target], masks, max_elements=bound)
+        torch.testing.assert_close(chunked, expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(chunked_all[target], expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(chunked_all[target], unchunked_all[target], rtol=0, atol=1e-14)
+    correlation = high_order_correlation(features, masks, max_elements=bound)
+    assert correlation.shape == (5, *LENGTHS[:3])
+    for b in range(5):
+        for index in itertools.product(*[range(t) for t in LENGTHS[:3]]):
+            entry = loop_correlation_entry(features, masks, b, index)  # Eq. 7
+            assert abs(float(correlation[(b, *index)]) - entry) < 1e-12
+
+
+def test_evaluation_batch_of_256_is_not_refused_when_each_sample_fits():
+    gen = generator(9)
+    features = [torch.randn(256, 12, 4, generator=gen, dtype=F64) for _ in range(3)]
+    weight = torch.randn(12, 12, generator=gen, dtype=F64)
+    per_sample = 12**3 + 4 * 12**2
+    attention = hoca_attention(features, 1, weight, max_elements=40 * per_sample)  # 256 > 40
+    masks = [torch.ones(1, 12, dtype=torch.bool)] * 3
+    for b in (0, 39, 40, 255):  # first and last sample of a chunk, and the final one
+        sample = [x[b : b + 1] for x in features]
+        torch.testing.assert_close(
+            attention[b], loop_hoca(sample, 1, weight, masks)[0], rtol=0, atol=1e-12
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -298,25 +341,25 @@ def test_low_rank_with_ones_equals_hoca_with_cp_weight(n):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_all_targets_equal_one_target_at_a_time(n):
-    features, factors, masks = random_problem(n, seed=60 + n)
+def test_all_targets_match_the_loops_for_every_target(n):
+    """One shared correlation tensor (exact) and shared factors with prefix/suffix
+    products (low rank) give every target its Eq. 9 / Eq. 17 attention."""
+    features, factors, masks = random_problem(n, dim=3, seed=60 + n)
     gen = generator(70 + n)
     weights = [torch.randn(non_target(LENGTHS[:n], t), generator=gen, dtype=F64) for t in range(n)]
-    vectors = [torch.randn(4, generator=gen, dtype=F64) for _ in range(n)]
+    vectors = [torch.randn(3, generator=gen, dtype=F64) for _ in range(n)]
     exact_all = hoca_attention_all_targets(features, weights, masks)
     low_rank_all = low_rank_hoca_attention_all_targets(features, factors, vectors, masks)
+    assert len(exact_all) == len(low_rank_all) == n
     for target in range(n):
         torch.testing.assert_close(
-            exact_all[target],
-            hoca_attention(features, target, weights[target], masks),
-            rtol=0,
-            atol=1e-13,
+            exact_all[target], loop_hoca(features, target, weights[target], masks),
+            rtol=0, atol=1e-12,
         )
         torch.testing.assert_close(
             low_rank_all[target],
-            low_rank_hoca_attention(features, target, factors, vectors[target], masks),
-            rtol=0,
-            atol=1e-13,
+            loop_low_rank(features, target, factors, vectors[target], masks),
+            rtol=0, atol=1e-12,
         )
 
 
@@ -470,20 +513,19 @@ def test_gradcheck_low_rank_hoca():
 
 def test_low_rank_handles_eight_modalities_of_length_100_quickly():
     gen = generator(110)
-    features = [torch.randn(4, 100, 32, generator=gen) for _ in range(8)]
-    masks = [torch.arange(100)[None, :] < torch.tensor([100, 60, 1, 37])[:, None] for _ in range(8)]
-    factors = [torch.randn(2, 100, generator=gen) / 10 for _ in range(8)]
-    vectors = [torch.randn(32, generator=gen) for _ in range(8)]
+    features = [torch.randn(2, 100, 8, generator=gen, dtype=F64) for _ in range(8)]
+    masks = [torch.arange(100)[None, :] < torch.tensor([100, 37])[:, None] for _ in range(8)]
+    factors = [torch.randn(2, 100, generator=gen, dtype=F64) / 10 for _ in range(8)]
+    vectors = [torch.randn(8, generator=gen, dtype=F64) for _ in range(8)]
     start = time.perf_counter()
     attentions = low_rank_hoca_attention_all_targets(features, factors, vectors, masks)
     single = low_rank_hoca_attention(features, 5, factors, vectors[5], masks)
     elapsed = time.perf_counter() - start
     assert elapsed < 5.0, elapsed  # linear cost: milliseconds in practice
-    assert len(attentions) == 8 and all(a.shape == (4, 100) for a in attentions)
-    torch.testing.assert_close(attentions[5], single, rtol=1e-5, atol=1e-6)
-    for attention, mask in zip(attentions, masks, strict=True):
-        assert bool(torch.isfinite(attention).all()) and bool((attention[~mask] == 0).all())
-        torch.testing.assert_close(attention.sum(-1), torch.ones(4))
+    for target in (0, 5):  # Eq. 14-17 by loops over 7 other modalities of 100 steps
+        expected = loop_low_rank(features, target, factors, vectors[target], masks)
+        torch.testing.assert_close(attentions[target], expected, rtol=0, atol=1e-10)
+    torch.testing.assert_close(single, attentions[5], rtol=0, atol=1e-12)
 
 
 def test_low_rank_matmul_cost_is_linear_in_the_number_of_modalities():
@@ -527,3 +569,68 @@ def test_errors_name_the_modality_and_the_problem():
         high_order_correlation(bad)
     with pytest.raises(ValueError, match="at least 2"):
         hoca_attention(features[:1], 0, torch.ones(()))
+
+
+def _validation_cases():
+    """(call, message pattern): every check of the module, each error naming its caller."""
+    features, factors, masks = random_problem(3)
+    ones = torch.ones(4, dtype=F64)
+    weights = [torch.ones(non_target(LENGTHS[:3], t), dtype=F64) for t in range(3)]
+    nan = [x.clone() for x in features]
+    nan[1][0, 0, 0] = float("nan")
+    query = torch.ones(3, 2, dtype=F64)
+    unary = {"query_weight": torch.ones(5, 2, dtype=F64), "feature_weight": torch.ones(5, 4,
+             dtype=F64), "score_vector": torch.ones(5, dtype=F64)}
+    return [
+        (lambda: high_order_correlation(nan), r"^high_order_correlation features\[1\] \(modality 1\) contains NaN"),
+        (lambda: hoca_attention(nan, 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) contains NaN"),
+        (lambda: hoca_attention_all_targets(nan, weights), r"^hoca_attention features\[1\]"),
+        (lambda: low_rank_hoca_attention(nan, 0, factors, ones), r"^low_rank_hoca_attention features\[1\]"),
+        (lambda: low_rank_hoca_attention_all_targets(nan, factors, [ones] * 3), r"^low_rank_hoca_attention features\[1\]"),
+        (lambda: bahdanau_attention(query, nan[1], None, **unary), r"^bahdanau_attention features\[0\] \(modality 0\) contains NaN"),
+        (lambda: high_order_correlation(features, max_elements=10), r"^high_order_correlation: the exact HOCA correlation tensor of one sample \(T_1 x \.\.\. x T_n = 3 x 5 x 4\) needs 108 elements \(60 for the tensor, 48 for"),
+        (lambda: hoca_attention(features, 0, weights[0], max_elements=10), r"^hoca_attention: the exact"),
+        (lambda: hoca_attention_all_targets(features, weights, max_elements=10), r"^hoca_attention_all_targets: the exact"),
+        (lambda: hoca_attention_all_targets(features, weights[:2]), r"^hoca_attention weights: expected exactly 3 modalities, got 2"),
+        (lambda: hoca_attention_all_targets(features, [*weights, weights[0]]), r"^hoca_attention weights: expected exactly 3 modalities, got 4"),
+        (lambda: hoca_attention_all_targets(features, [weights[0], weights[0], weights[2]]), r"^hoca_attention weights\[1\] \(T_i for every modality i != 1\) has shape \(5, 4\), expected \(3, 4\)"),
+        (lambda: hoca_attention(features, 0, weights[0].float()), r"^hoca_attention weight \(T_i for every modality i != 0\) has dtype torch.float32, the features have torch.float64"),
+        (lambda: hoca_attention(features, 0, [[1.0]]), r"^hoca_attention weight .* must be a tensor, got list"),
+        (lambda: hoca_attention(features, True, weights[0]), r"^target must be a modality index in \[0, 2\], got True"),
+        (lambda: hoca_attention(features, -1, weights[0]), r"^target must be a modality index in \[0, 2\], got -1"),
+        (lambda: hoca_attention(features, 1.0, weights[1]), r"^target must be a modality index"),
+        (lambda: hoca_attention([features[0][0], *features[1:]], 0, weights[0]), r"^hoca_attention features\[0\] \(modality 0\) has shape \(3, 4\); expected \(B, T_0, d\)"),
+        (lambda: hoca_attention([features[0], features[1].int(), features[2]], 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) has dtype torch.int32; expected a float"),
+        (lambda: hoca_attention([features[0], features[1][:2], features[2]], 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) has shape \(2, 5, 4\), modality 0 has \(3, 3, 4\): all modalities need the same batch size"),
+        (lambda: hoca_attention([features[0], features[1].float(), features[2]], 0, weights[0]), r"^hoca_attention features\[1\] \(modality 1\) has dtype torch.float32, modality 0 has torch.float64"),
+        (lambda: hoca_attention([features[0], features[1][:, :0], features[2]], 0, torch.ones(0, 4, dtype=F64)), r"^hoca_attention features\[1\] \(modality 1\) is an empty sequence \(T = 0\)"),
+        (lambda: hoca_attention(features, 0, weights[0], [masks[0], masks[1][:, :2], masks[2]]), r"hoca_attention features masks\[1\]"),
+        (lambda: low_rank_hoca_attention(features, 0, factors[0], ones), r"^factors must be a list of 3 tensors \(k, T_i\), one per modality"),
+        (lambda: low_rank_hoca_attention(features, 0, factors[:2], ones), r"^factors must be a list of 3 tensors"),
+        (lambda: low_rank_hoca_attention(features, 0, [None, factors[1][0], factors[2]], ones), r"^factors\[1\] \(modality 1\) must be a \(k, T_1\) tensor"),
+        (lambda: low_rank_hoca_attention(features, 0, [None, factors[1], factors[2][:2]], ones), r"^factors\[2\] \(modality 2, \(k, T_2\)\) has shape \(2, 4\), expected \(3, 4\)"),
+        (lambda: low_rank_hoca_attention_all_targets(features, [None, *factors[1:]], [ones] * 3), r"^factors\[0\] \(modality 0\) must be"),
+        (lambda: low_rank_hoca_attention_all_targets(features, factors, [ones] * 2), r"^weight_vectors: expected exactly 3 modalities, got 2"),
+        (lambda: low_rank_hoca_attention_all_targets(features, factors, [ones] * 4), r"^weight_vectors: expected exactly 3 modalities, got 4"),
+        (lambda: low_rank_hoca_attention_all_targets(features, factors, [ones, ones[:3], ones]), r"^weight_vectors\[1\] \(d,\) has shape \(3,\), expected \(4,\)"),
+        (lambda: cp_weight_tensor([]), r"^cp_weight_tensor factors: expected at least 1 modalities, got 0"),
+        (lambda: cp_weight_tensor([factors[0], factors[1][:2]]), r"^cp_weight_tensor factors\[1\] has shape \(2, 5\); expected \(k, T_1\) with the rank k = 3"),
+        (lambda: cp_weight_tensor([factors[0], factors[1][0]]), r"^cp_weight_tensor factors\[1\] has shape \(5,\)"),
+        (lambda: bahdanau_attention(query[:2], features[0], None, **unary), r"^query has shape \(2, 2\); expected \(B, d_q\) with B = 3"),
+        (lambda: bahdanau_attention(query[:, None], features[0], None, **unary), r"^query has shape \(3, 1, 2\)"),
+        (lambda: query_conditioned_features(query[:2], features[0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\) and features \(B, T, d_f\) with the same B, got \(2, 2\) and \(3, 3, 4\)"),
+        (lambda: query_conditioned_features(query[0], features[0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\)"),
+        (lambda: query_conditioned_features(query, features[0][0], query_weight=unary["query_weight"], feature_weight=unary["feature_weight"]), r"^query must be \(B, d_q\)"),
+        (lambda: hoca_attention(features[:1], 0, weights[0]), r"^hoca_attention features: expected at least 2 modalities, got 1"),
+        (lambda: high_order_correlation(features[:2], max_elements=10), r"needs 15 elements \(15 for the tensor, 0 for the intermediate product\)"),
+        (lambda: low_rank_hoca_attention(features, 0, dict(enumerate(factors)), ones), r"^factors must be a list of 3 tensors"),
+        (lambda: low_rank_hoca_attention(features, 0, factors, ones[:3]), r"^weight_vector \(d,\) has shape \(3,\), expected \(4,\)"),
+    ]
+
+
+def test_every_check_names_its_caller_and_the_problem():
+    cases = _validation_cases()
+    assert len(cases) == 43
+    for call, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()

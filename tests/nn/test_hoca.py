@@ -8,21 +8,17 @@ with the modules' own parameters.
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 
 import pytest
 import torch
 
 import polyfuse
-from polyfuse.functional.hoca import (
-    bahdanau_attention,
-    cp_weight_tensor,
-    hoca_attention,
-    low_rank_hoca_attention,
-    query_conditioned_features,
-)
+from polyfuse.functional.hoca import cp_weight_tensor
 from polyfuse.nn.hoca import HOCA, BahdanauAttention, LowRankHOCA, default_exact_max_length
-from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, parse_orders
+from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, combine_attentions, parse_orders
 
 F64 = torch.float64
 ADAPTERS = ["hoca", "lowrank_hoca"]
@@ -47,29 +43,222 @@ def masked_softmax(logits, mask):
 
 
 # ---------------------------------------------------------------------------
+# Brute-force references, written from the paper's equations with explicit loops
+# over samples, time steps and index tuples; they read the modules' parameters
+# but none of polyfuse's functions.
+# ---------------------------------------------------------------------------
+
+
+def loop_softmax(logits, mask_row):
+    """Softmax over the real steps of a list of scalar logits; 0 at padded steps."""
+    real = [float(v) for v, m in zip(logits, mask_row, strict=True) if m]
+    top = max(real)
+    exps = [math.exp(float(v) - top) if m else 0.0 for v, m in zip(logits, mask_row, strict=True)]
+    total = sum(exps)
+    return torch.tensor([e / total for e in exps], dtype=F64)
+
+
+def loop_mapped(query_projection, feature_projection, query_b, x_b):
+    """HOCA Eq. 3 inside: tanh(W h + b + U x_r) for every step r of one sample."""
+    return [
+        torch.tanh(
+            query_projection.weight.double() @ query_b
+            + query_projection.bias.double()
+            + feature_projection.weight.double() @ x_b[r]
+        )
+        for r in range(x_b.shape[0])
+    ]
+
+
+@torch.no_grad()
+def loop_bahdanau(term, query, x, mask):
+    """HOCA Eq. 2-3 for a BahdanauAttention module: (B, T) attention."""
+    rows = []
+    for b in range(x.shape[0]):
+        mapped = loop_mapped(term.query_projection, term.feature_projection, query[b], x[b])
+        scores = [float(term.score_vector.double() @ v) for v in mapped]  # Eq. 3
+        rows.append(loop_softmax(scores, mask[b].tolist()))  # Eq. 2
+    return torch.stack(rows)
+
+
+def _mapped_all(term, query, xs, b):
+    return [
+        loop_mapped(qp, fp, query[b], x[b])
+        for qp, fp, x in zip(
+            term.mapping.query_projections, term.mapping.feature_projections, xs, strict=True
+        )
+    ]
+
+
+@torch.no_grad()
+def loop_hoca(term, query, xs, masks):
+    """HOCA Eq. 7-9 for a HOCA module: sum over every real index tuple of W * C."""
+    n = len(xs)
+    out = [[] for _ in range(n)]
+    for b in range(xs[0].shape[0]):
+        mapped = _mapped_all(term, query, xs, b)
+        for target in range(n):
+            others = [i for i in range(n) if i != target]
+            weight = term.weights[target].double()
+            scores = []
+            for r in range(xs[target].shape[1]):
+                total = 0.0
+                for rest in itertools.product(*[range(xs[i].shape[1]) for i in others]):
+                    if not all(bool(masks[i][b, s]) for i, s in zip(others, rest, strict=True)):
+                        continue  # a padded step: C is zero there (Eq. 7 on zeroed features)
+                    product = mapped[target][r].clone()
+                    for i, s in zip(others, rest, strict=True):
+                        product = product * mapped[i][s]  # Hadamard products of Eq. 7
+                    total += float(weight[rest]) * float(product.sum())  # 1_d, then W, Eq. 9
+                scores.append(total)
+            out[target].append(loop_softmax(scores, masks[target][b].tolist()))  # Eq. 9
+    return [torch.stack(rows) for rows in out]
+
+
+@torch.no_grad()
+def loop_low_rank(term, query, xs, masks):
+    """HOCA Eq. 14-17 for a LowRankHOCA module."""
+    n = len(xs)
+    out = [[] for _ in range(n)]
+    for b in range(xs[0].shape[0]):
+        mapped = _mapped_all(term, query, xs, b)
+        for target in range(n):
+            summary = 0.0  # B_l of Eq. 16
+            for j in range(term.rank):
+                product = 1.0
+                for i in range(n):
+                    if i == target:
+                        continue
+                    factor = term.factors[i].double()
+                    product = product * sum(
+                        float(factor[j, r]) * mapped[i][r]
+                        for r in range(xs[i].shape[1])
+                        if masks[i][b, r]
+                    )  # (I'_i)_j of Eq. 14
+                summary = summary + product
+            vector = term.weight_vectors[target].double()
+            scores = [
+                float((vector * mapped[target][r] * summary).sum())
+                for r in range(xs[target].shape[1])
+            ]  # Eq. 17
+            out[target].append(loop_softmax(scores, masks[target][b].tolist()))
+    return [torch.stack(rows) for rows in out]
+
+
+@torch.no_grad()
+def loop_maf(maf, query, xs, masks):
+    """HOCA Eq. 18-23 for a MAF module, its terms by the loops above.
+
+    Returns (fused (B, O), attention per modality, context per modality, beta (B, n)).
+    """
+    n, batch = len(xs), xs[0].shape[0]
+    per_modality = [[] for _ in range(n)]
+    for subset, term in zip(maf.subsets, maf.terms.values(), strict=True):
+        if len(subset) == 1:
+            attentions = [loop_bahdanau(term, query, xs[subset[0]], masks[subset[0]])]
+        else:
+            loop = loop_low_rank if maf.low_rank else loop_hoca
+            attentions = loop(term, query, [xs[i] for i in subset], [masks[i] for i in subset])
+        for i, attention in zip(subset, attentions, strict=True):
+            per_modality[i].append(attention)  # Eq. 18
+    attentions, contexts = [], []
+    for i in range(n):
+        theta = maf.order_weights[i].double()
+        rows = []
+        for b in range(batch):
+            real = masks[i][b].tolist()
+            scores = []
+            for r in range(xs[i].shape[1]):
+                terms = [float(a[b, r]) for a in per_modality[i]]
+                if maf.combination == "literal":
+                    score = sum(float(t) * a for t, a in zip(theta, terms, strict=True))
+                else:  # the log form: theta-weighted log-attentions
+                    score = sum(
+                        float(t) * math.log(a) for t, a in zip(theta, terms, strict=True)
+                    ) if real[r] else 0.0
+                scores.append(score)
+            rows.append(loop_softmax(scores, real))  # Eq. 19
+        attention = torch.stack(rows)
+        attentions.append(attention)
+        contexts.append(
+            torch.stack(
+                [sum(attention[b, r] * xs[i][b, r] for r in range(xs[i].shape[1]))
+                 for b in range(batch)]
+            )
+        )  # Eq. 5
+    fused, betas = [], []
+    for b in range(batch):
+        scores = []
+        for i in range(n):
+            hidden = torch.tanh(
+                maf.fusion_query.weight.double() @ query[b]
+                + maf.fusion_query.bias.double()
+                + maf.fusion_contexts[i].weight.double() @ contexts[i][b]
+            )
+            scores.append(float(maf.fusion_score.double() @ hidden))  # Eq. 21
+        beta = loop_softmax(scores, [True] * n)  # Eq. 20
+        betas.append(beta)
+        fused.append(
+            sum(beta[i] * (maf.output_projections[i].weight.double() @ contexts[i][b])
+                for i in range(n))
+        )  # Eq. 22-23
+    return torch.stack(fused), attentions, contexts, torch.stack(betas)
+
+
+@torch.no_grad()
+def loop_adapter(module, xs, masks):
+    """The registry adapter: pooled or learned query, then MAF (Eq. 18-23)."""
+    batch = xs[0].shape[0]
+    if masks is None:
+        masks = [torch.ones(x.shape[:2], dtype=torch.bool) for x in xs]
+    if module.query_mode == "learned":
+        query = module.learned_query.double().expand(batch, -1)
+    else:
+        rows = []
+        for b in range(batch):
+            means = [
+                sum(x[b, r] for r in range(x.shape[1]) if m[b, r]) / int(m[b].sum())
+                for x, m in zip(xs, masks, strict=True)
+            ]
+            projection = module.query_projection
+            rows.append(torch.tanh(projection.weight.double() @ torch.cat(means)
+                                   + projection.bias.double()))
+        query = torch.stack(rows)
+    return loop_maf(module.maf, query, xs, masks)[0]
+
+
+# ---------------------------------------------------------------------------
 # Registry contract, for the two adapters
 # ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
-def test_registered_with_defaults_only(name):
+def test_registered_with_defaults_only_and_equal_to_the_loops(name):
     assert name in polyfuse.nn.available()
+    torch.manual_seed(0)
     module = polyfuse.nn.create(name, input_dims=INPUT_DIMS, out_dim=7)
     assert isinstance(module, HOCAFusion if name == "hoca" else LowRankHOCAFusion)
     assert isinstance(module, polyfuse.nn.FusionModule)
-    inputs, masks = random_batch(0)
+    module = module.double()
+    inputs, masks = random_batch(0, dtype=F64)
     out = module(inputs, masks)
-    assert out.shape == (4, 7) and bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out, loop_adapter(module, inputs, masks), rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("name", ADAPTERS)
-def test_shape_finite_and_gradient_for_every_parameter(name, dtype):
+def test_values_in_both_dtypes_and_a_gradient_for_every_parameter(name, dtype):
     torch.manual_seed(1)
-    module = polyfuse.nn.create(name, input_dims=INPUT_DIMS, out_dim=7).to(dtype)
+    module = polyfuse.nn.create(name, input_dims=INPUT_DIMS, out_dim=7, attention_dim=6).to(dtype)
+    with torch.no_grad():
+        for theta in module.maf.order_weights:
+            theta.uniform_(0.5, 2.0)  # away from 1 so that theta's place is visible
     inputs, masks = random_batch(1, dtype=dtype)
     out = module(inputs, masks)
-    assert out.shape == (4, 7) and out.dtype == dtype and bool(torch.isfinite(out).all())
+    assert out.dtype == dtype
+    expected = loop_adapter(module, [x.double() for x in inputs], masks)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=tolerance)
     out.square().sum().backward()
     for parameter_name, parameter in module.named_parameters():
         assert parameter.grad is not None, parameter_name
@@ -98,9 +287,15 @@ def test_padding_changes_nothing_and_matches_unpadded_samples(name, query):
 
 @pytest.mark.parametrize("name", ADAPTERS)
 def test_two_dimensional_inputs_and_two_modalities(name):
-    module = polyfuse.nn.create(name, input_dims=[3, 2], out_dim=4)
-    out = module([torch.randn(2, 3), torch.randn(2, 6, 2)])
-    assert out.shape == (2, 4) and bool(torch.isfinite(out).all())
+    torch.manual_seed(3)
+    module = polyfuse.nn.create(name, input_dims=[3, 2], out_dim=4).double()
+    gen = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(2, 3, generator=gen, dtype=F64), torch.randn(2, 6, 2, generator=gen,
+                                                                       dtype=F64)]
+    out = module(inputs)
+    # a (B, d) input is one step: its attention is 1, whatever the terms say
+    expected = loop_adapter(module, [inputs[0][:, None], inputs[1]], None)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
@@ -151,21 +346,6 @@ def test_bahdanau_module_is_eq_2_to_5():
         torch.testing.assert_close(context[b], expected @ features[b], rtol=0, atol=1e-12)  # Eq. 5
 
 
-def mapped_by_hand(module, query, inputs):
-    """Eq. 3 with the module's own parameters."""
-    return [
-        query_conditioned_features(
-            query, x, query_weight=qp.weight, feature_weight=fp.weight, bias=qp.bias
-        )
-        for x, qp, fp in zip(
-            inputs,
-            module.mapping.query_projections,
-            module.mapping.feature_projections,
-            strict=True,
-        )
-    ]
-
-
 def test_hoca_module_uses_the_leading_slice_of_its_weights():
     torch.manual_seed(4)
     module = HOCA(INPUT_DIMS, 3, attention_dim=5, max_lengths=[6, 9, 4]).double()
@@ -173,12 +353,13 @@ def test_hoca_module_uses_the_leading_slice_of_its_weights():
     query = torch.randn(4, 3, dtype=F64)
     inputs, masks = random_batch(4, dtype=F64)
     output = module(query, inputs, masks)
-    mapped = mapped_by_hand(module, query, inputs)
-    for target, weight in enumerate(module.weights):
-        lengths = [t for i, t in enumerate(LENGTHS) if i != target]
-        expected = hoca_attention(mapped, target, weight[: lengths[0], : lengths[1]], masks)
-        torch.testing.assert_close(output.attention[target], expected, rtol=0, atol=1e-12)
-        context = torch.einsum("bt,btd->bd", expected, inputs[target])  # Eq. 5
+    expected = loop_hoca(module, query, inputs, masks)  # reads weight[r_rest] at real steps
+    for target in range(3):
+        torch.testing.assert_close(output.attention[target], expected[target], rtol=0, atol=1e-12)
+        context = torch.stack(
+            [sum(expected[target][b, r] * inputs[target][b, r] for r in range(LENGTHS[target]))
+             for b in range(4)]
+        )  # Eq. 5
         torch.testing.assert_close(output.context[target], context, rtol=0, atol=1e-12)
 
 
@@ -197,16 +378,14 @@ def test_low_rank_module_with_ones_equals_hoca_module_with_cp_weights():
     for a, b in zip(
         low_rank(query, inputs, masks).attention, exact(query, inputs, masks).attention, strict=True
     ):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
-    # with a learned w^{I_l} (Eq. 17) it is the functional op on the sliced factors
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)  # README note 9
+    # with a learned w^{I_l} (Eq. 17), against the loops of Eq. 14-17
     with torch.no_grad():
-        low_rank.weight_vectors[1].normal_()
-    mapped = mapped_by_hand(low_rank, query, inputs)
-    factors = [f[:, :t] for f, t in zip(low_rank.factors, LENGTHS, strict=True)]
-    expected = low_rank_hoca_attention(mapped, 1, factors, low_rank.weight_vectors[1], masks)
-    torch.testing.assert_close(
-        low_rank(query, inputs, masks).attention[1], expected, rtol=0, atol=1e-12
-    )
+        for vector in low_rank.weight_vectors:
+            vector.normal_()
+    expected = loop_low_rank(low_rank, query, inputs, masks)
+    for got, want in zip(low_rank(query, inputs, masks).attention, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
 def test_exact_module_refuses_huge_weights_and_default_lengths():
@@ -219,13 +398,15 @@ def test_exact_module_refuses_huge_weights_and_default_lengths():
 
 
 def test_low_rank_fusion_handles_eight_modalities_of_length_100():
+    torch.manual_seed(6)
     module = LowRankHOCAFusion([8] * 8, 4, orders="UT", attention_dim=16)
     inputs, masks = random_batch(6, [8] * 8, [100] * 8, batch=2)
     start = time.perf_counter()
     out = module(inputs, masks)
     out.sum().backward()
     assert time.perf_counter() - start < 10.0
-    assert out.shape == (2, 4) and bool(torch.isfinite(out).all())
+    expected = loop_adapter(module.double(), [x.double() for x in inputs], masks)
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------
@@ -249,74 +430,141 @@ def test_parse_orders():
         parse_orders([], 3)
 
 
+@pytest.mark.parametrize("combination", ["log", "literal"])
 @pytest.mark.parametrize("low_rank", [False, True])
-def test_maf_is_eq_19_to_23_of_its_terms(low_rank):
+def test_maf_is_eq_18_to_23_of_its_terms(low_rank, combination):
     torch.manual_seed(7)
-    maf = MAF(INPUT_DIMS, 3, 4, orders="UBT", low_rank=low_rank, attention_dim=5, rank=2).double()
+    maf = MAF(INPUT_DIMS, 3, 4, orders="UBT", low_rank=low_rank, attention_dim=5, rank=2,
+              combination=combination).double()
     with torch.no_grad():
         for theta in maf.order_weights:
             theta.normal_()
+        if low_rank:
+            for term in maf.terms.values():
+                for vector in getattr(term, "weight_vectors", []):
+                    vector.normal_()
     query = torch.randn(4, 3, dtype=F64)
     inputs, masks = random_batch(7, dtype=F64)
     details = maf(query, inputs, masks, return_details=True)
     torch.testing.assert_close(maf(query, inputs, masks), details.fused, rtol=0, atol=0)
-
-    per_modality = [[] for _ in INPUT_DIMS]
     for subset, term in zip(maf.subsets, maf.terms.values(), strict=True):
         assert isinstance(
             term, BahdanauAttention if len(subset) == 1 else LowRankHOCA if low_rank else HOCA
         )
-        if len(subset) == 1:
-            i = subset[0]
-            attentions = [
-                bahdanau_attention(
-                    query,
-                    inputs[i],
-                    masks[i],
-                    query_weight=term.query_projection.weight,
-                    feature_weight=term.feature_projection.weight,
-                    score_vector=term.score_vector,
-                    bias=term.query_projection.bias,
-                )[0]
-            ]
-        else:
-            attentions = term(
-                query, [inputs[i] for i in subset], [masks[i] for i in subset]
-            ).attention
-        for i, attention in zip(subset, attentions, strict=True):
-            per_modality[i].append(attention)
-    assert [len(a) for a in per_modality] == [4, 4, 4]  # U, two B, T for each of 3 modalities
-
-    contexts, scores, projected = [], [], []
-    for i, (x, mask) in enumerate(zip(inputs, masks, strict=True)):
-        theta = maf.order_weights[i]
-        combined = sum(theta[k] * a for k, a in enumerate(per_modality[i]))  # Eq. 19
-        attention = masked_softmax(combined, mask)
-        torch.testing.assert_close(details.attention[i], attention, rtol=0, atol=1e-12)
-        context = torch.einsum("bt,btd->bd", attention, x)  # Eq. 5
-        contexts.append(context)
-        hidden = torch.tanh(maf.fusion_query(query) + maf.fusion_contexts[i](context))
-        scores.append(hidden @ maf.fusion_score)  # Eq. 21
-        projected.append(maf.output_projections[i](context))  # Eq. 23
-    beta = torch.stack(scores, 1).softmax(1)  # Eq. 20
-    fused = sum(beta[:, i : i + 1] * projected[i] for i in range(3))  # Eq. 22
-    torch.testing.assert_close(details.modality_weights, beta, rtol=0, atol=1e-12)
-    torch.testing.assert_close(details.fused, fused, rtol=0, atol=1e-12)
+    assert [len(t) for t in maf.order_weights] == [4, 4, 4]  # U, two B, T per modality
+    fused, attentions, contexts, beta = loop_maf(maf, query, inputs, masks)
+    for got, expected in zip(details.attention, attentions, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     for got, expected in zip(details.context, contexts, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(details.modality_weights, beta, rtol=0, atol=1e-12)
+    torch.testing.assert_close(details.fused, fused, rtol=0, atol=1e-12)
+
+
+def test_eq_19_literal_is_nearly_uniform_and_the_log_form_keeps_a_single_term():
+    """With one (unary) term and theta = 1: the log form returns the term's attention,
+    the literal form softmax(alpha), within 1/T of uniform per step."""
+    torch.manual_seed(8)
+    inputs, masks = random_batch(8, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    forms = {c: MAF(INPUT_DIMS, 3, 4, orders="U", attention_dim=5, combination=c).double()
+             for c in ("log", "literal")}
+    forms["literal"].load_state_dict(forms["log"].state_dict())
+    with torch.no_grad():
+        for term in forms["log"].terms.values():
+            term.score_vector.mul_(8.0)  # sharp unary attention
+    forms["literal"].load_state_dict(forms["log"].state_dict())
+    log_form = forms["log"](query, inputs, masks, return_details=True).attention
+    literal = forms["literal"](query, inputs, masks, return_details=True).attention
+    for i, term in enumerate(forms["log"].terms.values()):
+        unary = loop_bahdanau(term, query, inputs[i], masks[i])
+        torch.testing.assert_close(log_form[i], unary, rtol=0, atol=1e-12)
+        assert float(unary[0].max()) > 0.5  # the term itself is far from uniform
+        expected = torch.stack([loop_softmax(unary[b].tolist(), masks[i][b].tolist())
+                                for b in range(4)])  # Eq. 19 as printed
+        torch.testing.assert_close(literal[i], expected, rtol=0, atol=1e-12)
+        count = masks[i].sum(-1, keepdim=True)
+        # softmax of values in [0, 1]: every weight within a factor e of 1/T
+        real = literal[i][masks[i]]
+        bound = (1.0 / count).expand_as(masks[i])[masks[i]]
+        assert bool((real <= math.e * bound).all()) and bool((real >= bound / math.e).all())
+    with pytest.raises(ValueError, match="combination must be one of"):
+        MAF(INPUT_DIMS, 3, 4, combination="mean")
 
 
 def test_maf_orders_choose_the_terms():
-    unary = MAF(INPUT_DIMS, 3, 4, orders="U")
+    torch.manual_seed(9)
+    unary = MAF(INPUT_DIMS, 3, 4, orders="U").double()
     assert all(isinstance(t, BahdanauAttention) for t in unary.terms.values())
     assert [tuple(t.shape) for t in unary.order_weights] == [(1,), (1,), (1,)]
-    query = torch.randn(4, 3)
-    inputs, masks = random_batch(8)
+    query = torch.randn(4, 3, dtype=F64)
+    inputs, masks = random_batch(8, dtype=F64)
     # no high-order term: any length is fine, since only HOCA weights are per step
-    long_inputs = [torch.randn(1, 600, d) for d in INPUT_DIMS]
-    assert unary(query[:1], long_inputs).shape == (1, 4)
-    ub = MAF(INPUT_DIMS, 3, 4, orders="UB", low_rank=True)
+    long_inputs = [torch.randn(1, 600, d, dtype=F64) for d in INPUT_DIMS]
+    long_masks = [torch.ones(1, 600, dtype=torch.bool)] * 3
+    torch.testing.assert_close(
+        unary(query[:1], long_inputs), loop_maf(unary, query[:1], long_inputs, long_masks)[0],
+        rtol=0, atol=1e-12,
+    )
+    ub = MAF(INPUT_DIMS, 3, 4, orders="UB", low_rank=True).double()
     assert list(ub.terms) == ["0", "1", "2", "0_1", "0_2", "1_2"]
-    assert ub(query, inputs, masks).shape == (4, 4)
+    torch.testing.assert_close(
+        ub(query, inputs, masks), loop_maf(ub, query, inputs, masks)[0], rtol=0, atol=1e-12
+    )
     with pytest.raises(ValueError, match=r"query has shape \(4, 2\)"):
         ub(query[:, :2], inputs, masks)
+
+
+def test_combine_attentions_defaults_to_the_log_form():
+    gen = torch.Generator().manual_seed(10)
+    attentions = torch.rand(2, 4, 3, generator=gen, dtype=F64).softmax(dim=1)
+    theta = torch.tensor([0.5, 1.5, -0.25], dtype=F64)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    attentions = attentions * mask[..., None]
+    got = combine_attentions(attentions, theta, mask)  # no combination given
+    for b in range(2):
+        real = mask[b].tolist()
+        scores = [sum(float(theta[k]) * math.log(float(attentions[b, r, k])) for k in range(3))
+                  if real[r] else 0.0 for r in range(4)]
+        torch.testing.assert_close(got[b], loop_softmax(scores, real), rtol=0, atol=1e-12)
+
+
+def test_module_errors_name_the_module():
+    inputs, masks = random_batch(11, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    maf = MAF(INPUT_DIMS, 3, 4, orders="UB").double()
+    with pytest.raises(ValueError, match=r"^MAF: query has shape \(4, 2\), expected"):
+        maf(query[:, :2], inputs, masks)
+    short = [3, 3, 3]
+    with pytest.raises(ValueError, match=r"^HOCA: modality 0 has 5 time steps, more than "):
+        HOCA(INPUT_DIMS, 3, max_lengths=short).double()(query, inputs, masks)
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: modality 0 has 5 time steps"):
+        LowRankHOCA(INPUT_DIMS, 3, max_lengths=short).double()(query, inputs, masks)
+    # max_elements bounds the weights at construction and one sample's correlation tensor
+    # in forward: 5 x 7 x 3 = 105 elements plus the (d, 5, 3) intermediate, 60, > 150
+    exact = HOCA(INPUT_DIMS, 3, attention_dim=4, max_lengths=[5, 7, 3], max_elements=150)
+    with pytest.raises(ValueError, match=r"^hoca_attention_all_targets: .* needs 165 elements"):
+        exact.double()(query, inputs, masks)
+
+
+def test_helpers_and_forward_checks_name_the_module():
+    assert parse_orders(3, 4) == [(0, 1, 2), (0, 1, 3), (0, 2, 3), (1, 2, 3)]  # an int order
+    with pytest.raises(ValueError, match=r"^orders: give at least one order, e.g. 'UBT'$"):
+        parse_orders([], 3)
+    assert default_exact_max_length(22) == 1  # 2**21 > 2**20: only length 1 fits
+    inputs, masks = random_batch(12, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    wrong = [inputs[0], inputs[1][..., :3], inputs[2]]
+    with pytest.raises(ValueError, match=r"^MAF: modality 1 has feature size 3"):
+        MAF(INPUT_DIMS, 3, 4, orders="U").double()(query, wrong, masks)
+    with pytest.raises(ValueError, match=r"^HOCA: modality 1 has feature size 3"):
+        HOCA(INPUT_DIMS, 3, max_lengths=8).double()(query, wrong, masks)
+    low_rank = LowRankHOCA(INPUT_DIMS, 3, max_lengths=8).double()
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: query has shape \(4,\), expected"):
+        low_rank(query[:, 0], inputs, masks)
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: query has shape list, expected"):
+        low_rank(query.tolist(), inputs, masks)
+    for bad in ([4, 4], 0, [4, 0, 4]):
+        with pytest.raises(ValueError, match=r"^HOCA: max_lengths must be a positive int or 3"):
+            HOCA(INPUT_DIMS, 3, max_lengths=bad)
+    assert HOCA([2, 2], 3, max_lengths=1).max_lengths == [1, 1]

@@ -136,6 +136,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                          help="tiny sizes that exercise the code (not the issue's targets)")
     common(targets)
 
+    maf = commands.add_parser(
+        "maf",
+        help="HOCA Eq. 19 literal vs learnable: attention entropy and captioning metrics",
+        description=(
+            "Trains the MAF caption decoder on the shared MSVD subset (VGG appearance and "
+            "frame-difference streams) once per form of Eq. 19 with a fixed seed, decodes "
+            "the test videos greedily and reports attention entropy, BLEU-4, CIDEr-D, "
+            "ROUGE-L and METEOR (pycocoevalcap). A few minutes of CPU."
+        ),
+    )
+    maf.add_argument("--preset", choices=("full", "quick"), default="full",
+                     help="quick: a seconds-long smoke run, not a measurement")
+    maf.add_argument("--data-dir", type=Path, default=None,
+                     help="the MSVD folder (default ../shared/data/msvd)")
+    maf.add_argument("--combinations", type=_words, default=None, help="of: literal log")
+    maf.add_argument("--epochs", type=int, default=None)
+    maf.add_argument("--seed", type=int, default=None)
+    maf.add_argument("--no-meteor", action="store_true", help="skip METEOR (slow Java start)")
+    common(maf)
+
 
 def _progress(args: argparse.Namespace) -> Any:
     return None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -208,8 +228,20 @@ def _targets(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return payload, None
 
 
+def _maf(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import maf
+
+    settings = maf.QUICK if args.preset == "quick" else maf.FULL
+    changes = {name: getattr(args, name) for name in ("data_dir", "combinations", "epochs", "seed")
+               if getattr(args, name) is not None}
+    if args.no_meteor:
+        changes["meteor"] = False
+    return maf.run_maf_bench(dataclasses.replace(settings, **changes),
+                             progress=_progress(args)), None
+
+
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
-            "targets": _targets}
+            "targets": _targets, "maf": _maf}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -221,29 +221,41 @@ def bahdanau_attention(
 # ---------------------------------------------------------------------------
 
 
-def _correlation_elements(batch: int, lengths: Sequence[int], dim: int) -> tuple[int, int]:
-    """Elements of the correlation tensor and of the largest intermediate product."""
-    correlation = batch * math.prod(lengths)
-    intermediate = batch * dim * math.prod(lengths) // max(lengths) if len(lengths) > 2 else 0
+def _sample_elements(lengths: Sequence[int], dim: int) -> tuple[int, int]:
+    """Elements of one sample's correlation tensor and of its largest intermediate product."""
+    correlation = math.prod(lengths)
+    intermediate = dim * math.prod(lengths) // max(lengths) if len(lengths) > 2 else 0
     return correlation, intermediate
 
 
-def _build_correlation(zeroed: list[Tensor], max_elements: int, caller: str) -> Tensor:
-    """Eq. 7-8 on already zeroed (B, T_i, d) features; refuses oversized tensors."""
-    batch, _, dim = zeroed[0].shape
+def _batch_chunk_size(zeroed: list[Tensor], max_elements: int, caller: str) -> int:
+    """How many samples the exact path may process at once; refuses when one does not fit.
+
+    The bound is on one sample's correlation tensor (T_1 x ... x T_n) plus its
+    largest intermediate product: a batch that does not fit as a whole is split
+    into chunks of as many samples as fit, so the batch size never causes a refusal.
+    """
+    _, _, dim = zeroed[0].shape
     lengths = [x.shape[1] for x in zeroed]
-    correlation_size, intermediate_size = _correlation_elements(batch, lengths, dim)
+    correlation_size, intermediate_size = _sample_elements(lengths, dim)
     needed = correlation_size + intermediate_size
     if needed > max_elements:
-        shape = " x ".join(str(s) for s in [batch, *lengths])
+        shape = " x ".join(str(s) for s in lengths)
         raise ValueError(
-            f"{caller}: the exact HOCA correlation tensor (B x T_1 x ... x T_n = {shape}) "
-            f"needs {needed:,} elements ({correlation_size:,} for the tensor, "
+            f"{caller}: the exact HOCA correlation tensor of one sample (T_1 x ... x T_n = "
+            f"{shape}) needs {needed:,} elements ({correlation_size:,} for the tensor, "
             f"{intermediate_size:,} for the intermediate product), more than "
-            f"max_elements={max_elements:,}; pass max_elements={needed} or more to allow "
-            "it, or use low_rank_hoca_attention, whose cost is linear in the number of "
-            "modalities"
+            f"max_elements={max_elements:,} (the batch is split into chunks, but one sample "
+            f"must fit); pass max_elements={needed} or more to allow it, or use "
+            "low_rank_hoca_attention, whose cost is linear in the number of modalities"
         )
+    return max(1, max_elements // needed)
+
+
+def _build_correlation(zeroed: list[Tensor]) -> Tensor:
+    """Eq. 7-8 on already zeroed (B, T_i, d) features, for the whole given batch."""
+    batch, _, dim = zeroed[0].shape
+    lengths = [x.shape[1] for x in zeroed]
     # Multiply the longest modality in last, so that the (B, d, ...) intermediate
     # that still carries the feature axis is as small as possible.
     order = sorted(range(len(zeroed)), key=lambda i: lengths[i])
@@ -257,6 +269,13 @@ def _build_correlation(zeroed: list[Tensor], max_elements: int, caller: str) -> 
     correlation = torch.bmm(partial.reshape(batch, dim, -1).transpose(1, 2), last.transpose(1, 2))
     correlation = correlation.reshape(batch, *[lengths[i] for i in order])
     return correlation.permute(0, *[1 + order.index(i) for i in range(len(zeroed))])
+
+
+def _batch_chunks(zeroed: list[Tensor], max_elements: int, caller: str) -> list[list[Tensor]]:
+    """The features split along the batch into chunks whose correlation tensors fit."""
+    size = _batch_chunk_size(zeroed, max_elements, caller)
+    pieces = [x.split(size, dim=0) for x in zeroed]
+    return [list(chunk) for chunk in zip(*pieces, strict=True)]
 
 
 def high_order_correlation(
@@ -273,15 +292,19 @@ def high_order_correlation(
     Args:
         features: n >= 2 tensors (B, T_i, d), already mapped with the query.
         masks: None or one (B, T_i) bool tensor (or None) per modality.
-        max_elements: refuse, with a ValueError giving the size, when the tensor
-            and its largest intermediate product together would exceed this many
-            elements.
+        max_elements: bound on the elements built at once: one sample's tensor
+            (T_1 x ... x T_n) and its largest intermediate product together must
+            fit, or a ValueError gives the size; the batch is built in chunks of
+            as many samples as fit (the returned tensor holds the whole batch).
 
     Returns:
         (B, T_1, ..., T_n).
     """
     zeroed, _ = _prepare_features(features, masks, "high_order_correlation features")
-    return _build_correlation(zeroed, max_elements, "high_order_correlation")
+    chunks = _batch_chunks(zeroed, max_elements, "high_order_correlation")
+    if len(chunks) == 1:
+        return _build_correlation(zeroed)
+    return torch.cat([_build_correlation(chunk) for chunk in chunks], dim=0)
 
 
 def _weighted_correlation_logits(correlation: Tensor, target: int, weight: Tensor) -> Tensor:
@@ -317,8 +340,9 @@ def hoca_attention(
         target: index l of the modality whose attention is returned.
         weight: (T_i for every i != target, in modality order), W^{I_l}_{n-1}.
         masks: None or one (B, T_i) bool tensor (or None) per modality.
-        max_elements: memory bound, see :func:`high_order_correlation`; the error
-            gives the number of elements needed.
+        max_elements: bound on one sample's correlation tensor and intermediate
+            product (see :func:`high_order_correlation`); the error gives the number
+            of elements needed. Larger batches are processed in chunks of samples.
 
     Returns:
         (B, T_target) attention, zero at padded steps, summing to one over real ones.
@@ -327,8 +351,13 @@ def hoca_attention(
     target = _check_target(target, len(zeroed))
     lengths = [x.shape[1] for x in zeroed]
     _check_exact_weight(weight, lengths, target, zeroed[0], "hoca_attention weight")
-    correlation = _build_correlation(zeroed, max_elements, "hoca_attention")
-    logits = _weighted_correlation_logits(correlation, target, weight)
+    logits = torch.cat(
+        [
+            _weighted_correlation_logits(_build_correlation(chunk), target, weight)
+            for chunk in _batch_chunks(zeroed, max_elements, "hoca_attention")
+        ],
+        dim=0,
+    )  # (B, T_l), one chunk of samples at a time
     return _masked_softmax(logits, full_masks[target])  # Eq. 9
 
 
@@ -345,7 +374,7 @@ def hoca_attention_all_targets(
         features: n >= 2 tensors (B, T_i, d).
         weights: n tensors; ``weights[l]`` has shape (T_i for every i != l).
         masks: None or one (B, T_i) bool tensor (or None) per modality.
-        max_elements: memory bound, see :func:`high_order_correlation`.
+        max_elements: bound on one sample's correlation tensor, see :func:`hoca_attention`.
 
     Returns:
         n tensors (B, T_l): the attention of each modality (Eq. 9).
@@ -357,12 +386,14 @@ def hoca_attention_all_targets(
     )
     for target, weight in enumerate(weights):
         _check_exact_weight(weight, lengths, target, zeroed[0], f"hoca_attention weights[{target}]")
-    correlation = _build_correlation(zeroed, max_elements, "hoca_attention_all_targets")
+    logits: list[list[Tensor]] = [[] for _ in weights]
+    for chunk in _batch_chunks(zeroed, max_elements, "hoca_attention_all_targets"):
+        correlation = _build_correlation(chunk)  # one tensor shared by every target
+        for target, weight in enumerate(weights):
+            logits[target].append(_weighted_correlation_logits(correlation, target, weight))
     return [
-        _masked_softmax(
-            _weighted_correlation_logits(correlation, target, weight), full_masks[target]
-        )
-        for target, weight in enumerate(weights)
+        _masked_softmax(torch.cat(parts, dim=0), full_masks[target])  # Eq. 9
+        for target, parts in enumerate(logits)
     ]
 
 

@@ -262,7 +262,8 @@ class HOCA(_HighOrderAttention):
             four modalities). Target l owns a weight tensor W^{I_l}_{n-1} of shape
             (max_lengths[i] for i != l); shorter inputs use its leading slice.
         max_elements: the largest tensor this module may build: checked for every
-            weight tensor here and for the correlation tensor in every forward.
+            weight tensor here and for one sample's correlation tensor in every
+            forward (a batch that does not fit as a whole runs in chunks of samples).
 
     ``forward(query (B, d_q), inputs, masks)`` returns :class:`HOCAOutput`.
     """

@@ -10,6 +10,24 @@ size (``attention_dim``), ``O`` the output size.
 
 * :class:`MAF`: unary, binary, ... attentions combined per modality with trainable
   weights theta (Eq. 19), then attention over modalities (Eq. 20 to 23).
+
+Eq. 19, ``alpha_t^F = softmax(theta_1 alpha_{t,1}^F + theta_2 alpha_{t,2}^{F,M} + ...)``,
+taken literally applies a softmax to a weighted sum of *probabilities*: each term
+lies in [0, 1] and sums to one over the T steps, so the softmax's inputs differ by
+about ``sum_k theta_k / T`` and the result is close to uniform (``1/T`` per step,
+whatever the terms attend to) until theta grows to the order of T. MAF therefore
+offers two forms of Eq. 19 (``combination``):
+
+* ``"log"`` (default): ``softmax(sum_k theta_k log alpha_k)``, the normalised
+  weighted geometric mean of the terms. Since ``log alpha_k = e_k - logsumexp(e_k)``
+  and softmax ignores a constant per sample, this equals the softmax of the
+  theta-weighted *logits* e_k of the terms (Eq. 3, 9, 17): with one term and
+  theta = 1 it returns that term's attention unchanged, so the terms' sharpness
+  survives the fusion and the model learns where to look.
+* ``"literal"``: Eq. 19 as printed, ``softmax(sum_k theta_k alpha_k)``.
+
+``polyfuse bench maf`` measures both (attention entropy and captioning metrics
+on MSVD); the figures are in docs/BENCHMARKS.md.
 * :class:`HOCAFusion` (``"hoca"``) and :class:`LowRankHOCAFusion`
   (``"lowrank_hoca"``): MAF behind the common fusion interface, with a query that
   is either a learned vector or a pooled summary of the inputs.
@@ -44,9 +62,20 @@ from polyfuse.nn.hoca import (
 )
 from polyfuse.nn.registry import register
 
-__all__ = ["MAF", "HOCAFusion", "LowRankHOCAFusion", "MAFOutput", "parse_orders"]
+__all__ = [
+    "EQ19_COMBINATIONS",
+    "MAF",
+    "HOCAFusion",
+    "LowRankHOCAFusion",
+    "MAFOutput",
+    "combine_attentions",
+    "parse_orders",
+]
 
 Orders = str | int | Sequence[str | int]
+
+#: The forms of HOCA Eq. 19 that :class:`MAF` offers (see the module docstring).
+EQ19_COMBINATIONS = ("log", "literal")
 
 
 # ---------------------------------------------------------------------------
@@ -102,6 +131,38 @@ def parse_orders(orders: Orders, num_modalities: int) -> list[tuple[int, ...]]:
     ]
 
 
+def combine_attentions(
+    attentions: Tensor, theta: Tensor, mask: Tensor, combination: str = "log"
+) -> Tensor:
+    """HOCA Eq. 19: one modality's attention from its unary, binary, ... attentions.
+
+    Args:
+        attentions: (B, T, K) the K attentions of the modality (each zero at padded
+            steps and summing to one over the real ones).
+        theta: (K,) the trainable weights theta_1..K of Eq. 19.
+        mask: (B, T) bool, True at real steps.
+        combination: ``"log"``, ``softmax(sum_k theta_k log alpha_k)`` (equal to the
+            softmax of the theta-weighted logits of the terms), or ``"literal"``,
+            ``softmax(sum_k theta_k alpha_k)`` as Eq. 19 is printed.
+
+    Returns:
+        (B, T) attention, zero at padded steps, summing to one over the real ones.
+    """
+    if combination == "literal":
+        scores = attentions @ theta  # Eq. 19 as printed: a softmax over weighted probabilities
+    elif combination == "log":
+        # Eq. 19 on log-attentions; clamping keeps an underflowed probability finite.
+        tiny = torch.finfo(attentions.dtype).tiny
+        logs = attentions.clamp_min(tiny).log().masked_fill(~mask.unsqueeze(-1), 0.0)
+        scores = logs @ theta
+    else:
+        raise ValueError(
+            f"MAF: combination must be one of {EQ19_COMBINATIONS} (HOCA Eq. 19), got "
+            f"{combination!r}"
+        )
+    return _masked_softmax(scores, mask)  # Eq. 19
+
+
 class MAFOutput(NamedTuple):
     """What :meth:`MAF.forward` returns with ``return_details=True``."""
 
@@ -120,7 +181,8 @@ class MAF(nn.Module):
     modality, :class:`HOCA` or :class:`LowRankHOCA` otherwise, each with its own
     parameters. Modality i combines the attentions of the subsets that contain it
     with trainable scalars theta (initialised to 1) and a softmax over its real
-    steps (Eq. 19), which gives its context vector (Eq. 5). A second attention over
+    steps (Eq. 19, in the form ``combination``, see :func:`combine_attentions`),
+    which gives its context vector (Eq. 5). A second attention over
     the n contexts (Eq. 20, 21) weights their projections (Eq. 23) into the fused
     context ``sum_k beta_k W_p^k phi(k)`` (Eq. 22), returned without the decoder's
     ``W_p^h h_t + b_p`` term and softmax.
@@ -139,6 +201,10 @@ class MAF(nn.Module):
             picks 512 for low rank and :func:`default_exact_max_length` of the
             largest subset for exact HOCA.
         max_elements: memory bound of exact HOCA, see :class:`HOCA`.
+        combination: the form of Eq. 19: ``"log"`` (default, the softmax of the
+            theta-weighted log-attentions, i.e. of the terms' logits) or
+            ``"literal"`` (the softmax of the theta-weighted attentions, as printed,
+            which is nearly uniform); see :func:`combine_attentions`.
 
     Interpretation: Eq. 21 writes one U_e for all modalities, possible in the paper
     because all its contexts have the same size; here each modality has its own
@@ -158,10 +224,17 @@ class MAF(nn.Module):
         rank: int = 1,
         max_lengths: MaxLengths = None,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        combination: str = "log",
         owner: str = "MAF",
     ) -> None:
         super().__init__()
         self.owner = owner  # the module named in error messages (HOCAFusion for the adapter)
+        if combination not in EQ19_COMBINATIONS:
+            raise ValueError(
+                f"{owner}: combination must be one of {EQ19_COMBINATIONS} (HOCA Eq. 19), got "
+                f"{combination!r}"
+            )
+        self.combination = combination
         self.input_dims = [int(dim) for dim in input_dims]
         count = len(self.input_dims)
         if count < 1 or query_dim <= 0 or out_dim <= 0 or attention_dim <= 0:
@@ -259,7 +332,9 @@ class MAF(nn.Module):
         fused_attention, contexts = [], []
         for i, (x, mask) in enumerate(zip(sequences, masks, strict=True)):
             stacked = torch.stack(per_modality[i], dim=-1)  # (B, T_i, terms of i)
-            attention = _masked_softmax(stacked @ self.order_weights[i], mask)  # Eq. 19
+            attention = combine_attentions(
+                stacked, self.order_weights[i], mask, self.combination
+            )  # Eq. 19
             fused_attention.append(attention)
             contexts.append(_weighted_sum(attention, x))  # Eq. 5
         query_part = self.fusion_query(query)  # W_e h_t + b_e, (B, fusion_dim)
@@ -284,7 +359,8 @@ class MAF(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"input_dims={self.input_dims}, query_dim={self.query_dim}, out_dim={self.out_dim}, "
-            f"subsets={self.subsets}, low_rank={self.low_rank}, max_lengths={self.max_lengths}"
+            f"subsets={self.subsets}, low_rank={self.low_rank}, max_lengths={self.max_lengths}, "
+            f"combination={self.combination!r}"
         )
 
 
@@ -346,7 +422,8 @@ class HOCAFusion(_MAFFusion):
     ``orders`` (default ``"UBT"``, the paper's HOCA-UBT) does the rest.
     ``max_lengths`` bounds each modality's length (default
     :func:`default_exact_max_length` of the largest order: 64 for up to four
-    modalities); longer inputs are refused with a clear error.
+    modalities); longer inputs are refused with a clear error. ``combination``
+    picks the form of Eq. 19 (see :class:`MAF`).
     """
 
     def __init__(
@@ -360,6 +437,7 @@ class HOCAFusion(_MAFFusion):
         query_dim: int | None = None,
         max_lengths: MaxLengths = None,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        combination: str = "log",
     ) -> None:
         super().__init__(
             input_dims,
@@ -371,6 +449,7 @@ class HOCAFusion(_MAFFusion):
             low_rank=False,
             max_lengths=max_lengths,
             max_elements=max_elements,
+            combination=combination,
         )
 
 
@@ -394,6 +473,7 @@ class LowRankHOCAFusion(_MAFFusion):
         query: str = "pooled",
         query_dim: int | None = None,
         max_lengths: MaxLengths = None,
+        combination: str = "log",
     ) -> None:
         super().__init__(
             input_dims,
@@ -405,4 +485,5 @@ class LowRankHOCAFusion(_MAFFusion):
             low_rank=True,
             rank=rank,
             max_lengths=max_lengths,
+            combination=combination,
         )

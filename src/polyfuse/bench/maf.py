@@ -1,0 +1,369 @@
+"""``polyfuse bench maf``: HOCA Eq. 19 as printed against the form that learns, measured.
+
+A small but real captioning experiment on the shared MSVD subset
+(``../shared/data/msvd``, 70 / 10 / 20 videos): the same model, seed and data are
+trained twice, once with MAF's literal Eq. 19 (``softmax(sum_k theta_k alpha_k)``)
+and once with the default form (``softmax(sum_k theta_k log alpha_k)``), and both
+are scored on the test videos.
+
+* Two modalities per video: appearance, the VGG frame features of
+  ``features_vgg.npz`` (every ``frame_stride``-th of the 80 rows), and a
+  frame-difference stream, ``vgg[t + 1] - vgg[t]`` between consecutive sampled
+  rows (one step shorter): a crude motion signal computed from the appearance
+  features, since the subset ships no motion features. To keep the run to a few
+  CPU minutes, the 4096-d rows are first projected on their ``pca_dim`` leading
+  principal directions, fitted on the training videos' appearance rows (the same
+  projection for both streams, so the difference stream is the difference of the
+  projected rows); each stream then goes through its own trainable
+  ``tanh(linear)`` encoder (``pca_dim`` -> ``feature_dim``).
+* Decoder: :class:`polyfuse.nn.decoding.CaptionDecoder` (LSTM, MAF conditioned on
+  h_t with unary and binary exact-HOCA attention, Eq. 22 output), teacher forcing,
+  Adam, a fixed number of epochs; greedy decoding of the test videos.
+* Measures: the mean entropy of each modality's Eq. 19 attention over the decoded
+  steps (nats, and divided by log T, where 1 means uniform), BLEU-4, CIDEr-D,
+  ROUGE-L and METEOR from pycocoevalcap (PTB tokenisation; METEOR and the PTB
+  tokeniser need Java: without it the words are split by a regular expression and
+  METEOR is left out, with a note), and the teacher-forced test cross-entropy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from polyfuse.bench.results import result_header
+from polyfuse.nn.decoding import CaptionDecoder, caption_cross_entropy
+
+__all__ = ["FULL", "QUICK", "MAFBenchSettings", "attention_entropy", "run_maf_bench"]
+
+PAD, BEGIN, END, UNKNOWN = "<pad>", "<bos>", "<eos>", "<unk>"
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+@dataclasses.dataclass(frozen=True)
+class MAFBenchSettings:
+    data_dir: Path = Path("../shared/data/msvd")
+    combinations: tuple[str, ...] = ("literal", "log")
+    seed: int = 0
+    frame_stride: int = 4  # 80 VGG rows -> 20 appearance steps, 19 difference steps
+    pca_dim: int = 256
+    feature_dim: int = 128
+    embed_dim: int = 128
+    hidden_dim: int = 256
+    attention_dim: int = 64
+    orders: str = "UB"
+    epochs: int = 15
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    max_words: int = 20
+    min_count: int = 2
+    max_decode_length: int = 20
+    train_videos: int | None = None  # None: the whole train split
+    meteor: bool = True  # METEOR starts a Java process that loads its paraphrase tables
+
+
+FULL = MAFBenchSettings()
+#: Seconds: a smoke test of the pipeline, not a measurement.
+QUICK = dataclasses.replace(
+    FULL, epochs=1, pca_dim=32, feature_dim=16, embed_dim=16, hidden_dim=32, attention_dim=8, train_videos=8
+)
+
+
+# ---------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------
+
+
+def tokenize(caption: str) -> list[str]:
+    """Lower-cased words without punctuation (the vocabulary's tokenisation)."""
+    return _WORD.findall(caption.lower())
+
+
+def _load_msvd(data_dir: Path) -> tuple[list[str], np.ndarray, dict[str, list[str]], dict]:
+    data_dir = Path(data_dir)
+    needed = ["features_vgg.npz", "captions.json", "splits.json"]
+    missing = [name for name in needed if not (data_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"bench maf: {data_dir} lacks {', '.join(missing)}; pass --data-dir pointing at the "
+            "shared MSVD folder (see its PROVENANCE.md)"
+        )
+    with np.load(data_dir / "features_vgg.npz") as archive:
+        ids = [str(v) for v in archive["video_ids"]]
+        vgg = archive["vgg"]
+    captions = json.loads((data_dir / "captions.json").read_text(encoding="utf-8"))
+    splits = json.loads((data_dir / "splits.json").read_text(encoding="utf-8"))
+    return ids, vgg, captions, splits
+
+
+def _streams(
+    vgg: np.ndarray, stride: int, pca_dim: int, fit_rows: Sequence[int]
+) -> tuple[Tensor, Tensor]:
+    """(N, T, p) projected appearance rows and (N, T - 1, p) differences of consecutive rows.
+
+    The projection is on the ``p = pca_dim`` leading principal directions of the
+    appearance rows of the videos ``fit_rows`` (the training videos), after
+    subtracting their mean.
+    """
+    appearance = torch.from_numpy(vgg[:, ::stride].astype(np.float32))  # (N, T, 4096)
+    if appearance.shape[1] < 2:
+        raise ValueError(f"bench maf: frame_stride {stride} leaves fewer than 2 frames")
+    fit = appearance[list(fit_rows)].reshape(-1, appearance.shape[-1])
+    mean = fit.mean(dim=0)
+    _, _, directions = torch.linalg.svd(fit - mean, full_matrices=False)  # rows: directions
+    projected = (appearance - mean) @ directions[:pca_dim].T  # (N, T, p)
+    return projected, projected[:, 1:] - projected[:, :-1]
+
+
+class _Vocabulary:
+    def __init__(self, captions: Sequence[list[str]], min_count: int) -> None:
+        counts = Counter(word for words in captions for word in words)
+        kept = sorted(word for word, count in counts.items() if count >= min_count)
+        self.words = [PAD, BEGIN, END, UNKNOWN, *kept]
+        self.index = {word: i for i, word in enumerate(self.words)}
+
+    def encode(self, words: list[str], max_words: int) -> list[int]:
+        unknown = self.index[UNKNOWN]
+        ids = [self.index.get(word, unknown) for word in words[:max_words]]
+        return [self.index[BEGIN], *ids, self.index[END]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        words = []
+        for i in ids:
+            if i == self.index[END]:
+                break
+            if i != self.index[PAD]:
+                words.append(self.words[i])
+        return " ".join(words)
+
+
+def _pad(sequences: list[list[int]]) -> Tensor:
+    length = max(len(s) for s in sequences)
+    return torch.tensor([s + [0] * (length - len(s)) for s in sequences], dtype=torch.long)
+
+
+# ---------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------
+
+
+class _Captioner(nn.Module):
+    """Two tanh(linear) stream encoders and the MAF caption decoder."""
+
+    def __init__(self, vocab_size: int, settings: MAFBenchSettings, combination: str,
+                 lengths: Sequence[int], input_dim: int) -> None:
+        super().__init__()
+        self.encoders = nn.ModuleList(
+            nn.Sequential(nn.Linear(input_dim, settings.feature_dim), nn.Tanh())
+            for _ in range(2)
+        )
+        self.decoder = CaptionDecoder(
+            [settings.feature_dim] * 2,
+            vocab_size,
+            embed_dim=settings.embed_dim,
+            hidden_dim=settings.hidden_dim,
+            orders=settings.orders,
+            attention_dim=settings.attention_dim,
+            max_lengths=list(lengths),
+            combination=combination,
+        )
+
+    def encode(self, streams: Sequence[Tensor]) -> list[Tensor]:
+        return [encoder(x) for encoder, x in zip(self.encoders, streams, strict=True)]
+
+
+# ---------------------------------------------------------------------------
+# Measures
+# ---------------------------------------------------------------------------
+
+
+def attention_entropy(attention: Tensor) -> Tensor:
+    """Entropy -sum_t a_t log a_t (nats) of each row of (..., T) attention (0 log 0 = 0)."""
+    logs = torch.where(attention > 0, attention.log(), torch.zeros_like(attention))
+    return -(attention * logs).sum(dim=-1)
+
+
+def _score_captions(
+    references: dict[str, list[str]], hypotheses: dict[str, str], meteor: bool = True
+) -> dict:
+    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D with pycocoevalcap."""
+    try:
+        from pycocoevalcap.bleu.bleu import Bleu
+        from pycocoevalcap.cider.cider import Cider
+        from pycocoevalcap.rouge.rouge import Rouge
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "bench maf needs pycocoevalcap (pip install 'polyfuse[train]')"
+        ) from error
+    java = shutil.which("java") is not None
+    if java:
+        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+        tokenizer = PTBTokenizer()
+        gts = tokenizer.tokenize({k: [{"caption": c} for c in v] for k, v in references.items()})
+        res = tokenizer.tokenize({k: [{"caption": v}] for k, v in hypotheses.items()})
+    else:
+        gts = {k: [" ".join(tokenize(c)) for c in v] for k, v in references.items()}
+        res = {k: [" ".join(tokenize(v))] for k, v in hypotheses.items()}
+    scores: dict[str, Any] = {"tokenizer": "PTB (Java)" if java else "regular expression"}
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    scores |= {f"BLEU-{n + 1}": float(value) for n, value in enumerate(bleu)}
+    scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
+    scores["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
+    if java and meteor:
+        from pycocoevalcap.meteor.meteor import Meteor
+
+        meteor = Meteor()  # a Java subprocess, ended when the object is collected
+        scores["METEOR"] = float(meteor.compute_score(gts, res)[0])
+        del meteor
+    else:
+        scores["METEOR"] = None
+        scores["note"] = "METEOR not computed: " + (
+            "turned off (meteor=False)" if java else "Java is not installed"
+        )
+    return scores
+
+
+# ---------------------------------------------------------------------------
+# One variant
+# ---------------------------------------------------------------------------
+
+
+def _train_and_score(
+    combination: str,
+    settings: MAFBenchSettings,
+    data: dict[str, Any],
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    torch.manual_seed(settings.seed)
+    generator = torch.Generator().manual_seed(settings.seed)
+    vocabulary: _Vocabulary = data["vocabulary"]
+    streams: list[Tensor] = data["streams"]
+    model = _Captioner(len(vocabulary.words), settings, combination,
+                       [x.shape[1] for x in streams], streams[0].shape[-1])
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
+    pairs = data["train_pairs"]  # (video row, token ids)
+    start = time.perf_counter()
+    losses = []
+    for epoch in range(settings.epochs):
+        model.train()
+        order = torch.randperm(len(pairs), generator=generator).tolist()
+        total, batches = 0.0, 0
+        for first in range(0, len(order), settings.batch_size):
+            chosen = [pairs[i] for i in order[first : first + settings.batch_size]]
+            rows = torch.tensor([row for row, _ in chosen])
+            captions = _pad([ids for _, ids in chosen])
+            inputs = model.encode([x[rows] for x in streams])
+            logits = model.decoder(captions, inputs)
+            loss = caption_cross_entropy(logits, captions[:, 1:])  # Eq. 24, per token
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
+            total, batches = total + float(loss.detach()), batches + 1
+        losses.append(total / batches)
+        if progress:
+            progress(f"[{combination}] epoch {epoch + 1}/{settings.epochs}: loss {losses[-1]:.3f}")
+    train_seconds = time.perf_counter() - start
+
+    model.eval()
+    test_rows = torch.tensor(data["test_rows"])
+    with torch.no_grad():
+        inputs = model.encode([x[test_rows] for x in streams])
+        tokens, steps = model.decoder.greedy(
+            inputs,
+            begin_index=vocabulary.index[BEGIN],
+            end_index=vocabulary.index[END],
+            max_length=settings.max_decode_length,
+        )
+        test_pairs = data["test_pairs"]
+        captions = _pad([ids for _, ids in test_pairs])
+        positions = torch.tensor([data["test_rows"].index(row) for row, _ in test_pairs])
+        test_loss = float(caption_cross_entropy(
+            model.decoder(captions, [x[positions] for x in inputs]), captions[:, 1:]
+        ))
+    # Entropy of each modality's Eq. 19 attention at every generated step up to the end token.
+    alive = tokens != vocabulary.index[PAD]  # (B, S): generated steps, end token included
+    entropy = {}
+    for modality, name in enumerate(("appearance", "difference")):
+        per_step = torch.stack([attention_entropy(s.attention[modality]) for s in steps], 1)
+        length = steps[0].attention[modality].shape[1]
+        mean = float(per_step[alive].mean())
+        entropy[name] = {"nats": mean, "relative": mean / math.log(length), "steps": length,
+                         "uniform_nats": math.log(length)}
+    ids = data["test_ids"]
+    hypotheses = {video: vocabulary.decode(row.tolist()) for video, row in zip(ids, tokens, strict=True)}
+    references = {video: data["captions"][video] for video in ids}
+    scores = _score_captions(references, hypotheses, settings.meteor)
+    theta = [p.detach().tolist() for p in model.decoder.maf.order_weights]
+    return {
+        "combination": combination,
+        "train_loss_per_epoch": losses,
+        "test_cross_entropy": test_loss,
+        "attention_entropy": entropy,
+        "scores": scores,
+        "theta": theta,
+        "train_seconds": train_seconds,
+        "examples": {video: {"generated": hypotheses[video], "reference": references[video][0]}
+                     for video in ids[:5]},
+        "distinct_captions": len(set(hypotheses.values())),
+    }
+
+
+def run_maf_bench(
+    settings: MAFBenchSettings = FULL, *, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Train and score each Eq. 19 form in ``settings.combinations``; a JSON-ready dict."""
+    ids, vgg, captions, splits = _load_msvd(settings.data_dir)
+    row_of = {video: row for row, video in enumerate(ids)}
+    train_ids = list(splits["train"])[: settings.train_videos]
+    test_ids = list(splits["test"])
+    for video in [*train_ids, *test_ids]:
+        if video not in row_of or not captions.get(video):
+            raise ValueError(f"bench maf: video {video!r} has no features or no captions")
+    train_words = [tokenize(c) for v in train_ids for c in captions[v]]
+    vocabulary = _Vocabulary(train_words, settings.min_count)
+    train_pairs = [
+        (row_of[v], vocabulary.encode(tokenize(c), settings.max_words))
+        for v in train_ids for c in captions[v] if tokenize(c)
+    ]
+    test_pairs = [
+        (row_of[v], vocabulary.encode(tokenize(c), settings.max_words))
+        for v in test_ids for c in captions[v] if tokenize(c)
+    ]
+    data = {
+        "vocabulary": vocabulary,
+        "streams": list(_streams(vgg, settings.frame_stride, settings.pca_dim,
+                                 [row_of[v] for v in train_ids])),
+        "train_pairs": train_pairs,
+        "test_ids": test_ids,
+        "test_rows": [row_of[v] for v in test_ids],
+        "test_pairs": test_pairs,
+        "captions": captions,
+    }
+    settings_json = {k: str(v) if isinstance(v, Path) else v
+                     for k, v in dataclasses.asdict(settings).items()}
+    payload = result_header("maf", settings_json)
+    payload["data"] = {
+        "train_videos": len(train_ids), "test_videos": len(test_ids),
+        "train_captions": len(train_pairs), "vocabulary": len(vocabulary.words),
+        "appearance_steps": data["streams"][0].shape[1],
+        "difference_steps": data["streams"][1].shape[1],
+    }
+    payload["variants"] = {
+        combination: _train_and_score(combination, settings, data, progress)
+        for combination in settings.combinations
+    }
+    return payload
