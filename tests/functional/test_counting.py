@@ -84,7 +84,7 @@ def _oracle(boxes, logits, weights, objects):
         w = [v / sum(w) for v in w]
         n = len(w) - 1
         y = n * x
-        i = min(int(math.floor(y)), n)
+        i = min(math.floor(y), n)
         return sum(w[: i + 1]) + (y - math.floor(y)) * w[min(i + 1, n)]
 
     def iou(a, b):
@@ -112,7 +112,7 @@ def _oracle(boxes, logits, weights, objects):
     C += sum(f(1, a[i] * a[i]) / s[i] for i in range(k))
     c = min(math.sqrt(C), objects)
     one_hot = [0.0] * (objects + 1)
-    lo = int(math.floor(c))
+    lo = math.floor(c)
     one_hot[min(lo, objects)] += 1 - (c - lo)
     one_hot[min(lo + 1, objects)] += c - lo
     p_a = sum(abs(f(6, v) - 0.5) for v in a) / k
