@@ -39,6 +39,7 @@ __all__ = [
     "count_features",
     "count_score",
     "count_to_one_hot",
+    "grid_boxes",
     "piecewise_linear",
 ]
 
@@ -207,3 +208,11 @@ def count_features(
         weights[7],
     )
     return one_hot * confidence
+
+
+def grid_boxes(rows: int, columns: int) -> Tensor:
+    """Boxes of the cells of a rows x columns grid over the unit square, (rows * columns, 4)
+    as (x1, y1, x2, y2), row-major (the order of a flattened CNN feature map)."""
+    y, x = torch.meshgrid(torch.arange(rows), torch.arange(columns), indexing="ij")
+    x, y = x.flatten().float(), y.flatten().float()
+    return torch.stack([x / columns, y / rows, (x + 1) / columns, (y + 1) / rows], dim=-1)
