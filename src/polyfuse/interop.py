@@ -397,12 +397,11 @@ def load_ban_vqa(
         initial[0] = 0
         for k in range(8, 16):  # built by the reference, never used by its forward
             key = f"counter.f.{k}.weight"
-            if key in state:
-                if not torch.equal(state[key], initial):
-                    raise ValueError(
-                        f"{_OWNER}: {key} differs from its initial value, but the reference counter "
-                        "never uses f.8 to f.15; is this another counting module?"
-                    )
+            if key in state and not torch.equal(state[key], initial):
+                raise ValueError(
+                    f"{_OWNER}: {key} differs from its initial value, but the reference counter "
+                    "never uses f.8 to f.15; is this another counting module?"
+                )
 
     model = BanVQA(
         num_words,

@@ -40,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("--batch-size", type=int, default=256)
     compare.add_argument("--lr", type=float, default=2e-3, help="Adamax learning rate (ban-vqa: 2e-3)")
     compare.add_argument("--min-answer-count", type=int, default=9, help="answers given at least N times form the vocabulary")
+    compare.add_argument("--feature-dim", type=int, default=None, help="reduce image features to this many principal components fitted on the training images (default: keep all)")
     compare.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     compare.add_argument("--out", required=True, help="folder for runs.json and summary.md")
     parser.set_defaults(run=run)
@@ -75,19 +76,28 @@ def _compare(args: argparse.Namespace) -> int:
     from polyfuse.data.formats.features import load_image_features
     from polyfuse.data.formats.vqa import load_vqa
     from polyfuse.engine.vqa_report import write_vqa_summary
-    from polyfuse.tasks.vqa import build_vqa_model, evaluate_vqa, prepare_vqa, train_vqa
+    from polyfuse.tasks.vqa import (
+        build_vqa_model,
+        evaluate_vqa,
+        fit_pca,
+        prepare_vqa,
+        project_features,
+        train_vqa,
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)
     data = Path(args.data)
     train_q = load_vqa(data / "train_questions.json", data / "train_annotations.json")
     test_q = load_vqa(data / "test_questions.json", data / "test_annotations.json")
+    train_features = load_image_features(args.train_features)
+    test_features = load_image_features(args.test_features)
+    if args.feature_dim:
+        mean, directions = fit_pca(train_features.features, args.feature_dim)
+        for features in (train_features, test_features):
+            features.features = project_features(features.features, mean, directions)
     train, test, vocab = prepare_vqa(
-        train_q,
-        test_q,
-        load_image_features(args.train_features),
-        load_image_features(args.test_features),
-        min_answer_count=args.min_answer_count,
+        train_q, test_q, train_features, test_features, min_answer_count=args.min_answer_count
     )
     print(f"{len(train)} training and {len(test)} test questions, {len(vocab.words)} words, {len(vocab.answers)} answers")
     out = Path(args.out)

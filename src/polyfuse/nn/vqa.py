@@ -138,7 +138,9 @@ class BanVQA(nn.Module):
         if self.counter is not None and boxes is None:
             raise ValueError("BanVQA: the counter needs boxes (B, O, 4); use grid_boxes for grid features")
         ban = self.ban
-        drop = lambda t: F.dropout(t, ban.dropout, self.training)  # noqa: E731
+        def drop(tensor: Tensor) -> Tensor:
+            return F.dropout(tensor, ban.dropout, self.training) if ban.dropout > 0 else tensor
+
         question = self.question(tokens)  # X^T, (B, L, H)
         objects = image_mask(image)  # (B, O)
         logits = bilinear_attention_logits(  # (B, G, O, L), BAN Eq. 10, 13

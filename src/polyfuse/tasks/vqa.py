@@ -27,7 +27,18 @@ from polyfuse.data.formats.vqa import (
 from polyfuse.metrics.vqa import VQAAccuracy
 from polyfuse.nn.vqa import BanVQA, FusionVQA
 
-__all__ = ["VQASplit", "Vocabularies", "build_vqa_model", "evaluate_vqa", "predict_vqa", "prepare_vqa", "train_vqa", "vqa_loss"]
+__all__ = [
+    "VQASplit",
+    "Vocabularies",
+    "build_vqa_model",
+    "evaluate_vqa",
+    "fit_pca",
+    "predict_vqa",
+    "prepare_vqa",
+    "project_features",
+    "train_vqa",
+    "vqa_loss",
+]
 
 
 @dataclass
@@ -66,6 +77,27 @@ def _split(questions: Sequence[VQAQuestion], features: ImageFeatures, vocab: Voc
         features.features,
         features.boxes,
     )
+
+
+def fit_pca(features: Tensor, dim: int, *, max_rows: int = 20000, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Mean (d_v,) and the top ``dim`` principal directions (d_v, dim) of the real
+    (not all-zero) feature rows of ``features`` (N, O, d_v), fitted on at most
+    ``max_rows`` rows drawn with ``seed``. Apply with :func:`project_features`."""
+    rows = features.reshape(-1, features.shape[-1])
+    rows = rows[rows.abs().sum(dim=1) != 0]
+    if not 1 <= dim <= min(rows.shape):
+        raise ValueError(f"fit_pca: dim must lie in [1, {min(rows.shape)}], got {dim}")
+    if len(rows) > max_rows:
+        rows = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:max_rows]]
+    mean = rows.mean(dim=0)
+    _, _, directions = torch.linalg.svd(rows - mean, full_matrices=False)  # rows of V^T
+    return mean, directions[:dim].T.contiguous()
+
+
+def project_features(features: Tensor, mean: Tensor, directions: Tensor) -> Tensor:
+    """(N, O, d_v) -> (N, O, dim): centred and projected; all-zero (padding) rows stay zero."""
+    real = (features.abs().sum(dim=-1, keepdim=True) != 0).to(features.dtype)
+    return ((features - mean) @ directions) * real
 
 
 def prepare_vqa(
