@@ -28,9 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     importer.add_argument("--limit", type=int, default=None, help="keep the first LIMIT image ids of each split")
 
     compare = actions.add_parser("compare", help="train and test several models over several seeds")
-    compare.add_argument("--data", required=True, help="folder with {train,test}_{questions,annotations}.json")
-    compare.add_argument("--train-features", required=True, help="HDF5 from `polyfuse extract images`")
-    compare.add_argument("--test-features", required=True, help="HDF5 from `polyfuse extract images`")
+    _data_arguments(compare)
     compare.add_argument("--models", default="ban,ban-nocount,concat,lmf,man", help="comma-separated: ban, ban-nocount or fusion names")
     compare.add_argument("--seeds", type=int, default=3, help="seeds 0..SEEDS-1 (default 3)")
     compare.add_argument("--hidden-dim", type=int, default=1024, help="GRU and joint size (the paper: 1024)")
@@ -43,7 +41,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("--feature-dim", type=int, default=None, help="reduce image features to this many principal components fitted on the training images (default: keep all)")
     compare.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     compare.add_argument("--out", required=True, help="folder for runs.json and summary.md")
+
+    train = actions.add_parser("train", help="train one model, test it, save a checkpoint")
+    _data_arguments(train)
+    for name in ("--hidden-dim", "--glimpses", "--epochs", "--batch-size", "--lr", "--dropout", "--feature-dim", "--min-answer-count", "--threads"):
+        action = next(a for a in compare._actions if name in a.option_strings)
+        train.add_argument(name, type=action.type, default=action.default, help=action.help)
+    train.add_argument("--model", default="ban", help="ban, ban-nocount or a fusion name")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--out", required=True, help="checkpoint file (.pt)")
+
+    attention = actions.add_parser("attention", help="PNG of BAN's attention maps for test questions")
+    attention.add_argument("--checkpoint", required=True, help="from `polyfuse vqa train --model ban`")
+    attention.add_argument("--data", required=True, help="folder with test_{questions,annotations}.json")
+    attention.add_argument("--test-features", required=True)
+    attention.add_argument("--images", help="folder of the test images (<id>.png) to draw under the maps")
+    attention.add_argument("--question-ids", required=True, help="comma-separated question ids")
+    attention.add_argument("--out", required=True, help="folder for attention_<question id>.png")
     parser.set_defaults(run=run)
+
+
+def _data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="folder with {train,test}_{questions,annotations}.json")
+    parser.add_argument("--train-features", required=True, help="HDF5 from `polyfuse extract images`")
+    parser.add_argument("--test-features", required=True, help="HDF5 from `polyfuse extract images`")
 
 
 def _fusion_options(name: str, hidden_dim: int) -> dict:
@@ -65,25 +86,20 @@ def run(args: argparse.Namespace) -> int:
         for split, paths in result.items():
             print(f"{split}: {paths['questions']}, {paths['annotations']}; images in {paths['images']}")
         return 0
+    if args.action == "attention":
+        return _attention(args)
+    if args.action == "train":
+        return _train(args)
     return _compare(args)
 
 
-def _compare(args: argparse.Namespace) -> int:
-    import time
-
+def _load(args: argparse.Namespace):
+    """Questions and features of both splits, features reduced by PCA when asked."""
     import torch
 
     from polyfuse.data.formats.features import load_image_features
     from polyfuse.data.formats.vqa import load_vqa
-    from polyfuse.engine.vqa_report import write_vqa_summary
-    from polyfuse.tasks.vqa import (
-        build_vqa_model,
-        evaluate_vqa,
-        fit_pca,
-        prepare_vqa,
-        project_features,
-        train_vqa,
-    )
+    from polyfuse.tasks.vqa import fit_pca, prepare_vqa, project_features
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -92,14 +108,109 @@ def _compare(args: argparse.Namespace) -> int:
     test_q = load_vqa(data / "test_questions.json", data / "test_annotations.json")
     train_features = load_image_features(args.train_features)
     test_features = load_image_features(args.test_features)
+    pca = None
     if args.feature_dim:
-        mean, directions = fit_pca(train_features.features, args.feature_dim)
+        pca = fit_pca(train_features.features, args.feature_dim)
         for features in (train_features, test_features):
-            features.features = project_features(features.features, mean, directions)
+            features.features = project_features(features.features, *pca)
     train, test, vocab = prepare_vqa(
         train_q, test_q, train_features, test_features, min_answer_count=args.min_answer_count
     )
     print(f"{len(train)} training and {len(test)} test questions, {len(vocab.words)} words, {len(vocab.answers)} answers")
+    return train, test, vocab, pca
+
+
+def _settings(args: argparse.Namespace, name: str, image_dim: int, pca) -> dict:
+    settings = {
+        "model": name,
+        "image_dim": image_dim,
+        "hidden_dim": args.hidden_dim,
+        "glimpses": args.glimpses,
+        "dropout": args.dropout,
+        "fusion_options": _fusion_options(name, args.hidden_dim),
+    }
+    if pca is not None:
+        settings["pca_mean"], settings["pca_directions"] = pca
+    return settings
+
+
+def _train(args: argparse.Namespace) -> int:
+    from polyfuse.tasks.vqa import build_vqa_model, evaluate_vqa, save_vqa_checkpoint, train_vqa
+
+    train, test, vocab, pca = _load(args)
+    settings = _settings(args, args.model, train.features.shape[-1], pca)
+    model = build_vqa_model(
+        args.model,
+        vocab,
+        settings["image_dim"],
+        hidden_dim=args.hidden_dim,
+        glimpses=args.glimpses,
+        seed=args.seed,
+        fusion_options=settings["fusion_options"],
+        dropout=args.dropout,
+    )
+    log = train_vqa(model, train, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    result = evaluate_vqa(model, test, vocab.answers)
+    save_vqa_checkpoint(args.out, model, vocab, settings)
+    print(json.dumps({"test": result, "train_seconds": round(log.seconds, 1), "losses": log.losses}, indent=1))
+    print(f"checkpoint: {args.out}")
+    return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    import math
+
+    import numpy as np
+    import torch
+
+    from polyfuse.data.formats.features import load_image_features
+    from polyfuse.data.formats.vqa import encode_questions, load_vqa, tokenize
+    from polyfuse.engine.vqa_report import plot_vqa_attention
+    from polyfuse.tasks.vqa import load_vqa_checkpoint, project_features
+
+    model, vocab, settings = load_vqa_checkpoint(args.checkpoint)
+    if settings["model"] not in ("ban", "ban-nocount"):
+        raise ValueError(f"{args.checkpoint}: a {settings['model']} model has no bilinear attention maps")
+    data = Path(args.data)
+    questions = {q.question_id: q for q in load_vqa(data / "test_questions.json", data / "test_annotations.json")}
+    wanted = [int(v) for v in args.question_ids.split(",") if v.strip()]
+    unknown = [v for v in wanted if v not in questions]
+    if unknown:
+        raise ValueError(f"question ids {unknown} are not in {data / 'test_questions.json'}")
+    features = load_image_features(args.test_features)
+    if "pca_mean" in settings:
+        features.features = project_features(features.features, settings["pca_mean"], settings["pca_directions"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for question_id in wanted:
+        question = questions[question_id]
+        image, boxes = features.select([question.image_id])
+        tokens = encode_questions([question], vocab.words)
+        with torch.no_grad():
+            logits, attention = model(tokens, image, boxes)
+        words = tokenize(question.question)[: tokens.shape[1]]
+        words += ["-"] * (tokens.shape[1] - len(words))
+        side = math.isqrt(image.shape[1])
+        picture = None
+        if args.images:
+            from PIL import Image
+
+            picture = np.asarray(Image.open(Path(args.images) / f"{question.image_id}.png").convert("RGB"))
+        answer = vocab.answers[int(logits.argmax())]
+        title = f"{question.question}  predicted: {answer}  (truth: {question.answers[0]})"
+        path = plot_vqa_attention(attention[0], words, (side, side), picture, out / f"attention_{question_id}.png", title=title)
+        print(f"wrote {path}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import time
+
+    from polyfuse.engine.vqa_report import write_vqa_summary
+    from polyfuse.tasks.vqa import build_vqa_model, evaluate_vqa, train_vqa
+
+    train, test, vocab, _ = _load(args)
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []

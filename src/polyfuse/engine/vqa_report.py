@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["format_vqa_summary", "write_vqa_summary"]
+__all__ = ["format_vqa_summary", "plot_vqa_attention", "write_vqa_summary"]
 
 
 def _mean_std(values: Sequence[float]) -> str:
@@ -64,3 +64,51 @@ def write_vqa_summary(runs: Sequence[Mapping], out: str | Path, *, wall_seconds:
     figure.savefig(out / "summary.png", dpi=120)
     plt.close(figure)
     return text
+
+
+def plot_vqa_attention(
+    attention, words: Sequence[str], grid: tuple[int, int], image, out: str | Path, *, title: str = ""
+) -> Path:
+    """One row per glimpse: the image, each glimpse's bilinear attention summed over the
+    words and drawn over the image grid, and the attention summed over the grid cells
+    per question word (BAN's A_g, paper Eq. 8).
+
+    Args:
+        attention: (G, O, L) maps of one question, O = rows * columns grid cells.
+        words: the L words (padding included, shown as ``-``).
+        grid: (rows, columns) of the image grid.
+        image: (H, W, 3) array of the image, or None.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    attention = np.asarray(attention, dtype=float)
+    glimpses, objects, length = attention.shape
+    rows, columns = grid
+    if rows * columns != objects:
+        raise ValueError(f"plot_vqa_attention: grid {rows} x {columns} does not hold {objects} objects")
+    figure, axes = plt.subplots(glimpses, 2, figsize=(7.5, 2.6 * glimpses), squeeze=False)
+    for g in range(glimpses):
+        over_image = attention[g].sum(axis=1).reshape(rows, columns)
+        left, right = axes[g]
+        if image is not None:
+            left.imshow(image, extent=(0, 1, 1, 0))
+        shown = left.imshow(over_image, extent=(0, 1, 1, 0), alpha=0.55 if image is not None else 1.0, cmap="magma")
+        figure.colorbar(shown, ax=left, fraction=0.046)
+        left.set_title(f"glimpse {g + 1}: attention over the image grid", fontsize=8)
+        left.set_xticks([])
+        left.set_yticks([])
+        right.barh(range(length), attention[g].sum(axis=0), color="tab:blue")
+        right.set_yticks(range(length), list(words), fontsize=7)
+        right.invert_yaxis()
+        right.set_title(f"glimpse {g + 1}: attention per word", fontsize=8)
+    if title:
+        figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    out = Path(out)
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out

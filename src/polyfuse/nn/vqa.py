@@ -69,7 +69,7 @@ def _check_batch(tokens: Tensor, image: Tensor, boxes: Tensor | None, image_dim:
 
 class BanVQA(nn.Module):
     """BAN for VQA as ban-vqa's ``BanModel``: question GRU, G bilinear glimpses with
-    residual learning of attention (BAN Eq. 14), a counter per glimpse and the classifier.
+    residual learning of attention (BAN Eq. 11), a counter per glimpse and the classifier.
 
     ``forward(tokens, image, boxes)`` with tokens (B, L), image (B, O, d_v) and boxes
     (B, O, 4) returns answer logits (B, A) and the attention maps (B, G, O, L).
@@ -169,7 +169,7 @@ class BanVQA(nn.Module):
                 y_bias=ban.joint_y[glimpse].bias,
                 x_mask=objects,
             )
-            # BAN Eq. 14: X_{g+1} = P_g^T f_g 1^T + X_g
+            # BAN Eq. 11 (residual learning of attention): f_{g+1} = P_g^T f_g 1^T + f_g
             stream = stream + ban.joint_projections[glimpse](drop(joint)).unsqueeze(1)
             if self.counter is not None:
                 # Count features from each object's largest logit over the words (ban-vqa),

@@ -33,9 +33,11 @@ __all__ = [
     "build_vqa_model",
     "evaluate_vqa",
     "fit_pca",
+    "load_vqa_checkpoint",
     "predict_vqa",
     "prepare_vqa",
     "project_features",
+    "save_vqa_checkpoint",
     "train_vqa",
     "vqa_loss",
 ]
@@ -223,3 +225,34 @@ def evaluate_vqa(model: nn.Module, data: VQASplit, answers: Sequence[str]) -> di
         [q.question_type for q in data.questions],
     )
     return metric.compute()
+
+
+def save_vqa_checkpoint(path, model: nn.Module, vocab: Vocabularies, settings: dict) -> None:
+    """Model weights, vocabularies and the settings that rebuild the model, in one file
+    that :func:`torch.load` reads with ``weights_only=True``."""
+    torch.save(
+        {"state_dict": model.state_dict(), "words": vocab.words, "answers": vocab.answers, "settings": dict(settings)},
+        path,
+    )
+
+
+def load_vqa_checkpoint(path) -> tuple[nn.Module, Vocabularies, dict]:
+    """The model (eval mode), vocabularies and settings saved by :func:`save_vqa_checkpoint`."""
+    content = torch.load(path, map_location="cpu", weights_only=True)
+    missing = {"state_dict", "words", "answers", "settings"} - set(content)
+    if missing:
+        raise ValueError(f"{path}: not a VQA checkpoint (missing {sorted(missing)})")
+    vocab = Vocabularies(list(content["words"]), list(content["answers"]))
+    settings = content["settings"]
+    model = build_vqa_model(
+        settings["model"],
+        vocab,
+        settings["image_dim"],
+        hidden_dim=settings["hidden_dim"],
+        glimpses=settings["glimpses"],
+        seed=0,
+        fusion_options=settings.get("fusion_options"),
+        dropout=settings.get("dropout", 0.2),
+    )
+    model.load_state_dict(content["state_dict"])
+    return model.eval(), vocab, settings
