@@ -64,7 +64,7 @@ def grounding_recall(
         raise ValueError(f"grounding_recall: merge must be 'union' or 'any', got {merge!r}")
     if phrases == 0:
         raise ValueError("grounding_recall: no phrase")
-    hits = {k: 0 for k in ks}
+    hits = dict.fromkeys(ks, 0)
     for p in range(phrases):
         truth = truths[p].reshape(-1, 4).to(boxes.dtype)
         if len(truth) == 0:
