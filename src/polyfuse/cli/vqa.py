@@ -191,6 +191,7 @@ def _attention(args: argparse.Namespace) -> int:
         words = tokenize(question.question)[: tokens.shape[1]]
         words += ["-"] * (tokens.shape[1] - len(words))
         side = math.isqrt(image.shape[1])
+        grid = (side, side) if side * side == image.shape[1] else (1, image.shape[1])  # regions: one row
         picture = None
         if args.images:
             from PIL import Image
@@ -198,7 +199,7 @@ def _attention(args: argparse.Namespace) -> int:
             picture = np.asarray(Image.open(Path(args.images) / f"{question.image_id}.png").convert("RGB"))
         answer = vocab.answers[int(logits.argmax())]
         title = f"{question.question}  predicted: {answer}  (truth: {question.answers[0]})"
-        path = plot_vqa_attention(attention[0], words, (side, side), picture, out / f"attention_{question_id}.png", title=title)
+        path = plot_vqa_attention(attention[0], words, grid, picture, out / f"attention_{question_id}.png", title=title)
         print(f"wrote {path}")
     return 0
 
