@@ -60,7 +60,7 @@ class BAN(FusionModule):
     both. The residual stream lives in y's feature space, so the fused vector has
     size d_y; when ``out_dim != input_dims[1]`` a final weight-normalised linear map
     (``output_projection``) takes it to ``out_dim``, and when they are equal there
-    is none, which keeps :func:`polyfuse.interop.load_ban_vqa` exact.
+    is none, which keeps :func:`polyfuse.interop.load_ban_fusion` exact.
 
     Args:
         input_dims: ``[d_x, d_y]``.
