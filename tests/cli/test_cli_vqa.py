@@ -76,3 +76,14 @@ def test_vqa_missing_features_are_named(tmp_path, capsys):
                  "--test-features", str(tmp_path / "test.h5"), "--min-answer-count", "1", "--out", str(tmp_path / "o")])  # fmt: skip
     assert code == 2
     assert "no features for image id(s) [3]" in capsys.readouterr().err
+
+
+def test_vqa_missing_glove_file_is_named(tmp_path, capsys):
+    generator = np.random.default_rng(2)
+    _write_split(tmp_path, "train", 4, generator)
+    _write_split(tmp_path, "test", 4, generator)
+    code = main(["vqa", "train", "--data", str(tmp_path), "--train-features", str(tmp_path / "train.h5"),
+                 "--test-features", str(tmp_path / "test.h5"), "--min-answer-count", "1",
+                 "--glove", str(tmp_path / "glove.840B.300d.txt"), "--out", str(tmp_path / "m.pt")])  # fmt: skip
+    assert code == 2
+    assert "glove.840B.300d.txt does not exist" in capsys.readouterr().err

@@ -65,6 +65,7 @@ def _data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="folder with {train,test}_{questions,annotations}.json")
     parser.add_argument("--train-features", required=True, help="HDF5 from `polyfuse extract images`")
     parser.add_argument("--test-features", required=True, help="HDF5 from `polyfuse extract images`")
+    parser.add_argument("--glove", help="GloVe-format text file (300-d) to initialise the word embedding")
 
 
 def _fusion_options(name: str, hidden_dim: int) -> dict:
@@ -117,6 +118,11 @@ def _load(args: argparse.Namespace):
         train_q, test_q, train_features, test_features, min_answer_count=args.min_answer_count
     )
     print(f"{len(train)} training and {len(test)} test questions, {len(vocab.words)} words, {len(vocab.answers)} answers")
+    if args.glove:
+        from polyfuse.data.formats.glove import load_glove
+
+        vocab.word_vectors, found = load_glove(args.glove, vocab.words)
+        print(f"{found} of {len(vocab.words)} words found in {args.glove}")
     return train, test, vocab, pca
 
 
@@ -148,6 +154,7 @@ def _train(args: argparse.Namespace) -> int:
         seed=args.seed,
         fusion_options=settings["fusion_options"],
         dropout=args.dropout,
+        word_vectors=vocab.word_vectors,
     )
     log = train_vqa(model, train, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     result = evaluate_vqa(model, test, vocab.answers)
@@ -227,6 +234,7 @@ def _compare(args: argparse.Namespace) -> int:
                 seed=seed,
                 fusion_options=_fusion_options(name, args.hidden_dim),
                 dropout=args.dropout,
+                word_vectors=vocab.word_vectors,
             )
             log = train_vqa(model, train, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed)
             result = evaluate_vqa(model, test, vocab.answers)

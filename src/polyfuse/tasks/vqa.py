@@ -66,6 +66,7 @@ class VQASplit:
 class Vocabularies:
     words: list[str]
     answers: list[str]
+    word_vectors: Tensor | None = None  # (V, E) initial embedding rows, e.g. GloVe
 
 
 def _split(questions: Sequence[VQAQuestion], features: ImageFeatures, vocab: Vocabularies, max_length: int, what: str) -> VQASplit:
@@ -135,11 +136,13 @@ def build_vqa_model(
     seed: int,
     fusion_options: dict | None = None,
     dropout: float = 0.2,
+    word_vectors: Tensor | None = None,
 ) -> nn.Module:
     """``ban`` (BAN with counter), ``ban-nocount`` or any registered fusion name.
 
     ``dropout`` is BAN's dropout before its linear maps and inside its attention
-    (0.2 and 0.5 in the reference when left at 0.2)."""
+    (0.2 and 0.5 in the reference when left at 0.2); ``word_vectors`` (V, 300)
+    initialises the word embedding (e.g. GloVe rows)."""
     torch.manual_seed(seed)
     if name in ("ban", "ban-nocount"):
         return BanVQA(
@@ -151,8 +154,17 @@ def build_vqa_model(
             counter_objects=10 if name == "ban" else None,
             dropout=dropout,
             attention_dropout=0.5 if dropout == 0.2 else dropout,
+            word_vectors=word_vectors,
         )
-    return FusionVQA(name, len(vocab.words), len(vocab.answers), image_dim, hidden_dim=hidden_dim, fusion_options=fusion_options)
+    return FusionVQA(
+        name,
+        len(vocab.words),
+        len(vocab.answers),
+        image_dim,
+        hidden_dim=hidden_dim,
+        fusion_options=fusion_options,
+        word_vectors=word_vectors,
+    )
 
 
 def vqa_loss(logits: Tensor, targets: Tensor) -> Tensor:
