@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare = actions.add_parser("compare", help="train and test several models over several seeds")
     _data_arguments(compare)
     compare.add_argument("--models", default="ban,ban-nocount,concat,lmf,man", help="comma-separated: ban, ban-nocount or fusion names")
-    compare.add_argument("--seeds", type=int, default=3, help="seeds 0..SEEDS-1 (default 3)")
+    compare.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
+    compare.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+SEEDS-1 (default 0)")
     compare.add_argument("--hidden-dim", type=int, default=1024, help="GRU and joint size (the paper: 1024)")
     compare.add_argument("--glimpses", type=int, default=8, help="BAN glimpses (the paper: 8)")
     compare.add_argument("--dropout", type=float, default=0.2, help="BAN dropout before linear maps (0.2; attention 0.5) or this value for both")
@@ -224,7 +225,7 @@ def _compare(args: argparse.Namespace) -> int:
     runs = []
     start = time.perf_counter()
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             model = build_vqa_model(
                 name,
                 vocab,
