@@ -300,6 +300,8 @@ def render(folder: Path) -> str:
             continue
         lines += SECTIONS[name](read_results(path), folder) if name != "targets" else \
             SECTIONS[name](read_results(path))
+    for extra in sorted(folder.glob("*.md")):  # sections measured by other commands (vqa.md)
+        lines += [extra.read_text(encoding="utf-8").rstrip(), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -1,4 +1,4 @@
-"""load_ban_vqa against a small re-implementation of the reference BanModel's structure.
+"""load_ban_fusion (interop) against a small re-implementation of the reference BanModel's structure.
 
 The oracle below is written for this test from the semantics of github.com/jnhwkim/ban-vqa
 (FCNet, BCNet, BiAttention and the glimpse loop of BanModel.forward without the
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from polyfuse.interop import load_ban_vqa
+from polyfuse.interop import load_ban_fusion as load_ban_vqa
 
 
 def _old_weight_norm(module: nn.Module, name: str = "weight") -> nn.Module:

@@ -57,6 +57,8 @@ COMMANDS = {
     "predict": "polyfuse.cli.predict",
     "compare": "polyfuse.cli.compare",
     "plot": "polyfuse.cli.plot",
+    "extract": "polyfuse.cli.extract",
+    "vqa": "polyfuse.cli.vqa",
 }
 
 

@@ -2,14 +2,16 @@
 
 J.-H. Kim, J. Jun, B.-T. Zhang. "Bilinear Attention Networks." NeurIPS 2018.
 
-Legend for shapes: ``B`` batch, ``T_x`` number of channels of the first input
-(BAN's rho, e.g. image regions), ``T_y`` of the second (BAN's phi, e.g. question
-tokens), ``d_x`` and ``d_y`` their feature sizes, ``K'`` the rank of the attention
+Legend for shapes: ``B`` batch, ``T_x`` number of channels of the first input,
+``T_y`` of the second, ``d_x`` and ``d_y`` their feature sizes, ``K'`` the rank of the attention
 (BAN uses K' = 3K), ``K`` the rank of the joint representation, ``G`` the number
 of glimpses.
 
-The paper writes inputs as columns, X in R^{N x rho}; here a sample is a row-major
-sequence ``x`` of shape (T_x, d_x), i.e. X^T, and a weight is stored as in
+The paper writes inputs as columns, X in R^{N x rho} (the question: rho words) and
+Y in R^{M x phi} (the image: phi objects); the functions below are written for a
+generic pair (x, y) with x = X^T and y = Y^T, rows of shape (T_x, d_x) and (T_y, d_y).
+The reference VQA code, and :class:`polyfuse.nn.BAN`, pass the image first: there
+x = Y^T (phi objects) and y = X^T (rho words). A weight is stored as in
 :func:`torch.nn.functional.linear`, i.e. ``x_weight`` is U^T of shape (K', d_x).
 With the ReLU of section 5.3 the two halves of BAN are
 
@@ -145,8 +147,8 @@ def bilinear_attention_logits(
     ``glimpse_weight`` per glimpse.
 
     Args:
-        x: (B, T_x, d_x), the first input (BAN's X^T; image regions in VQA).
-        y: (B, T_y, d_y), the second input (BAN's Y^T; question tokens in VQA).
+        x: (B, T_x, d_x), the first input (X^T; BAN's VQA code passes the image Y^T here).
+        y: (B, T_y, d_y), the second input (Y^T; BAN's VQA code passes the question X^T here).
         x_weight: U^T, shape (K', d_x).
         y_weight: V^T, shape (K', d_y).
         glimpse_weight: the vectors p_g stacked, shape (G, K').

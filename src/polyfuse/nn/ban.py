@@ -6,8 +6,11 @@ Legend for shapes: ``B`` batch, ``T_x`` and ``T_y`` the lengths of the two input
 default), ``G`` the number of glimpses.
 
 The layout follows the authors' code (github.com/jnhwkim/ban-vqa, ``BanModel`` with
-``BiAttention``, ``BCNet`` and ``FCNet``), where the residual stream is the second
-input (the question tokens ``q``), not the first as in the paper's Eq. 11:
+``BiAttention``, ``BCNet`` and ``FCNet``). In the paper's notation (section 3, sizes of
+section 5.4) X in R^{N x rho} is the question (rho words) and Y in R^{M x phi} the
+image (phi objects); the reference code passes the image first (``v``) and the question
+second (``q``), and so does this module: x = Y^T, y = X^T. The residual stream of
+Eq. 11 is the question X, i.e. the second input y here:
 
 1. all G attention maps are computed once from the original inputs, with U and V
    shared by the glimpses and one vector p_g per glimpse (BAN Eq. 10, 13);
@@ -52,12 +55,12 @@ def _weight_normed_linear(in_features: int, out_features: int, *, bias: bool = T
 class BAN(FusionModule):
     """Bilinear attention network over two sequences: ``[x, y] -> (B, out_dim)``.
 
-    ``inputs[0]`` is x (BAN's X, the image regions ``v`` of the reference code) and
-    ``inputs[1]`` is y (BAN's Y, the question tokens ``q``); masks may be given for
+    ``inputs[0]`` is x (BAN's Y^T, the image objects ``v`` of the reference code) and
+    ``inputs[1]`` is y (BAN's X^T, the question words ``q``); masks may be given for
     both. The residual stream lives in y's feature space, so the fused vector has
     size d_y; when ``out_dim != input_dims[1]`` a final weight-normalised linear map
     (``output_projection``) takes it to ``out_dim``, and when they are equal there
-    is none, which keeps :func:`polyfuse.interop.load_ban_vqa` exact.
+    is none, which keeps :func:`polyfuse.interop.load_ban_fusion` exact.
 
     Args:
         input_dims: ``[d_x, d_y]``.

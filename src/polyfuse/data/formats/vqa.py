@@ -1,0 +1,170 @@
+"""VQA 2.0 files: questions and annotations JSON, vocabularies, encoded tensors.
+
+The format (visualqa.org/download.html): a questions file
+``{"questions": [{"question_id", "image_id", "question"}, ...]}`` and an annotations
+file ``{"annotations": [{"question_id", "image_id", "answers": [{"answer": ...} x 10],
+"answer_type", "question_type"}, ...]}``.
+
+Legend for shapes: ``Q`` questions, ``L`` words per question (``max_length``),
+``A`` answers of the vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from polyfuse.metrics.vqa import normalize_answer, soft_score
+
+__all__ = [
+    "VQAQuestion",
+    "answer_vocabulary",
+    "encode_questions",
+    "load_vqa",
+    "soft_targets",
+    "tokenize",
+    "word_vocabulary",
+]
+
+
+@dataclass(frozen=True)
+class VQAQuestion:
+    """One question with its human answers (raw strings, as annotated)."""
+
+    question_id: int
+    image_id: int
+    question: str
+    answers: tuple[str, ...]
+    answer_type: str
+    question_type: str
+
+
+def _read_json(path: Path, key: str) -> list[Mapping]:
+    if not path.is_file():
+        raise FileNotFoundError(f"VQA file {path} does not exist")
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(content, Mapping) or not isinstance(content.get(key), list):
+        raise ValueError(f"{path}: expected a JSON object with a list under {key!r}")
+    return content[key]
+
+
+def _field(entry: Mapping, name: str, path: Path, index: int, kind: type):
+    if name not in entry:
+        raise ValueError(f"{path}: entry {index} has no field {name!r}")
+    value = entry[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{path}: entry {index}, field {name!r} is {value!r}, expected {kind.__name__}")
+    return value
+
+
+def load_vqa(
+    questions_path: str | Path, annotations_path: str | Path, *, answers_per_question: int | None = 10
+) -> list[VQAQuestion]:
+    """Questions joined with their annotations, in the order of the questions file.
+
+    Raises:
+        ValueError: a missing field (naming the file, entry and field), an answer
+            list whose length is not ``answers_per_question`` (None accepts any
+            non-empty list), a question without annotation.
+    """
+    questions_path, annotations_path = Path(questions_path), Path(annotations_path)
+    annotations: dict[int, VQAQuestion] = {}
+    for index, entry in enumerate(_read_json(annotations_path, "annotations")):
+        question_id = _field(entry, "question_id", annotations_path, index, int)
+        answers = _field(entry, "answers", annotations_path, index, list)
+        if (answers_per_question is not None and len(answers) != answers_per_question) or not answers:
+            raise ValueError(
+                f"{annotations_path}: entry {index} (question_id {question_id}) has {len(answers)} "
+                f"answers, expected {answers_per_question}"
+            )
+        texts = tuple(
+            _field(answer, "answer", annotations_path, index, str)
+            if isinstance(answer, Mapping)
+            else _field({"answer": answer}, "answer", annotations_path, index, str)
+            for answer in answers
+        )
+        annotations[question_id] = VQAQuestion(
+            question_id,
+            _field(entry, "image_id", annotations_path, index, int),
+            "",
+            texts,
+            str(entry.get("answer_type", "other")),
+            str(entry.get("question_type", "")),
+        )
+    result = []
+    for index, entry in enumerate(_read_json(questions_path, "questions")):
+        question_id = _field(entry, "question_id", questions_path, index, int)
+        if question_id not in annotations:
+            raise ValueError(
+                f"{questions_path}: question_id {question_id} (entry {index}) has no annotation in "
+                f"{annotations_path}"
+            )
+        annotation = annotations[question_id]
+        image_id = _field(entry, "image_id", questions_path, index, int)
+        if image_id != annotation.image_id:
+            raise ValueError(
+                f"{questions_path}: question_id {question_id} has image_id {image_id} but its "
+                f"annotation says {annotation.image_id}"
+            )
+        text = _field(entry, "question", questions_path, index, str)
+        result.append(
+            VQAQuestion(question_id, image_id, text, annotation.answers, annotation.answer_type, annotation.question_type)
+        )
+    return result
+
+
+def tokenize(question: str) -> list[str]:
+    """Lower-case words of a question; commas and question marks dropped, ``'s`` split off
+    (as the bottom-up attention / ban-vqa dictionaries do)."""
+    question = question.lower().replace(",", "").replace("?", "").replace("'s", " 's")
+    return re.sub(r"\s+", " ", question).strip().split(" ") if question.strip() else []
+
+
+def word_vocabulary(questions: Sequence[VQAQuestion], *, min_count: int = 1) -> list[str]:
+    """Words occurring at least ``min_count`` times, most frequent first (ties alphabetical)."""
+    counts = Counter(word for q in questions for word in tokenize(q.question))
+    return sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+
+
+def answer_vocabulary(questions: Sequence[VQAQuestion], *, min_count: int = 9) -> list[str]:
+    """Normalised answers given at least ``min_count`` times over all human answers
+    (ban-vqa keeps those occurring 9 times or more), most frequent first."""
+    counts = Counter(normalize_answer(a) for q in questions for a in q.answers)
+    return sorted((a for a, c in counts.items() if c >= min_count), key=lambda a: (-counts[a], a))
+
+
+def encode_questions(
+    questions: Sequence[VQAQuestion], words: Sequence[str], *, max_length: int = 14
+) -> Tensor:
+    """Word indices, (Q, L) long: the first ``max_length`` words, padded at the end with
+    ``len(words)`` (the padding index, as in ban-vqa's embedding of ``ntoken + 1`` rows);
+    words outside the vocabulary also get the padding index."""
+    index = {w: i for i, w in enumerate(words)}
+    padding = len(words)
+    tokens = torch.full((len(questions), max_length), padding, dtype=torch.long)
+    for row, q in enumerate(questions):
+        ids = [index.get(w, padding) for w in tokenize(q.question)][:max_length]
+        tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return tokens
+
+
+def soft_targets(questions: Sequence[VQAQuestion], answers: Sequence[str]) -> Tensor:
+    """(Q, A) float: min(#humans who gave answer a / 3, 1) for each answer of the vocabulary
+    (normalised answers; answers outside the vocabulary get no column)."""
+    index = {a: i for i, a in enumerate(answers)}
+    targets = torch.zeros(len(questions), len(answers))
+    for row, q in enumerate(questions):
+        for answer, count in Counter(normalize_answer(a) for a in q.answers).items():
+            if answer in index:
+                targets[row, index[answer]] = soft_score(count)
+    return targets

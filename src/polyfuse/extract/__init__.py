@@ -1,0 +1,1 @@
+"""Feature extraction from images with pre-trained CNNs into cached HDF5 files."""

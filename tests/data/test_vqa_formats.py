@@ -1,0 +1,134 @@
+"""VQA 2.0 / easy-VQA / GloVe / feature-file importers, checked against hand-written files."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from polyfuse.data.formats.features import load_bottom_up_features, load_image_features
+from polyfuse.data.formats.glove import load_glove
+from polyfuse.data.formats.vqa import (
+    answer_vocabulary,
+    encode_questions,
+    load_vqa,
+    soft_targets,
+    tokenize,
+    word_vocabulary,
+)
+
+
+def _write_vqa(tmp_path, answers_of_first=None):
+    questions = {
+        "questions": [
+            {"question_id": 1, "image_id": 10, "question": "How many dogs are there?"},
+            {"question_id": 2, "image_id": 11, "question": "Is it the dog's ball?"},
+        ]
+    }
+    first = answers_of_first or ["two"] * 4 + ["2"] * 2 + ["3"] * 4
+    annotations = {
+        "annotations": [
+            {"question_id": 1, "image_id": 10, "answer_type": "number", "question_type": "how many",
+             "answers": [{"answer": a, "answer_id": i} for i, a in enumerate(first)]},
+            {"question_id": 2, "image_id": 11, "answer_type": "yes/no", "question_type": "is it",
+             "answers": [{"answer": "yes", "answer_id": i} for i in range(10)]},
+        ]
+    }  # fmt: skip
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    (tmp_path / "a.json").write_text(json.dumps(annotations))
+    return tmp_path / "q.json", tmp_path / "a.json"
+
+
+def test_load_vocabularies_and_targets(tmp_path):
+    questions = load_vqa(*_write_vqa(tmp_path))
+    assert [q.question_id for q in questions] == [1, 2]
+    assert questions[0].answer_type == "number" and len(questions[0].answers) == 10
+    assert tokenize("Is it the dog's ball?") == ["is", "it", "the", "dog", "'s", "ball"]
+    # normalised answers: "two" -> "2" (6 times), "3" (4 times), "yes" (10 times)
+    assert answer_vocabulary(questions, min_count=5) == ["yes", "2"]
+    assert answer_vocabulary(questions, min_count=1) == ["yes", "2", "3"]
+    targets = soft_targets(questions, ["yes", "2", "3"])
+    torch.testing.assert_close(targets, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    words = word_vocabulary(questions)
+    tokens = encode_questions(questions, words, max_length=4)
+    assert tokens.shape == (2, 4)
+    assert tokens[0].tolist() == [words.index("how"), words.index("many"), words.index("dogs"), words.index("are")]
+    unknown = encode_questions(questions, ["how"], max_length=7)
+    assert unknown[0].tolist() == [0, 1, 1, 1, 1, 1, 1]  # unknown words and padding: index 1 = V
+
+
+def test_bad_files_are_named(tmp_path):
+    q, a = _write_vqa(tmp_path, answers_of_first=["2"] * 9)
+    with pytest.raises(ValueError, match=r"a\.json: entry 0 \(question_id 1\) has 9 answers, expected 10"):
+        load_vqa(q, a)
+    q, a = _write_vqa(tmp_path)
+    content = json.loads(q.read_text())
+    del content["questions"][1]["image_id"]
+    q.write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=r"q\.json: entry 1 has no field 'image_id'"):
+        load_vqa(q, a)
+    with pytest.raises(FileNotFoundError, match=r"missing\.json"):
+        load_vqa(tmp_path / "missing.json", a)
+
+
+def test_glove(tmp_path):
+    path = tmp_path / "glove.txt"
+    path.write_text("dog 1 2 3\ncat 4 5 6\nthe 7 8 9\n")
+    table, found = load_glove(path, ["cat", "bird", "dog"], dim=3)
+    assert found == 2
+    torch.testing.assert_close(table, torch.tensor([[4.0, 5, 6], [0, 0, 0], [1, 2, 3]]))
+    with pytest.raises(ValueError, match="line 1: 3 numbers, expected 4"):
+        load_glove(path, ["dog"], dim=4)
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
+        load_glove(tmp_path / "nope.txt", ["dog"])
+
+
+def test_feature_files(tmp_path):
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as handle:
+        handle["features"] = np.arange(2 * 3 * 4, dtype=np.float16).reshape(2, 3, 4)
+        handle["boxes"] = np.zeros((2, 3, 4), dtype=np.float32)
+        handle["image_ids"] = np.array([7, 5])
+    features = load_image_features(path)
+    selected, _ = features.select([5, 7, 5])
+    assert selected[:, 0, 0].tolist() == [12.0, 0.0, 12.0]
+    with pytest.raises(ValueError, match=r"no features for image id\(s\) \[6\]"):
+        features.select([5, 6])
+
+    bottom_up = tmp_path / "train36.hdf5"
+    with h5py.File(bottom_up, "w") as handle:
+        handle["image_features"] = np.ones((2, 3, 5), dtype=np.float32)
+        handle["spatials"] = np.tile(np.array([0.1, 0.2, 0.5, 0.6, 0.4, 0.4], dtype=np.float32), (2, 3, 1))
+    index = tmp_path / "ids.json"
+    index.write_text(json.dumps({"42": 1, "43": 0}))
+    regions = load_bottom_up_features(bottom_up, index)
+    assert regions.rows == {42: 1, 43: 0}
+    torch.testing.assert_close(regions.boxes[0, 0], torch.tensor([0.1, 0.2, 0.5, 0.6]))
+    (tmp_path / "ids.csv").write_text("image_id,row\n42,1\n")
+    assert load_bottom_up_features(bottom_up, tmp_path / "ids.csv").rows == {42: 1}
+    pickled = tmp_path / "ids.pkl"
+    pickled.write_bytes(b"not read")
+    with pytest.raises(ValueError, match="never unpickled"):
+        load_bottom_up_features(bottom_up, pickled)
+    index.write_text(json.dumps({"42": 2}))
+    with pytest.raises(ValueError, match=r"rows of image ids \[42\] lie outside"):
+        load_bottom_up_features(bottom_up, index)
+
+
+def test_easy_vqa_import(tmp_path):
+    pytest.importorskip("easy_vqa")
+    from polyfuse.data.formats.easy_vqa import import_easy_vqa
+
+    paths = import_easy_vqa(tmp_path, limit=3)
+    questions = load_vqa(paths["train"]["questions"], paths["train"]["annotations"])
+    assert {q.image_id for q in questions} == {0, 1, 2}
+    # the package's first training question (its data/train/questions.json)
+    assert questions[0].question == "what is the blue shape?" and set(questions[0].answers) == {"rectangle"}
+    assert questions[0].question_type == "shape" and questions[0].answer_type == "other"
+    kinds = {q.question_type for q in questions}
+    assert kinds <= {"yes/no", "shape", "color"}
+    for q in questions:
+        assert (q.question_type == "yes/no") == (q.answers[0] in ("yes", "no"))

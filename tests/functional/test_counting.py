@@ -1,0 +1,155 @@
+"""The counting component (Zhang, Hare, Prügel-Bennett, ICLR 2018) against its defining
+behaviour and a loop-by-loop oracle written from section 3 of the paper."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polyfuse.functional.counting import (
+    box_iou,
+    count_features,
+    count_score,
+    count_to_one_hot,
+    piecewise_linear,
+)
+from polyfuse.nn.counter import Counter
+
+
+def _identity_weights(pieces: int = 16) -> torch.Tensor:
+    weights = torch.ones(8, pieces + 1, dtype=torch.float64)
+    weights[:, 0] = 0.0
+    return weights
+
+
+def _separated_boxes(count: int, total: int) -> torch.Tensor:
+    """``total`` unit boxes far apart on a line, (1, total, 4)."""
+    boxes = [[3.0 * i, 0.0, 3.0 * i + 1.0, 1.0] for i in range(total)]
+    return torch.tensor([boxes], dtype=torch.float64)
+
+
+def test_piecewise_linear_hand_values():
+    weight = torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64)  # two pieces: 1/4 then 3/4
+    x = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
+    expected = torch.tensor([0.0, 0.125, 0.25, 0.625, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(piecewise_linear(x, weight), expected)
+
+
+def test_box_iou_hand_values():
+    boxes = torch.tensor([[[0, 0, 2, 2], [1, 1, 3, 3], [5, 5, 6, 6]]], dtype=torch.float64)
+    iou = box_iou(boxes)[0]
+    assert iou[0, 1].item() == pytest.approx(1 / 7)  # intersection 1, union 4 + 4 - 1
+    assert iou[0, 0].item() == pytest.approx(1.0)
+    assert iou[0, 2].item() == 0.0
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_separated_objects_with_attention_one_count_k(count):
+    boxes = _separated_boxes(count, 10)
+    attention = torch.zeros(1, 10, dtype=torch.float64)
+    attention[0, :count] = 1.0
+    score, _, _ = count_score(boxes, attention, _identity_weights(), already_sigmoided=True)
+    assert score.item() == pytest.approx(count)
+    features = count_features(boxes, attention, _identity_weights(), already_sigmoided=True)
+    assert features[0].argmax().item() == count
+
+
+def test_exact_duplicate_boxes_count_once():
+    boxes = _separated_boxes(1, 10)
+    boxes[0, 1] = boxes[0, 0]  # box 1 is a copy of box 0
+    boxes[0, 2] = boxes[0, 0]  # and box 2 too
+    attention = torch.zeros(1, 10, dtype=torch.float64)
+    attention[0, :3] = 1.0
+    score, _, _ = count_score(boxes, attention, _identity_weights(), already_sigmoided=True)
+    assert score.item() == pytest.approx(1.0)
+    boxes[0, 3] = torch.tensor([30.0, 0.0, 31.0, 1.0], dtype=torch.float64)  # one more object
+    attention[0, 3] = 1.0
+    score, _, _ = count_score(boxes, attention, _identity_weights(), already_sigmoided=True)
+    assert score.item() == pytest.approx(2.0)
+
+
+def test_one_hot_interpolates():
+    one_hot = count_to_one_hot(torch.tensor([[0.0], [2.75], [7.0]]), 3)
+    expected = torch.tensor([[1, 0, 0, 0], [0, 0, 0.25, 0.75], [0, 0, 0, 1.0]])
+    torch.testing.assert_close(one_hot, expected)
+
+
+def _oracle(boxes, logits, weights, objects):
+    """Section 3 of the paper with explicit loops over boxes (one sample)."""
+
+    def f(k, x):  # f_k, 1-based as in the paper
+        w = [abs(v) for v in weights[k - 1].tolist()]
+        w = [v / sum(w) for v in w]
+        n = len(w) - 1
+        y = n * x
+        i = min(math.floor(y), n)
+        return sum(w[: i + 1]) + (y - math.floor(y)) * w[min(i + 1, n)]
+
+    def iou(a, b):
+        w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+        h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+        area = lambda r: max(0.0, r[2] - r[0]) * max(0.0, r[3] - r[1])  # noqa: E731
+        return w * h / (area(a) + area(b) - w * h + 1e-12)
+
+    order = sorted(range(len(logits)), key=lambda i: -logits[i])[:objects]
+    a = [1 / (1 + math.exp(-logits[i])) for i in order]
+    b = [boxes[i] for i in order]
+    k = len(order)
+    D = [[1 - iou(b[i], b[j]) for j in range(k)] for i in range(k)]
+    X = [[f(4, a[i] * a[j]) * f(5, D[i][j]) for j in range(k)] for i in range(k)]
+    s = []
+    for i in range(k):
+        row = 0.0
+        for j in range(k):
+            prod = f(3, 1 - abs(a[i] - a[j]))
+            for m in range(k):
+                prod *= f(3, 1 - abs(X[m][i] - X[m][j]))
+            row += prod
+        s.append(row)
+    C = sum(f(1, a[i] * a[j]) * f(2, D[i][j]) / (s[i] * s[j]) for i in range(k) for j in range(k))
+    C += sum(f(1, a[i] * a[i]) / s[i] for i in range(k))
+    c = min(math.sqrt(C), objects)
+    one_hot = [0.0] * (objects + 1)
+    lo = math.floor(c)
+    one_hot[min(lo, objects)] += 1 - (c - lo)
+    one_hot[min(lo + 1, objects)] += c - lo
+    p_a = sum(abs(f(6, v) - 0.5) for v in a) / k
+    p_d = sum(abs(f(7, D[i][j]) - 0.5) for i in range(k) for j in range(k)) / k**2
+    return [v * f(8, p_a + p_d) for v in one_hot]
+
+
+def test_count_features_match_loop_oracle_with_random_functions():
+    generator = torch.Generator().manual_seed(3)
+    batch, boxes_per_image, objects = 2, 7, 5
+    corners = torch.rand(batch, boxes_per_image, 2, generator=generator, dtype=torch.float64)
+    sizes = 0.1 + 0.4 * torch.rand(batch, boxes_per_image, 2, generator=generator, dtype=torch.float64)
+    boxes = torch.cat([corners, corners + sizes], dim=-1)
+    boxes[0, 3] = boxes[0, 1]  # an exact duplicate
+    logits = 2 * torch.randn(batch, boxes_per_image, generator=generator, dtype=torch.float64)
+    counter = Counter(objects, pieces=4).double()
+    with torch.no_grad():
+        counter.weight.copy_(torch.rand(8, 5, generator=generator, dtype=torch.float64))
+        counter.weight[:, 0] = 0.0
+    result = counter(boxes, logits)
+    assert result.shape == (batch, objects + 1)
+    for sample in range(batch):
+        expected = _oracle(boxes[sample].tolist(), logits[sample].tolist(), counter.weight.detach(), objects)
+        torch.testing.assert_close(result[sample], torch.tensor(expected, dtype=torch.float64))
+
+
+def test_counter_gradients_reach_weights_and_attention():
+    counter = Counter(4)
+    boxes = _separated_boxes(4, 6).float()
+    logits = torch.randn(1, 6, requires_grad=True)
+    counter(boxes, logits).sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    assert counter.weight.grad is not None and counter.weight.grad.abs().sum() > 0
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="objects=11"):
+        Counter(11)(_separated_boxes(1, 10).float(), torch.zeros(1, 10))
+    with pytest.raises(ValueError, match="attention has shape"):
+        Counter(2)(_separated_boxes(1, 10).float(), torch.zeros(1, 9))

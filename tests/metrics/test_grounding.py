@@ -1,0 +1,69 @@
+"""Grounding Recall@K on synthetic boxes, and the Flickr30k Entities parsers on hand-written files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyfuse.data.formats.flickr30k import parse_boxes, parse_sentence
+from polyfuse.metrics.grounding import grounding_recall, phrase_scores
+
+# Candidates: box 0 matches phrase 0 exactly, box 1 overlaps it with IoU 1/3, box 2 is
+# far away, box 3 covers the union of phrase 1's two boxes.
+BOXES = torch.tensor([[0, 0, 2, 2], [1, 0, 3, 2], [10, 10, 11, 11], [4, 4, 8, 6]], dtype=torch.float32)
+TRUTHS = [torch.tensor([[0.0, 0, 2, 2]]), torch.tensor([[4.0, 4, 6, 6], [6.0, 4, 8, 6]])]
+
+
+def test_recall_hand_computed():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.0], [0.9, 0.8, 0.0, 0.7]])
+    # phrase 0: ranking 1, 2, 0, 3 -> correct box 0 at rank 3; phrase 1 (union box) -> box 3 at rank 3
+    result = grounding_recall(scores, BOXES, TRUTHS, ks=(1, 2, 3))
+    assert result == {1: 0.0, 2: 0.0, 3: 1.0}
+    scores[0, 0] = 1.0  # box 0 first for phrase 0
+    assert grounding_recall(scores, BOXES, TRUTHS, ks=(1, 10)) == {1: 0.5, 10: 1.0}
+    # matched box by box, box 3 has IoU 1/2 with each of phrase 1's boxes: still a hit
+    assert grounding_recall(scores, BOXES, TRUTHS, ks=(3,), merge="any") == {3: 1.0}
+    assert grounding_recall(scores, BOXES, TRUTHS, ks=(3,), merge="any", iou_threshold=0.6) == {3: 0.5}
+
+
+def test_phrase_scores_sum_glimpses_at_positions():
+    attention = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4)
+    scores = phrase_scores(attention, [0, 3])
+    assert scores.shape == (2, 3)
+    assert scores[1, 2].item() == attention[0, 2, 3].item() + attention[1, 2, 3].item()
+    with pytest.raises(ValueError, match=r"positions \[4\]"):
+        phrase_scores(attention, [4])
+
+
+def test_recall_bad_input():
+    with pytest.raises(ValueError, match="1 ground-truth entries for 2 phrases"):
+        grounding_recall(torch.zeros(2, 4), BOXES, TRUTHS[:1])
+
+
+def test_parse_sentence():
+    words, phrases = parse_sentence(
+        "[/EN#18/people A man] with [/EN#19/clothing/other pierced ears] is wearing [/EN#20/clothing glasses] ."
+    )
+    assert words == ["A", "man", "with", "pierced", "ears", "is", "wearing", "glasses", "."]
+    assert [(p.text, p.first_word, p.entity_id, p.types) for p in phrases] == [
+        ("A man", 0, 18, ("people",)),
+        ("pierced ears", 3, 19, ("clothing", "other")),
+        ("glasses", 7, 20, ("clothing",)),
+    ]
+    with pytest.raises(ValueError, match="malformed"):
+        parse_sentence("[/EN#18 broken")
+
+
+def test_parse_boxes(tmp_path):
+    path = tmp_path / "1.xml"
+    path.write_text(
+        "<annotation><size><width>500</width><height>333</height><depth>3</depth></size>"
+        "<object><name>18</name><bndbox><xmin>1</xmin><ymin>2</ymin><xmax>30</xmax><ymax>40</ymax></bndbox></object>"
+        "<object><name>18</name><name>21</name><bndbox><xmin>5</xmin><ymin>6</ymin><xmax>7</xmax><ymax>8</ymax></bndbox></object>"
+        "<object><name>19</name><nobndbox>1</nobndbox></object></annotation>"
+    )
+    boxes, size = parse_boxes(path)
+    assert size == (500, 333)
+    assert boxes == {18: [(1, 2, 30, 40), (5, 6, 7, 8)], 21: [(5, 6, 7, 8)]}
+    with pytest.raises(FileNotFoundError):
+        parse_boxes(tmp_path / "2.xml")

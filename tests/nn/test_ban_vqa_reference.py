@@ -1,0 +1,120 @@
+"""BanVQA loaded by interop.load_ban_vqa against the reference code itself.
+
+The modules of github.com/jnhwkim/ban-vqa (base_model, attention, bc, fc, counting,
+language_model, classifier) are read unchanged from a local git mirror of the
+repository (``POLYFUSE_BAN_VQA_GIT``, default /work/.mirror/jnhwkim+ban-vqa/repo,
+made with the search tools' ``fetch``); the test skips when it is absent. Only
+``utils``, which base_model imports for its Flickr model and which needs the
+``torch._six`` of old PyTorch, is replaced by an empty module.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from polyfuse.interop import load_ban_vqa
+
+_FILES = ["base_model.py", "attention.py", "bc.py", "fc.py", "counting.py", "language_model.py", "classifier.py"]
+_GIT = Path(os.environ.get("POLYFUSE_BAN_VQA_GIT", "/work/.mirror/jnhwkim+ban-vqa/repo"))
+
+
+@pytest.fixture
+def reference(tmp_path, monkeypatch):
+    if not _GIT.is_dir() or shutil.which("git") is None:
+        pytest.skip(f"no git mirror of jnhwkim/ban-vqa at {_GIT}")
+    for name in _FILES:
+        text = subprocess.run(
+            ["git", f"--git-dir={_GIT}", "show", f"HEAD:{name}"], capture_output=True, check=True, text=True
+        ).stdout
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = [n[:-3] for n in _FILES] + ["utils"]
+    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    sys.modules["utils"] = types.ModuleType("utils")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import base_model
+
+            yield base_model
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+
+
+def _reference_model(base_model, *, glimpses, hidden, words, answers, image_dim, seed):
+    torch.manual_seed(seed)
+    dataset = types.SimpleNamespace(
+        dictionary=types.SimpleNamespace(ntoken=words), v_dim=image_dim, num_ans_candidates=answers
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = base_model.build_ban(dataset, hidden, op="", gamma=glimpses)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.startswith("counter.f."):
+                if int(name.split(".")[2]) < 8:  # f.8 to f.15 are never used: keep them
+                    parameter.copy_(torch.rand(parameter.shape, generator=generator) + 0.1)
+                    parameter[0] = 0.0
+            else:
+                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+    return model.eval()
+
+
+def _inputs(batch, objects, image_dim, words, seed):
+    generator = torch.Generator().manual_seed(seed + 1)
+    v = torch.randn(batch, objects, image_dim, generator=generator)
+    v[0, -2:] = 0.0  # padding objects: all-zero rows, masked by the reference
+    corners = torch.rand(batch, objects, 2, generator=generator)
+    sizes = 0.05 + 0.5 * torch.rand(batch, objects, 2, generator=generator)
+    b = torch.cat([corners, corners + sizes, sizes], dim=-1)  # (x1, y1, x2, y2, w, h)
+    b[1, 3, :4] = b[1, 5, :4]  # an exact duplicate box
+    q = torch.randint(0, words + 1, (batch, 14), generator=generator)  # index `words` is padding
+    return v, b, q
+
+
+@pytest.mark.parametrize(("glimpses", "hidden"), [(2, 16), (4, 8)])
+def test_whole_model_matches_reference_forward(reference, glimpses, hidden):
+    words, answers, image_dim = 23, 9, 12
+    model = _reference_model(reference, glimpses=glimpses, hidden=hidden, words=words, answers=answers, image_dim=image_dim, seed=glimpses)
+    v, b, q = _inputs(3, 13, image_dim, words, seed=glimpses)
+    with torch.no_grad():
+        expected_logits, expected_attention = model(v, b, q, None)
+    ours = load_ban_vqa(model.state_dict()).eval()
+    assert ours.counter is not None and ours.glimpses == glimpses
+    with torch.no_grad():
+        logits, attention = ours(q, v, b[:, :, :4])
+    torch.testing.assert_close(attention, expected_attention, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, expected_logits, atol=1e-5, rtol=1e-5)
+    # the counter matters: without it the answer logits change
+    ours.counter = None
+    with torch.no_grad():
+        without, _ = ours(q, v, b[:, :, :4])
+    assert (without - expected_logits).abs().max() > 1e-3
+
+
+def test_left_over_and_changed_keys_are_errors(reference):
+    model = _reference_model(reference, glimpses=2, hidden=8, words=5, answers=3, image_dim=6, seed=0)
+    state = dict(model.state_dict())
+    state["extra.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"extra\.weight"):
+        load_ban_vqa(state)
+    state = dict(model.state_dict())
+    state["counter.f.9.weight"] = state["counter.f.9.weight"] * 2
+    with pytest.raises(ValueError, match=r"counter\.f\.9\.weight differs"):
+        load_ban_vqa(state)
+    state = dict(model.state_dict())
+    del state["classifier.main.3.bias"]
+    with pytest.raises(ValueError, match=r"classifier\.main\.3\.bias"):
+        load_ban_vqa(state)
