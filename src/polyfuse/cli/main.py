@@ -22,6 +22,7 @@ COMMANDS = {
     "predict": "polyfuse.cli.predict",
     "compare": "polyfuse.cli.compare",
     "plot": "polyfuse.cli.plot",
+    "retrieval": "polyfuse.cli.retrieval",
 }
 
 

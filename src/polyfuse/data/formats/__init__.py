@@ -1,0 +1,1 @@
+"""Importers of public dataset layouts (one module per format)."""
