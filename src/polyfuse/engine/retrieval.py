@@ -171,7 +171,7 @@ def train_retrieval(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total, steps = total + float(loss), steps + 1
+            total, steps = total + loss.item(), steps + 1
         metrics = evaluate_retrieval(model, val, val_text, chunk_size=settings.chunk_size)
         score = sum(v for k, v in metrics.items() if "R@" in k and not k.startswith("chance"))
         history.append({"epoch": epoch, "loss": total / max(steps, 1), "val_rsum": score,
