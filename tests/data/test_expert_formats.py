@@ -47,7 +47,7 @@ def test_hdf5_per_video_with_nan_missing_and_wrong_dim(tmp_path):
 def test_pickle_refused_with_conversion(tmp_path):
     path = tmp_path / "audio.pkl"
     path.write_bytes(b"not read")
-    with pytest.raises(ValueError, match="h5py.File"):
+    with pytest.raises(ValueError, match=r"h5py\.File"):
         load_expert(path)
 
 

@@ -5,12 +5,15 @@ import math
 import pytest
 import torch
 
-from polyfuse.functional.chimera_word_losses import word_region_distortion_loss, word_region_matching_loss
+from polyfuse.functional.chimera_word_losses import (
+    word_region_distortion_loss,
+    word_region_matching_loss,
+)
 from polyfuse.functional.lorentz import lorentz_expmap0
 
 
 def _d(x, y):  # d_L = arcosh(-<x, y>_L), <x, y>_L = sum_{i>=1} x_i y_i - x_0 y_0
-    inner = sum(float(a) * float(b) for a, b in zip(x[1:], y[1:])) - float(x[0]) * float(y[0])
+    inner = sum(float(a) * float(b) for a, b in zip(x[1:], y[1:], strict=True)) - float(x[0]) * float(y[0])
     return math.acosh(max(-inner, 1.0))
 
 
@@ -79,7 +82,7 @@ def test_permuting_one_captions_words_permutes_its_terms_only():
 def test_word_level_differs_from_sequence_level():
     # Replacing one word of caption 0 changes the word-level loss although the mean of
     # its word vectors (what a sequence-level loss sees) is kept fixed.
-    w, v, wp, vp, wm, vm = _case()
+    w, _, wp, vp, wm, vm = _case()
     w2 = w.clone()
     w2[0, 0] += 0.5
     w2[0, 1] -= 0.5

@@ -26,9 +26,9 @@ def test_max_margin_matches_loop(hardest):
     for i, j in enumerate(owner):
         t2v = [max(0.0, m - scores[i, j].item() + scores[i, k].item()) for k in range(4) if k != j]
         v2t = [
-            max(0.0, m - scores[i, j].item() + scores[l, j].item())
-            for l in range(5)
-            if owner[l] != j
+            max(0.0, m - scores[i, j].item() + scores[t, j].item())
+            for t in range(5)
+            if owner[t] != j
         ]
         agg = max if hardest else sum
         total.append(agg(t2v) + agg(v2t))
@@ -44,7 +44,7 @@ def test_info_nce_matches_loop():
     for i, j in enumerate(owner):
         pos = math.exp(scores[i, j].item() / tau)
         neg_v = sum(math.exp(scores[i, k].item() / tau) for k in range(4) if k != j)
-        neg_t = sum(math.exp(scores[l, j].item() / tau) for l in range(5) if owner[l] != j)
+        neg_t = sum(math.exp(scores[t, j].item() / tau) for t in range(5) if owner[t] != j)
         t2v.append(-math.log(pos / (pos + neg_v)))
         v2t.append(-math.log(pos / (pos + neg_t)))
     expected = 0.5 * (sum(t2v) / 5 + sum(v2t) / 5)

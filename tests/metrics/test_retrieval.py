@@ -62,6 +62,13 @@ def test_ranks_match_brute_force_any_chunk():
         expected.append(ordered.index(int(owner[q])) + 1)
     for chunk in (1, 5, 64):
         assert retrieval_ranks(queries, gallery, targets, chunk_size=chunk).tolist() == expected
+        assert retrieval_ranks(queries, gallery, owner, chunk_size=chunk).tolist() == expected
+
+
+def test_index_targets_tie_pessimistically():
+    queries = torch.tensor([[1.0, 1.0]])
+    gallery = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.0]])  # scores 1, 1, 0.5
+    assert retrieval_ranks(queries, gallery, torch.tensor([0])).tolist() == [2]
 
 
 def test_median_of_even_count_is_mean_of_middle():

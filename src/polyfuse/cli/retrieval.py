@@ -43,6 +43,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _train_arguments(compare)
     compare.add_argument("--fusions", nargs="+", default=["man", "concat", "mean"])
     compare.add_argument("--out", required=True, help="parent directory; one run directory per fusion")
+    chimera = actions.add_parser("chimera", help="Chimera ablation rows (Table 4) on MiniLM + video; EX1 and EX2")
+    _data_arguments(chimera)
+    chimera.add_argument("--rows", nargs="+", default=None, help="ablation rows (default: all)")
+    chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
+    chimera.add_argument("--epochs", type=int, default=10)
+    chimera.add_argument("--batch-size", type=int, default=16)
+    chimera.add_argument("--out", required=True)
     evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.pt")
     _data_arguments(evaluate)
     evaluate.add_argument("--checkpoint", required=True)
@@ -74,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
         result = run_retrieval(corpus, split, _settings(args, args.fusion), args.seeds, args.out, text=args.text)
         print(metrics_table({args.fusion: result}))
         print(f"wrote {Path(args.out) / 'results.json'}")
+        return 0
+    if args.action == "chimera":
+        from polyfuse.engine.chimera_retrieval import ABLATION_ROWS
+        from polyfuse.engine.retrieval_runs import run_chimera_ablation
+
+        results = run_chimera_ablation(corpus, split, args.rows or list(ABLATION_ROWS), args.seeds, args.out,
+                                       epochs=args.epochs, batch_size=args.batch_size)
+        print("EX1 (captions as written)\n" + metrics_table(results))
+        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
     if args.action == "compare":
         results = {}

@@ -25,7 +25,12 @@ from torch import Tensor
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.functional.contrastive import info_nce_loss, max_margin_ranking_loss
-from polyfuse.metrics.retrieval import chance_recall, query_targets, retrieval_metrics, retrieval_ranks
+from polyfuse.metrics.retrieval import (
+    chance_recall,
+    query_targets,
+    retrieval_metrics,
+    retrieval_ranks,
+)
 from polyfuse.tasks.retrieval import RetrievalModel
 
 __all__ = [

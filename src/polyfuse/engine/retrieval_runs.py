@@ -132,3 +132,48 @@ def metrics_table(results: dict[str, dict], key: str = "test") -> str:
         seconds = statistics.mean(r["train_seconds"] for r in result["runs"])
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {seconds:.0f} |")
     return "\n".join(lines)
+
+
+def run_chimera_ablation(
+    corpus: RetrievalCorpus,
+    split: dict[str, list[str]],
+    rows: list[str],
+    seeds: list[int],
+    out_dir: str | Path,
+    *,
+    epochs: int = 10,
+    batch_size: int = 16,
+) -> dict:
+    """Chimera on MiniLM token states + the appearance expert, one entry per Table 4 row;
+    test with captions as written (EX1) and with their words shuffled (EX2)."""
+    from polyfuse.engine.chimera_retrieval import (
+        ABLATION_ROWS,
+        encode_tokens,
+        evaluate_chimera,
+        train_chimera,
+    )
+    from polyfuse.nn.sentence_encoder import MiniLMEncoder
+
+    unknown = [r for r in rows if r not in ABLATION_ROWS]
+    if unknown:
+        raise ValueError(f"unknown ablation row {unknown[0]!r}; available: {', '.join(ABLATION_ROWS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {name: corpus.subset(split[name]) for name in ("train", "val", "test")}
+    encoder = MiniLMEncoder()
+    tokens = {name: encode_tokens(encoder, p.captions) for name, p in parts.items()}
+    shuffled = encode_tokens(encoder, shuffle_words(parts["test"].captions, 0))
+    results = {}
+    for name in rows:
+        runs = []
+        for seed in seeds:
+            start = time.perf_counter()
+            model, history = train_chimera(parts["train"], tokens["train"], parts["val"], tokens["val"],
+                                           ABLATION_ROWS[name], seed, epochs=epochs, batch_size=batch_size)
+            seconds = time.perf_counter() - start
+            runs.append({"seed": seed, "train_seconds": seconds, "history": history,
+                         "test": evaluate_chimera(model, parts["test"], *tokens["test"]),
+                         "test_shuffled_words": evaluate_chimera(model, parts["test"], *shuffled)})
+        results[name] = {"row": asdict(ABLATION_ROWS[name]), "runs": runs}
+        (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    return results

@@ -30,6 +30,7 @@ __all__ = [
     "chance_recall",
     "chunked_similarity",
     "query_targets",
+    "ranks_from_scores",
     "retrieval_metrics",
     "retrieval_ranks",
 ]
@@ -99,29 +100,50 @@ def retrieval_ranks(
 
     Args:
         queries: (Q, d); gallery: (G, d).
-        targets: (Q, G) bool, True at the correct items (at least one per row).
+        targets: (Q, G) bool, True at the correct items (at least one per row), or (Q,)
+            int64, the index of the one correct item of each query (no (Q, G) matrix:
+            use it at scale).
         chunk_size: query rows scored at once (memory: chunk_size x G scores).
 
     Returns:
         (Q,) int64 ranks in [1, G].
     """
     queries, gallery = _check_embeddings(queries, gallery)
-    if not isinstance(targets, Tensor) or targets.dtype != torch.bool:
-        raise ValueError("targets must be a bool tensor")
-    if targets.shape != (queries.shape[0], gallery.shape[0]):
+    if not isinstance(targets, Tensor) or targets.dtype not in (torch.bool, torch.long):
+        raise ValueError("targets must be a (Q, G) bool tensor or a (Q,) int64 tensor of indices")
+    if targets.dtype == torch.long:
+        if targets.shape != (queries.shape[0],):
+            raise ValueError(f"targets has shape {tuple(targets.shape)}, expected ({queries.shape[0]},)")
+        if bool(((targets < 0) | (targets >= gallery.shape[0])).any()):
+            raise ValueError(f"target indices must lie in [0, {gallery.shape[0]})")
+    elif targets.shape != (queries.shape[0], gallery.shape[0]):
         raise ValueError(
             f"targets has shape {tuple(targets.shape)}, expected ({queries.shape[0]}, {gallery.shape[0]})"
         )
-    missing = (~targets.any(dim=1)).nonzero().flatten()
-    if missing.numel():
-        raise ValueError(f"queries {missing[:10].tolist()} have no correct gallery item")
+    else:
+        missing = (~targets.any(dim=1)).nonzero().flatten()
+        if missing.numel():
+            raise ValueError(f"queries {missing[:10].tolist()} have no correct gallery item")
     ranks = torch.empty(queries.shape[0], dtype=torch.long)
     for start, scores in chunked_similarity(queries, gallery, chunk_size=chunk_size):
-        correct = targets[start : start + scores.shape[0]].to(scores.device)
-        best = scores.masked_fill(~correct, float("-inf")).amax(dim=1, keepdim=True)
-        above = ((scores >= best) & ~correct).sum(dim=1)
-        ranks[start : start + scores.shape[0]] = 1 + above.cpu()
+        ranks[start : start + scores.shape[0]] = ranks_from_scores(scores, targets[start : start + scores.shape[0]])
     return ranks
+
+
+def ranks_from_scores(scores: Tensor, targets: Tensor) -> Tensor:
+    """Ranks (Q,) from a (Q, G) block of scores (any scorer, e.g. a cross-encoder) and
+    its (Q, G) bool targets, or (Q,) int64 indices of the one correct item per query;
+    pessimistic ties as in :func:`retrieval_ranks`."""
+    if targets.dtype == torch.long:  # one correct item: no (Q, G) target matrix
+        best = scores.gather(1, targets.to(scores.device).view(-1, 1))
+        return (scores >= best).sum(dim=1).cpu()  # the item itself + the wrong items tied or above
+    if scores.shape != targets.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and targets {tuple(targets.shape)} differ")
+    correct = targets.to(scores.device)
+    if not bool(correct.any(dim=1).all()):
+        raise ValueError("every query needs at least one correct gallery item")
+    best = scores.masked_fill(~correct, float("-inf")).amax(dim=1, keepdim=True)
+    return 1 + ((scores >= best) & ~correct).sum(dim=1).cpu()
 
 
 @dataclass(frozen=True)
