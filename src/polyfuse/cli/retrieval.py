@@ -50,6 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     chimera.add_argument("--epochs", type=int, default=10)
     chimera.add_argument("--batch-size", type=int, default=16)
     chimera.add_argument("--out", required=True)
+    table = actions.add_parser("table", help="markdown tables (EX1, EX2) from results.json files")
+    table.add_argument("results", nargs="+", help="results.json of 'train' (one fusion each) or 'chimera'")
     evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.pt")
     _data_arguments(evaluate)
     evaluate.add_argument("--checkpoint", required=True)
@@ -76,6 +78,14 @@ def _settings(args: argparse.Namespace, fusion: str):
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.retrieval_runs import metrics_table, run_retrieval
 
+    if args.action == "table":
+        results = {}
+        for path in args.results:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            results.update({data["settings"]["fusion"]: data} if "settings" in data else data)
+        print("EX1 (captions as written)\n" + metrics_table(results))
+        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
+        return 0
     corpus, split = _corpus(args)
     if args.action == "train":
         result = run_retrieval(corpus, split, _settings(args, args.fusion), args.seeds, args.out, text=args.text)

@@ -218,6 +218,9 @@ class RetrievalCorpus:
         video_ids = _check_ids(list(video_ids), "video ids")
         if not experts:
             raise ValueError("at least one expert is needed")
+        for video in video_ids:
+            if video not in captions:
+                raise ValueError(f"video {video!r} has no captions")
         selected = {name: expert.select(video_ids) for name, expert in experts.items()}
         any_present = torch.stack([e.present for e in selected.values()]).any(dim=0)
         for video, has in zip(video_ids, any_present.tolist(), strict=True):
@@ -225,8 +228,6 @@ class RetrievalCorpus:
                 raise ValueError(f"video {video!r} has captions but no features in any expert")
         texts, owners = [], []
         for video in video_ids:
-            if video not in captions:
-                raise ValueError(f"video {video!r} has no captions")
             texts.extend(captions[video])
             owners.extend([video] * len(captions[video]))
         return cls(video_ids, selected, texts, owners)
