@@ -97,10 +97,10 @@ def run_retrieval(
         )
         runs.append({"seed": seed, "test": test, "test_shuffled_words": test_shuffled, "history": history,
                      "train_seconds": train_seconds, "eval_seconds": eval_seconds})
-    result = {"settings": asdict(settings), "text": text, "experts": list(corpus.experts),
-              "counts": {n: {"videos": len(p.video_ids), "captions": len(p.captions)} for n, p in parts.items()},
-              "encode_seconds": encode_seconds, "runs": runs}
-    (out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+        result = {"settings": asdict(settings), "text": text, "experts": list(corpus.experts),
+                  "counts": {n: {"videos": len(p.video_ids), "captions": len(p.captions)} for n, p in parts.items()},
+                  "encode_seconds": encode_seconds, "runs": runs}
+        (out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")  # after every seed
     return result
 
 
