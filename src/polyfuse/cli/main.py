@@ -59,6 +59,7 @@ COMMANDS = {
     "plot": "polyfuse.cli.plot",
     "extract": "polyfuse.cli.extract",
     "vqa": "polyfuse.cli.vqa",
+    "retrieval": "polyfuse.cli.retrieval",
 }
 
 

@@ -1,1 +1,2 @@
-"""Importers of public data formats (VQA 2.0, easy-VQA, GloVe, region features, Flickr30k Entities)."""
+"""Importers of public data formats, one module per format (VQA 2.0, easy-VQA, GloVe,
+region features, Flickr30k Entities, expert features, MSVD captions)."""

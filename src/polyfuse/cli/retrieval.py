@@ -1,0 +1,122 @@
+"""``polyfuse retrieval train|evaluate|compare``: text-video retrieval over expert features."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["add_parser", "run"]
+
+
+def _data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", help="the MSVD folder (../shared/data/msvd)")
+    parser.add_argument("--expert", action="append", metavar="NAME=PATH",
+                        help="an expert file (.npz or .h5; repeat per expert), instead of --data")
+    parser.add_argument("--captions", help="captions JSON {video_id: [caption, ...]} (with --expert)")
+    for name in ("train", "val", "test"):
+        parser.add_argument(f"--{name}-ids", help=f"{name} video ids, one per line (with --expert)")
+    parser.add_argument("--text", default="minilm", help="'minilm' (default) or a GloVe-format vectors file")
+
+
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--embed-dim", type=int, default=256)
+    parser.add_argument("--hidden-dim", type=int, default=64)
+    parser.add_argument("--loss", choices=("margin", "infonce"), default="margin")
+    parser.add_argument("--margin", type=float, default=0.2)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("retrieval", help="text-video retrieval: train, evaluate, compare")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    train = actions.add_parser("train", help="train one video fusion over seeds; write results.json")
+    _data_arguments(train)
+    _train_arguments(train)
+    train.add_argument("--fusion", choices=("man", "concat", "mean"), default="man")
+    train.add_argument("--out", required=True, help="run directory")
+    compare = actions.add_parser("compare", help="train several fusions; print a markdown table")
+    _data_arguments(compare)
+    _train_arguments(compare)
+    compare.add_argument("--fusions", nargs="+", default=["man", "concat", "mean"])
+    compare.add_argument("--out", required=True, help="parent directory; one run directory per fusion")
+    chimera = actions.add_parser("chimera", help="Chimera ablation rows (Table 4) on MiniLM + video; EX1 and EX2")
+    _data_arguments(chimera)
+    chimera.add_argument("--rows", nargs="+", default=None, help="ablation rows (default: all)")
+    chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
+    chimera.add_argument("--epochs", type=int, default=10)
+    chimera.add_argument("--batch-size", type=int, default=16)
+    chimera.add_argument("--out", required=True)
+    table = actions.add_parser("table", help="markdown tables (EX1, EX2) from results.json files")
+    table.add_argument("results", nargs="+", help="results.json of 'train' (one fusion each) or 'chimera'")
+    evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.pt")
+    _data_arguments(evaluate)
+    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--split", default="test")
+    evaluate.add_argument("--shuffle-words", action="store_true", help="shuffle each query's words (EX2)")
+    parser.set_defaults(run=run)
+
+
+def _corpus(args: argparse.Namespace):
+    from polyfuse.engine.retrieval_runs import load_corpus
+
+    ids = {n: getattr(args, f"{n}_ids") for n in ("train", "val", "test") if getattr(args, f"{n}_ids")}
+    return load_corpus(args.data, experts=args.expert, captions=args.captions, split_ids=ids or None)
+
+
+def _settings(args: argparse.Namespace, fusion: str):
+    from polyfuse.engine.retrieval import RetrievalSettings
+
+    return RetrievalSettings(fusion=fusion, embed_dim=args.embed_dim, hidden_dim=args.hidden_dim,
+                             epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
+                             margin=args.margin)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polyfuse.engine.retrieval_runs import metrics_table, run_retrieval
+
+    if args.action == "table":
+        results = {}
+        for path in args.results:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            results.update({data["settings"]["fusion"]: data} if "settings" in data else data)
+        print("EX1 (captions as written)\n" + metrics_table(results))
+        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
+        return 0
+    corpus, split = _corpus(args)
+    if args.action == "train":
+        result = run_retrieval(corpus, split, _settings(args, args.fusion), args.seeds, args.out, text=args.text)
+        print(metrics_table({args.fusion: result}))
+        print(f"wrote {Path(args.out) / 'results.json'}")
+        return 0
+    if args.action == "chimera":
+        from polyfuse.engine.chimera_retrieval import ABLATION_ROWS
+        from polyfuse.engine.retrieval_runs import run_chimera_ablation
+
+        results = run_chimera_ablation(corpus, split, args.rows or list(ABLATION_ROWS), args.seeds, args.out,
+                                       epochs=args.epochs, batch_size=args.batch_size)
+        print("EX1 (captions as written)\n" + metrics_table(results))
+        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
+        return 0
+    if args.action == "compare":
+        results = {}
+        for fusion in args.fusions:
+            results[fusion] = run_retrieval(corpus, split, _settings(args, fusion), args.seeds,
+                                            Path(args.out) / fusion, text=args.text)
+        print("EX1 (captions as written)\n" + metrics_table(results))
+        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
+        return 0
+    from polyfuse.engine.retrieval import encode_captions, evaluate_retrieval, shuffle_words
+    from polyfuse.engine.retrieval_runs import load_checkpoint, text_encoder
+
+    model, saved = load_checkpoint(args.checkpoint)
+    if args.split not in split:
+        raise ValueError(f"no split {args.split!r}; have {', '.join(split)}")
+    part = corpus.subset(split[args.split])
+    captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
+    vectors = encode_captions(text_encoder(saved["text"]), captions)
+    print(json.dumps(evaluate_retrieval(model, part, vectors), indent=1))
+    return 0

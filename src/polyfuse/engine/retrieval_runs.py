@@ -1,0 +1,179 @@
+"""Retrieval runs: load a corpus, encode its captions, train over seeds, write results.
+
+Results of a run directory: ``results.json`` (settings, per-seed test metrics and
+chance levels, training history, wall times) and ``seed<N>.pt`` (the model's state
+and what is needed to rebuild it).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from polyfuse.data.formats.experts import RetrievalCorpus, load_captions, load_expert, read_id_list
+from polyfuse.engine.retrieval import (
+    RetrievalSettings,
+    encode_captions,
+    evaluate_retrieval,
+    shuffle_words,
+    train_retrieval,
+)
+from polyfuse.tasks.retrieval import RetrievalModel
+
+__all__ = ["load_corpus", "metrics_table", "run_retrieval", "text_encoder"]
+
+METRIC_COLUMNS = ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MedR", "v2t_R@1", "v2t_R@5", "v2t_R@10", "v2t_MedR")
+
+
+def load_corpus(
+    data: str | None = None,
+    *,
+    experts: list[str] | None = None,
+    captions: str | None = None,
+    split_ids: dict[str, str] | None = None,
+) -> tuple[RetrievalCorpus, dict[str, list[str]]]:
+    """The MSVD folder (``data``), or expert files ``NAME=PATH`` + captions JSON + id lists."""
+    if data is not None:
+        from polyfuse.data.formats.msvd_retrieval import load_msvd_retrieval
+
+        return load_msvd_retrieval(data)
+    if not experts or captions is None or not split_ids:
+        raise ValueError("give --data (MSVD folder) or --expert NAME=PATH ... --captions FILE --train-ids ...")
+    loaded = {}
+    for spec in experts:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise ValueError(f"--expert takes NAME=PATH, got {spec!r}")
+        loaded[name] = load_expert(path, name)
+    split = {name: read_id_list(path) for name, path in split_ids.items()}
+    all_ids = [v for ids in split.values() for v in ids]
+    return RetrievalCorpus.build(loaded, load_captions(captions), all_ids), split
+
+
+def text_encoder(kind: str):
+    """``"minilm"`` or a path to a GloVe-format vectors file."""
+    from polyfuse.nn.sentence_encoder import MiniLMEncoder, StaticWordEncoder
+
+    return MiniLMEncoder() if kind == "minilm" else StaticWordEncoder(kind)
+
+
+def run_retrieval(
+    corpus: RetrievalCorpus,
+    split: dict[str, list[str]],
+    settings: RetrievalSettings,
+    seeds: list[int],
+    out_dir: str | Path,
+    *,
+    text: str = "minilm",
+) -> dict:
+    """Train one model per seed on ``split["train"]``, select on ``val``, test on ``test``
+    with the captions as written (EX1) and with their words shuffled (EX2)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {name: corpus.subset(split[name]) for name in ("train", "val", "test")}
+    encoder = text_encoder(text)
+    start = time.perf_counter()
+    vectors = {name: encode_captions(encoder, p.captions, cache_dir=out.parent / ".cache") for name, p in parts.items()}
+    shuffled = encode_captions(encoder, shuffle_words(parts["test"].captions, 0), cache_dir=out.parent / ".cache")
+    encode_seconds = time.perf_counter() - start
+    runs = []
+    for seed in seeds:
+        start = time.perf_counter()
+        model, history = train_retrieval(parts["train"], vectors["train"], parts["val"], vectors["val"], settings, seed)
+        train_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        test = evaluate_retrieval(model, parts["test"], vectors["test"], chunk_size=settings.chunk_size)
+        eval_seconds = time.perf_counter() - start
+        test_shuffled = evaluate_retrieval(model, parts["test"], shuffled, chunk_size=settings.chunk_size)
+        torch.save(
+            {"state": model.state_dict(), "settings": asdict(settings), "text_dim": vectors["train"].shape[1],
+             "expert_dims": [e.dim for e in corpus.experts.values()], "text": text},
+            out / f"seed{seed}.pt",
+        )
+        runs.append({"seed": seed, "test": test, "test_shuffled_words": test_shuffled, "history": history,
+                     "train_seconds": train_seconds, "eval_seconds": eval_seconds})
+        result = {"settings": asdict(settings), "text": text, "experts": list(corpus.experts),
+                  "counts": {n: {"videos": len(p.video_ids), "captions": len(p.captions)} for n, p in parts.items()},
+                  "encode_seconds": encode_seconds, "runs": runs}
+        (out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")  # after every seed
+    return result
+
+
+def load_checkpoint(path: str | Path) -> tuple[RetrievalModel, dict]:
+    saved = torch.load(path, weights_only=False)
+    s = RetrievalSettings(**saved["settings"])
+    options = dict(s.fusion_options)
+    model = RetrievalModel(saved["text_dim"], saved["expert_dims"], embed_dim=s.embed_dim, fusion=s.fusion,
+                           hidden_dim=s.hidden_dim, fusion_options=options or None)
+    model.load_state_dict(saved["state"])
+    return model, saved
+
+
+def _mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def metrics_table(results: dict[str, dict], key: str = "test") -> str:
+    """Markdown table: one row per named result, mean ± std over seeds, chance row first."""
+    header = "| model | " + " | ".join(METRIC_COLUMNS) + " | train s/seed |"
+    lines = [header, "|" + "---|" * (len(METRIC_COLUMNS) + 2)]
+    first = next(iter(results.values()))["runs"][0][key]
+    chance = [f"{first['chance_' + c]:.1f}" if "R@" in c else "-" for c in METRIC_COLUMNS]
+    lines.append("| chance | " + " | ".join(chance) + " | - |")
+    for name, result in results.items():
+        cells = [_mean_std([r[key][c] for r in result["runs"]]) for c in METRIC_COLUMNS]
+        seconds = statistics.mean(r["train_seconds"] for r in result["runs"])
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def run_chimera_ablation(
+    corpus: RetrievalCorpus,
+    split: dict[str, list[str]],
+    rows: list[str],
+    seeds: list[int],
+    out_dir: str | Path,
+    *,
+    epochs: int = 10,
+    batch_size: int = 16,
+) -> dict:
+    """Chimera on MiniLM token states + the appearance expert, one entry per Table 4 row;
+    test with captions as written (EX1) and with their words shuffled (EX2)."""
+    from polyfuse.engine.chimera_retrieval import (
+        ABLATION_ROWS,
+        encode_tokens,
+        evaluate_chimera,
+        train_chimera,
+    )
+    from polyfuse.nn.sentence_encoder import MiniLMEncoder
+
+    unknown = [r for r in rows if r not in ABLATION_ROWS]
+    if unknown:
+        raise ValueError(f"unknown ablation row {unknown[0]!r}; available: {', '.join(ABLATION_ROWS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {name: corpus.subset(split[name]) for name in ("train", "val", "test")}
+    encoder = MiniLMEncoder()
+    tokens = {name: encode_tokens(encoder, p.captions) for name, p in parts.items()}
+    shuffled = encode_tokens(encoder, shuffle_words(parts["test"].captions, 0))
+    results = {}
+    for name in rows:
+        runs = []
+        for seed in seeds:
+            start = time.perf_counter()
+            model, history = train_chimera(parts["train"], tokens["train"], parts["val"], tokens["val"],
+                                           ABLATION_ROWS[name], seed, epochs=epochs, batch_size=batch_size)
+            seconds = time.perf_counter() - start
+            runs.append({"seed": seed, "train_seconds": seconds, "history": history,
+                         "test": evaluate_chimera(model, parts["test"], *tokens["test"]),
+                         "test_shuffled_words": evaluate_chimera(model, parts["test"], *shuffled)})
+        results[name] = {"row": asdict(ABLATION_ROWS[name]), "runs": runs}
+        (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    return results

@@ -1,0 +1,205 @@
+"""Cross-modal retrieval: chunked similarity, ranks, recall@K, median and mean rank.
+
+Shapes: ``Q`` queries, ``G`` gallery items (what is retrieved), ``d`` embedding size.
+
+Every query has one or more correct gallery items (text-to-video: a caption's one
+video; video-to-text: all the captions of a video, as in MAN section 3.3 and the
+collaborative-experts evaluation). The rank of a query is the rank of its
+best-placed correct item, 1-based.
+
+Ties are broken **pessimistically**: a wrong item whose score equals the best
+correct score is counted as ranked above it, so a model that gives every item the
+same score gets rank G - (number of correct items) + 1, never a lucky rank 1.
+
+The similarity matrix is never held whole: :func:`retrieval_ranks` walks the
+queries in chunks of ``chunk_size`` rows, so its peak extra memory is
+``chunk_size x G`` scores (4 bytes each in float32), linear in the chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "RECALL_KS",
+    "RetrievalMetrics",
+    "chance_recall",
+    "chunked_similarity",
+    "query_targets",
+    "ranks_from_scores",
+    "retrieval_metrics",
+    "retrieval_ranks",
+]
+
+RECALL_KS = (1, 5, 10)
+
+
+def _check_embeddings(queries: object, gallery: object) -> tuple[Tensor, Tensor]:
+    for name, value in (("queries", queries), ("gallery", gallery)):
+        if not isinstance(value, Tensor) or not value.is_floating_point() or value.dim() != 2:
+            raise ValueError(f"{name} must be a (N, d) float tensor")
+        if value.shape[0] == 0:
+            raise ValueError(f"{name} is empty")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} has non-finite values")
+    if queries.shape[1] != gallery.shape[1]:
+        raise ValueError(
+            f"queries have size {queries.shape[1]} but gallery items have {gallery.shape[1]}"
+        )
+    return queries, gallery
+
+
+def chunked_similarity(queries: Tensor, gallery: Tensor, *, chunk_size: int = 1024):
+    """Yield ``(start, scores)`` blocks of the (Q, G) inner-product matrix.
+
+    Args:
+        queries: (Q, d); gallery: (G, d) (normalise both first for cosine scores).
+        chunk_size: query rows per block.
+
+    Yields:
+        ``start`` (int) and ``scores`` (min(chunk_size, Q - start), G) = queries[start:...] @ gallery^T.
+    """
+    queries, gallery = _check_embeddings(queries, gallery)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    for start in range(0, queries.shape[0], chunk_size):
+        yield start, queries[start : start + chunk_size] @ gallery.T
+
+
+def query_targets(query_ids: Sequence[str], gallery_ids: Sequence[str]) -> Tensor:
+    """(Q, G) bool matrix, True where gallery item g has the id query q refers to.
+
+    Text-to-video: ``query_ids`` are the video ids of the captions, ``gallery_ids``
+    the video ids. Video-to-text: ``query_ids`` the video ids, ``gallery_ids`` the
+    video id of each caption. Raises, naming the id, if a query has no correct item
+    or an id is empty.
+    """
+    position: dict[str, list[int]] = {}
+    for g, item in enumerate(gallery_ids):
+        if not item:
+            raise ValueError(f"gallery item {g} has an empty id")
+        position.setdefault(item, []).append(g)
+    targets = torch.zeros(len(query_ids), len(gallery_ids), dtype=torch.bool)
+    for q, item in enumerate(query_ids):
+        if item not in position:
+            raise ValueError(f"query {q} refers to id {item!r}, which is not in the gallery")
+        targets[q, position[item]] = True
+    return targets
+
+
+def retrieval_ranks(
+    queries: Tensor, gallery: Tensor, targets: Tensor, *, chunk_size: int = 1024
+) -> Tensor:
+    """1-based rank of each query's best correct item, ties broken pessimistically.
+
+    rank_q = 1 + #{wrong g : s(q, g) >= max_{correct c} s(q, c)}
+
+    Args:
+        queries: (Q, d); gallery: (G, d).
+        targets: (Q, G) bool, True at the correct items (at least one per row), or (Q,)
+            int64, the index of the one correct item of each query (no (Q, G) matrix:
+            use it at scale).
+        chunk_size: query rows scored at once (memory: chunk_size x G scores).
+
+    Returns:
+        (Q,) int64 ranks in [1, G].
+    """
+    queries, gallery = _check_embeddings(queries, gallery)
+    if not isinstance(targets, Tensor) or targets.dtype not in (torch.bool, torch.long):
+        raise ValueError("targets must be a (Q, G) bool tensor or a (Q,) int64 tensor of indices")
+    if targets.dtype == torch.long:
+        if targets.shape != (queries.shape[0],):
+            raise ValueError(f"targets has shape {tuple(targets.shape)}, expected ({queries.shape[0]},)")
+        if bool(((targets < 0) | (targets >= gallery.shape[0])).any()):
+            raise ValueError(f"target indices must lie in [0, {gallery.shape[0]})")
+    elif targets.shape != (queries.shape[0], gallery.shape[0]):
+        raise ValueError(
+            f"targets has shape {tuple(targets.shape)}, expected ({queries.shape[0]}, {gallery.shape[0]})"
+        )
+    else:
+        missing = (~targets.any(dim=1)).nonzero().flatten()
+        if missing.numel():
+            raise ValueError(f"queries {missing[:10].tolist()} have no correct gallery item")
+    ranks = torch.empty(queries.shape[0], dtype=torch.long)
+    for start, scores in chunked_similarity(queries, gallery, chunk_size=chunk_size):
+        ranks[start : start + scores.shape[0]] = ranks_from_scores(scores, targets[start : start + scores.shape[0]])
+    return ranks
+
+
+def ranks_from_scores(scores: Tensor, targets: Tensor) -> Tensor:
+    """Ranks (Q,) from a (Q, G) block of scores (any scorer, e.g. a cross-encoder) and
+    its (Q, G) bool targets, or (Q,) int64 indices of the one correct item per query;
+    pessimistic ties as in :func:`retrieval_ranks`."""
+    if targets.dtype == torch.long:  # one correct item: no (Q, G) target matrix
+        best = scores.gather(1, targets.to(scores.device).view(-1, 1))
+        return (scores >= best).sum(dim=1).cpu()  # the item itself + the wrong items tied or above
+    if scores.shape != targets.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and targets {tuple(targets.shape)} differ")
+    correct = targets.to(scores.device)
+    if not bool(correct.any(dim=1).all()):
+        raise ValueError("every query needs at least one correct gallery item")
+    best = scores.masked_fill(~correct, float("-inf")).amax(dim=1, keepdim=True)
+    return 1 + ((scores >= best) & ~correct).sum(dim=1).cpu()
+
+
+@dataclass(frozen=True)
+class RetrievalMetrics:
+    """Recall@K in percent, median and mean rank (1-based), number of queries and of
+    gallery items, for one direction."""
+
+    recall: dict[int, float]
+    median_rank: float
+    mean_rank: float
+    num_queries: int
+    num_gallery: int
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        out = {f"{prefix}R@{k}": value for k, value in self.recall.items()}
+        out[f"{prefix}MedR"] = self.median_rank
+        out[f"{prefix}MeanR"] = self.mean_rank
+        return out
+
+
+def retrieval_metrics(ranks: Tensor, num_gallery: int, ks: Sequence[int] = RECALL_KS) -> RetrievalMetrics:
+    """Recall@K (% of queries with rank <= K), median rank and mean rank.
+
+    The median of an even number of ranks is the mean of the two middle ranks (numpy's
+    convention, as in the collaborative-experts code), not torch's lower median.
+    """
+    if not isinstance(ranks, Tensor) or ranks.dim() != 1 or ranks.numel() == 0:
+        raise ValueError("ranks must be a non-empty 1-d tensor")
+    ranks_f = ranks.to(torch.float64)
+    ordered = ranks_f.sort().values
+    n = ordered.numel()
+    median = float(ordered[n // 2]) if n % 2 else float((ordered[n // 2 - 1] + ordered[n // 2]) / 2)
+    return RetrievalMetrics(
+        recall={int(k): float((ranks_f <= k).double().mean() * 100) for k in ks},
+        median_rank=median,
+        mean_rank=float(ranks_f.mean()),
+        num_queries=n,
+        num_gallery=int(num_gallery),
+    )
+
+
+def chance_recall(targets: Tensor, ks: Sequence[int] = RECALL_KS) -> dict[int, float]:
+    """Expected recall@K in percent of a random ranking (uniform permutation).
+
+    For a query with c correct items among G, P(best correct rank <= K) =
+    1 - C(G - c, K) / C(G, K).
+    """
+    gallery = targets.shape[1]
+    counts = targets.sum(dim=1).tolist()
+    out = {}
+    for k in ks:
+        total = 0.0
+        for c in counts:
+            miss = 1.0
+            for i in range(min(k, gallery)):  # prod_{i<K} (G - c - i) / (G - i)
+                miss *= max(gallery - c - i, 0) / (gallery - i)
+            total += 1.0 - miss
+        out[int(k)] = 100.0 * total / len(counts)
+    return out

@@ -1,0 +1,38 @@
+"""`polyfuse retrieval` end to end on tiny expert files with static word vectors."""
+
+import json
+
+import numpy as np
+
+from polyfuse.cli.main import main
+
+
+def test_train_then_table_and_bad_input(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    ids = [f"v{i}" for i in range(9)]
+    for name, dim in (("app", 5), ("mot", 3)):
+        np.savez(tmp_path / f"{name}.npz", video_ids=np.array(ids), features=rng.normal(size=(9, 4, dim)).astype(np.float32))
+    words = ["dog", "cat", "car", "man", "runs", "sits"]
+    (tmp_path / "vec.txt").write_text("\n".join(f"{w} " + " ".join(str(x) for x in rng.normal(size=4)) for w in words))
+    captions = {v: [f"{words[i % 4]} {words[4 + i % 2]}", f"a {words[i % 4]}"] for i, v in enumerate(ids)}
+    (tmp_path / "captions.json").write_text(json.dumps(captions))
+    for split, chosen in (("train", ids[:5]), ("val", ids[5:7]), ("test", ids[7:])):
+        (tmp_path / f"{split}.txt").write_text("\n".join(chosen))
+    common = ["--expert", f"app={tmp_path / 'app.npz'}", "--expert", f"mot={tmp_path / 'mot.npz'}",
+              "--captions", str(tmp_path / "captions.json"), "--text", str(tmp_path / "vec.txt")]
+    common += [f"--{s}-ids={tmp_path / (s + '.txt')}" for s in ("train", "val", "test")]
+    out = tmp_path / "run"
+    assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1",
+                 "--batch-size", "4", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    test = result["runs"][0]["test"]
+    # 2 test videos, 4 captions: text-to-video chance R@1 is 1/2; every rank is 1 or 2
+    assert test["chance_t2v_R@1"] == 50.0
+    assert 1.0 <= test["t2v_MeanR"] <= 2.0
+    assert result["counts"]["test"] == {"videos": 2, "captions": 4}
+    capsys.readouterr()
+    assert main(["retrieval", "table", str(out / "results.json")]) == 0
+    assert "| mean |" in capsys.readouterr().out
+    (tmp_path / "test.txt").write_text("v7\nnot_a_video")
+    assert main(["retrieval", "train", *common, "--seeds", "0", "--epochs", "1", "--out", str(out)]) == 2
+    assert "'not_a_video'" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""Retrieval metrics against hand-computed rankings and brute-force loops."""
+
+import math
+
+import pytest
+import torch
+
+from polyfuse.metrics.retrieval import (
+    chance_recall,
+    query_targets,
+    retrieval_metrics,
+    retrieval_ranks,
+)
+
+
+def test_ranks_hand_computed_with_pessimistic_ties():
+    # 3 caption queries, 3 videos; captions 0 and 1 belong to video "a", caption 2 to "c".
+    gallery = torch.eye(3)  # videos a, b, c as unit vectors: score = query coordinate
+    queries = torch.tensor(
+        [
+            [0.9, 0.1, 0.0],  # video a scores highest: rank 1
+            [0.5, 0.5, 0.7],  # a ties with b (counts above) and c is higher: rank 3
+            [0.2, 0.3, 0.1],  # c is lowest: rank 3
+        ]
+    )
+    targets = query_targets(["a", "a", "c"], ["a", "b", "c"])
+    ranks = retrieval_ranks(queries, gallery, targets, chunk_size=2)
+    assert ranks.tolist() == [1, 3, 3]
+    metrics = retrieval_metrics(ranks, 3)
+    assert metrics.recall[1] == pytest.approx(100 / 3)
+    assert metrics.recall[5] == 100.0
+    assert metrics.median_rank == 3.0
+    assert metrics.mean_rank == pytest.approx(7 / 3)
+
+
+def test_video_to_text_best_of_several_captions():
+    # one video query, 4 captions; captions 1 and 3 are correct; scores 0.4, 0.1, 0.8, 0.3
+    queries = torch.tensor([[1.0]])
+    gallery = torch.tensor([[0.4], [0.1], [0.8], [0.3]])
+    targets = query_targets(["v"], ["w", "v", "x", "v"])
+    # best correct is caption 3 (0.3); wrong captions above it: 0.4 and 0.8 -> rank 3
+    assert retrieval_ranks(queries, gallery, targets).tolist() == [3]
+
+
+def test_constant_scores_rank_last_not_first():
+    queries = torch.ones(2, 4)
+    gallery = torch.ones(5, 4)
+    targets = query_targets(["v1", "v2"], ["v0", "v1", "v2", "v3", "v4"])
+    assert retrieval_ranks(queries, gallery, targets).tolist() == [5, 5]
+
+
+def test_ranks_match_brute_force_any_chunk():
+    g = torch.Generator().manual_seed(0)
+    queries, gallery = torch.randn(37, 6, generator=g), torch.randn(11, 6, generator=g)
+    owner = torch.randint(0, 11, (37,), generator=g)
+    targets = torch.zeros(37, 11, dtype=torch.bool)
+    targets[torch.arange(37), owner] = True
+    expected = []
+    for q in range(37):
+        scores = [float(queries[q] @ gallery[j]) for j in range(11)]
+        ordered = sorted(range(11), key=lambda j: (-scores[j], j == owner[q]))  # ties: wrong first
+        expected.append(ordered.index(int(owner[q])) + 1)
+    for chunk in (1, 5, 64):
+        assert retrieval_ranks(queries, gallery, targets, chunk_size=chunk).tolist() == expected
+        assert retrieval_ranks(queries, gallery, owner, chunk_size=chunk).tolist() == expected
+
+
+def test_index_targets_tie_pessimistically():
+    queries = torch.tensor([[1.0, 1.0]])
+    gallery = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.0]])  # scores 1, 1, 0.5
+    assert retrieval_ranks(queries, gallery, torch.tensor([0])).tolist() == [2]
+
+
+def test_median_of_even_count_is_mean_of_middle():
+    assert retrieval_metrics(torch.tensor([1, 2, 7, 9]), 10).median_rank == 4.5
+
+
+def test_chance_recall_formula():
+    targets = query_targets(["a"], ["a", "b", "c", "d"])
+    assert chance_recall(targets, ks=(1, 2))[1] == pytest.approx(25.0)
+    # two correct among 5: P(hit within 2) = 1 - C(3,2)/C(5,2) = 1 - 3/10
+    t2 = query_targets(["a"], ["a", "a", "b", "c", "d"])
+    assert chance_recall(t2, ks=(2,))[2] == pytest.approx(100 * (1 - math.comb(3, 2) / math.comb(5, 2)))
+
+
+def test_bad_input_names_the_id():
+    with pytest.raises(ValueError, match="'zz'"):
+        query_targets(["zz"], ["a", "b"])
+    with pytest.raises(ValueError, match="empty id"):
+        query_targets(["a"], ["a", ""])
+    with pytest.raises(ValueError, match="queries is empty"):
+        retrieval_ranks(torch.zeros(0, 3), torch.ones(2, 3), torch.zeros(0, 2, dtype=torch.bool))
