@@ -1,6 +1,9 @@
 """The MAN module: symmetry, random-feature handling, stacking, and agreement of its
 modes with each other and with the functional core."""
 
+import itertools
+import math
+
 import pytest
 import torch
 
@@ -120,26 +123,103 @@ def test_random_features_are_orthogonal_by_default_and_shared_by_modalities():
     assert (gram - torch.diag(torch.diagonal(gram))).abs().max() > 1e-3
 
 
-def test_stacked_layers_follow_eq_13():
+def lsc_vector_by_hand(mask_row, step, chunks, scale):
+    """Note 3 of the papers' README: chunk c = floor(rank * C / length) of the step's rank
+    among the real steps; entries +e at positions i <= c, -e elsewhere."""
+    real_steps = torch.nonzero(mask_row).flatten().tolist()
+    chunk = real_steps.index(step) * chunks // len(real_steps)
+    return torch.tensor([scale if i <= chunk else -scale for i in range(chunks)], dtype=DOUBLE)
+
+
+def man_pass_by_brute_force(layer, sequences, masks, *, temperature, chunks, scale):
+    """One multi-head MAN pass (Eq. 5, 7, 8, 13's MAN(.)) by a loop over every tuple of real
+    steps: softmax of the CAO logits sum_{j<k} <a_j, a_k>, f'_k = sum_t A_t prod_j v_j[t_j, k],
+    f = P^T f' per head, heads concatenated. sequences: (B, T_j, D); returns (B, G K)."""
+    heads, head_dim = layer.heads, layer.head_dim
+    batch = sequences[0].shape[0]
+    output = torch.zeros(batch, heads * head_dim, dtype=DOUBLE)
+    for b in range(batch):
+        real = [torch.nonzero(mask[b]).flatten().tolist() for mask in masks]
+        values = [project(x[b]) for project, x in zip(layer.value_projections, sequences, strict=True)]
+        features = [project(x[b]) for project, x in zip(layer.feature_projections, sequences, strict=True)]
+        for g in range(heads):
+            k_slice = slice(g * head_dim, (g + 1) * head_dim)
+            a_slice = slice(g * layer.attention_dim, (g + 1) * layer.attention_dim)
+            tuples = list(itertools.product(*real))
+            logits = []
+            for steps in tuples:
+                a = [
+                    torch.cat([features[j][t, a_slice], lsc_vector_by_hand(masks[j][b], t, chunks, scale)])
+                    for j, t in enumerate(steps)
+                ]
+                logit = sum(a[j] @ a[k] for j in range(len(a)) for k in range(j + 1, len(a)))
+                logits.append(temperature * logit)
+            weights = torch.softmax(torch.stack(logits), 0)
+            pooled = sum(
+                w * math.prod(values[j][t, k_slice] for j, t in enumerate(steps))
+                for w, steps in zip(weights, tuples, strict=True)
+            )
+            output[b, k_slice] = layer.pooling[g].T @ pooled
+    return output
+
+
+def test_stacked_layers_follow_eq_13_against_a_brute_force_reference():
+    """f_{n+1}^l = MAN(f_n^l, {V_j | j != l}) 1^T + f_n^l: each modality's own pass meets the
+    ORIGINAL sequences of the others (m = 3, 2 layers, unequal lengths, padded steps)."""
+    module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
+    inputs, masks = inputs_and_masks()
+    result = module(inputs, masks, return_sequences=True)
+
+    with torch.no_grad():
+        originals = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
+        current = list(originals)
+        for layer in module.layers:
+            passes = [
+                man_pass_by_brute_force(
+                    layer,
+                    [current[j] if j == own else originals[j] for j in range(3)],
+                    masks,
+                    temperature=0.3,
+                    chunks=2,
+                    scale=0.4,
+                )
+                for own in range(3)
+            ]
+            current = [f + g.unsqueeze(1) for f, g in zip(current, passes, strict=True)]
+        expected_fused = module.output(sum(passes) / 3)  # read-out: mean of the last layer's passes
+
+    torch.testing.assert_close(result.fused, expected_fused)
+    for actual, expected, mask in zip(result.sequences, current, masks, strict=True):
+        torch.testing.assert_close(actual[mask], expected[mask])  # real steps: Eq. 13
+        assert torch.all(actual[~mask] == 0)  # padded steps stay empty
+
+
+def test_shared_stacking_variant_adds_one_pass_over_the_updated_sequences():
+    """The "shared" variant: one pass per layer over all updated sequences, the same
+    vector added to every modality (brute-force reference as above)."""
+    module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3, stacking="shared")
+    inputs, masks = inputs_and_masks()
+    result = module(inputs, masks, return_sequences=True)
+    with torch.no_grad():
+        current = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
+        for layer in module.layers:
+            fused = man_pass_by_brute_force(layer, current, masks, temperature=0.3, chunks=2, scale=0.4)
+            current = [f + fused.unsqueeze(1) for f in current]
+    torch.testing.assert_close(result.fused, module.output(fused))
+    for actual, expected, mask in zip(result.sequences, current, masks, strict=True):
+        torch.testing.assert_close(actual[mask], expected[mask])
+
+
+def test_stacked_attention_is_the_mean_over_the_passes_and_a_distribution():
     module = make(layers=3)
     inputs, masks = inputs_and_masks()
-    result = module(inputs, masks, return_sequences=True, return_attention=True)
-    sequences = [
-        project(x * m.unsqueeze(-1)) * m.unsqueeze(-1)
-        for project, x, m in zip(module.input_projections, inputs, masks, strict=True)
-    ]
-    for layer in module.layers:
-        fused = layer(sequences, masks)
-        sequences = [s + fused.unsqueeze(1) * m.unsqueeze(-1) for s, m in zip(sequences, masks, strict=True)]
-    torch.testing.assert_close(result.fused, module.output(fused))
-    for actual, expected, length in zip(result.sequences, sequences, LENGTHS, strict=True):
-        assert actual.shape == (3, length, 12)
-        torch.testing.assert_close(actual, expected)
+    result = module(inputs, masks, return_attention=True)
     assert len(result.attention) == 3
-    for marginal, mask in zip(result.attention[0], masks, strict=True):  # had mode: marginals
-        assert marginal.shape == (3, 3, mask.shape[1])
-        torch.testing.assert_close(marginal.sum(-1), torch.ones(3, 3, dtype=DOUBLE))
-        assert torch.all(marginal.masked_select(~mask.unsqueeze(1)) == 0)
+    for layer_attention in result.attention:  # had mode: per-modality marginals
+        for marginal, mask in zip(layer_attention, masks, strict=True):
+            assert marginal.shape == (3, 3, mask.shape[1])
+            torch.testing.assert_close(marginal.sum(-1), torch.ones(3, 3, dtype=DOUBLE))
+            assert torch.all(marginal.masked_select(~mask.unsqueeze(1)) == 0)
 
 
 def test_exact_mode_returns_the_full_attention_tensor():
@@ -160,6 +240,8 @@ def test_configuration_errors_are_clear():
         MAN([4, 4], 2, mode="hadamard", chunks=4)
     with pytest.raises(ValueError, match="not divisible by heads"):
         MAN([4, 4], 2, hidden_dim=10, heads=4)
+    with pytest.raises(ValueError, match="unknown stacking 'deep'"):
+        MAN([4, 4], 2, layers=2, stacking="deep")
     with pytest.raises(ValueError, match="residual"):
         MAN([4, 4], 2, layers=2, residual=False)
     assert MAN([4, 4], 2, mode="hadamard").layers[0].chunks == 0
