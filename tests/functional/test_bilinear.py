@@ -48,8 +48,10 @@ def _problem(batch=2, length_x=4, length_y=3, dim_x=5, dim_y=3, rank=6, glimpses
     }
 
 
-def _logits_by_loops(p):
-    """Note 8 / BAN Eq. 9 with Eq. 13, one pair (i, j) at a time."""
+def _logits_by_loops(p, x_keep=None):
+    """Note 8 / BAN Eq. 9 with Eq. 13, one pair (i, j) at a time. ``x_keep`` (B, T_x, K')
+    multiplies relu(U^T x_i + u)_k: the attention dropout of the reference code, which
+    sits on the x side (``BCNet.forward``: ``v_ = self.dropout(self.v_net(v))``)."""
     batch, length_x, _ = p["x"].shape
     length_y = p["y"].shape[1]
     glimpses, rank = p["glimpse_weight"].shape
@@ -64,6 +66,8 @@ def _logits_by_loops(p):
                     total = float(p["glimpse_bias"][g])
                     for k in range(rank):
                         u = _relu(_dot(p["x_weight"][k], p["x"][b, i], float(p["x_bias"][k])))
+                        if x_keep is not None:
+                            u *= float(x_keep[b, i, k])
                         v = _relu(_dot(p["y_weight"][k], p["y"][b, j], float(p["y_bias"][k])))
                         total += float(p["glimpse_weight"][g, k]) * u * v
                     out[b, g, i, j] = total
@@ -83,6 +87,8 @@ def _logits(p, **overrides):
         glimpse_bias=args["glimpse_bias"],
         x_mask=args["x_mask"],
         y_mask=args["y_mask"],
+        dropout=args.get("dropout", 0.0),
+        training=args.get("training", False),
     )
 
 
@@ -200,6 +206,21 @@ def test_attention_dropout_only_in_training():
     trained = bilinear_attention_logits(*args, dropout=0.5, training=True)
     assert torch.equal(evaluated, bilinear_attention_logits(*args))
     assert not torch.equal(trained, evaluated)
+
+
+@pytest.mark.parametrize(("length_x", "length_y"), [(4, 3), (2, 5)])
+def test_attention_dropout_drops_the_x_side_as_the_reference(length_x, length_y):
+    """jnhwkim/ban-vqa bc.py: v_ = self.dropout(self.v_net(v)); q_ = self.q_net(q). The
+    dropout mask has the x side's shape (B, T_x, K') and is shared by all glimpses;
+    T_x != T_y, so a mask on the y side would be drawn with another shape."""
+    p = _problem(length_x=length_x, length_y=length_y)
+    torch.manual_seed(3)
+    logits = _logits(p, dropout=0.5, training=True)
+    torch.manual_seed(3)
+    rank = p["x_weight"].shape[0]
+    x_keep = torch.nn.functional.dropout(torch.ones(2, length_x, rank, dtype=DTYPE), 0.5, True)
+    assert 0 < int((x_keep == 0).sum()) < x_keep.numel()  # the draw really drops some
+    torch.testing.assert_close(logits, _logits_by_loops(p, x_keep=x_keep))
 
 
 def test_gradcheck_logits_map_and_pooling():
