@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
         "out_dim": 64,  # backbone output (after the projection)
         "dropout": 0.1,  # after the projection
         "skip": True,  # concatenate each modality's own (centre) step to the fused vector
+        "centre_marker": False,  # contextual mode: mark the centre step in every modality's input
         "encoder": {"type": "linear", "hidden_dim": 64, "dropout": 0.1},  # none | linear | gru
         "options": {},  # {fusion name: {keyword arguments}}
         "input_groups": {},  # {fusion name: [[modality, ...], ...]}
