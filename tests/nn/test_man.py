@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import polyfuse
-import polyfuse.functional as F
 from polyfuse.nn import MAN
 
 DOUBLE = torch.float64
@@ -71,24 +70,18 @@ def test_had_approaches_exact_with_many_random_features():
     assert errors[1] < 0.01 * reference.pow(2).mean().item()
 
 
-def test_module_equals_the_functional_core_by_hand():
+def test_single_layer_had_module_equals_the_random_feature_estimate_by_loops():
+    """A non-residual MAN (inputs of unequal sizes) in had mode against Eq. 10 to 12 by a
+    loop over tuples of real steps with the module's own random features: exact, since the
+    estimate is a fixed function once the features are drawn."""
     module = make(mode="had", chunks=4, lsc_scale=0.3, temperature=0.5)
     inputs, masks = inputs_and_masks()
-    layer = module.layers[0]
-    features, values = [], []
-    for j, (x, mask) in enumerate(zip(inputs, masks, strict=True)):
-        x = x * mask.unsqueeze(-1)
-        value = layer.value_projections[j](x).reshape(3, -1, 3, 4).transpose(1, 2)
-        feature = layer.feature_projections[j](x).reshape(3, -1, 3, 4).transpose(1, 2)
-        lsc = F.lsc_encoding_from_mask(mask, 4, 0.3, dtype=DOUBLE).unsqueeze(1).expand(-1, 3, -1, -1)
-        features.append(torch.cat([feature, lsc], -1))
-        values.append(value)
-    fused = F.multilinear_attention(
-        features, values, [m.unsqueeze(1) for m in masks], mode="had",
-        random_features=layer.random_features, temperature=0.5,
-    )  # (B, G, K)
-    pooled = torch.stack([fused[:, g] @ layer.pooling[g] for g in range(3)], 1).flatten(1)
-    torch.testing.assert_close(module(inputs, masks), module.output(pooled))
+    with torch.no_grad():
+        pooled, _ = man_pass_by_brute_force(
+            module.layers[0], inputs, masks, temperature=0.5, chunks=4, scale=0.3, had=True
+        )
+        expected = module.output(pooled)
+    torch.testing.assert_close(module(inputs, masks), expected)
 
 
 def test_random_features_change_only_through_redraw():
@@ -131,13 +124,18 @@ def lsc_vector_by_hand(mask_row, step, chunks, scale):
     return torch.tensor([scale if i <= chunk else -scale for i in range(chunks)], dtype=DOUBLE)
 
 
-def man_pass_by_brute_force(layer, sequences, masks, *, temperature, chunks, scale):
+def man_pass_by_brute_force(layer, sequences, masks, *, temperature, chunks, scale, had=False):
     """One multi-head MAN pass (Eq. 5, 7, 8, 13's MAN(.)) by a loop over every tuple of real
-    steps: softmax of the CAO logits sum_{j<k} <a_j, a_k>, f'_k = sum_t A_t prod_j v_j[t_j, k],
-    f = P^T f' per head, heads concatenated. sequences: (B, T_j, D); returns (B, G K)."""
+    steps: weights softmax_t(tau sum_{j<k} <a_j, a_k>) (exact), or with ``had`` the positive
+    random-feature estimate of the same kernel, (1/H) sum_h prod_j exp(w_h.a_j' - |a_j'|^2/2)
+    with a' = sqrt(tau) a and w_h the head's random features (Eq. 10 to 12, normalised over
+    the tuples); f'_k = sum_t A_t prod_j v_j[t_j, k], f = P^T f' per head, heads
+    concatenated. sequences: (B, T_j, D). Returns (B, G K) and the weights of each
+    (sample, head) as {steps tuple: weight}."""
     heads, head_dim = layer.heads, layer.head_dim
     batch = sequences[0].shape[0]
     output = torch.zeros(batch, heads * head_dim, dtype=DOUBLE)
+    attention = {}
     for b in range(batch):
         real = [torch.nonzero(mask[b]).flatten().tolist() for mask in masks]
         values = [project(x[b]) for project, x in zip(layer.value_projections, sequences, strict=True)]
@@ -146,21 +144,27 @@ def man_pass_by_brute_force(layer, sequences, masks, *, temperature, chunks, sca
             k_slice = slice(g * head_dim, (g + 1) * head_dim)
             a_slice = slice(g * layer.attention_dim, (g + 1) * layer.attention_dim)
             tuples = list(itertools.product(*real))
-            logits = []
+            kernels = []
             for steps in tuples:
                 a = [
                     torch.cat([features[j][t, a_slice], lsc_vector_by_hand(masks[j][b], t, chunks, scale)])
                     for j, t in enumerate(steps)
                 ]
-                logit = sum(a[j] @ a[k] for j in range(len(a)) for k in range(j + 1, len(a)))
-                logits.append(temperature * logit)
-            weights = torch.softmax(torch.stack(logits), 0)
+                if had:
+                    w = layer.random_features[g].to(DOUBLE)  # (H, K' + C)
+                    a = [math.sqrt(temperature) * vector for vector in a]
+                    kernels.append(math.prod(torch.exp(w @ v - v @ v / 2) for v in a).mean())
+                else:
+                    logit = sum(a[j] @ a[k] for j in range(len(a)) for k in range(j + 1, len(a)))
+                    kernels.append(torch.exp(temperature * logit))
+            weights = torch.stack(kernels) / sum(kernels)
+            attention[b, g] = dict(zip(tuples, weights.tolist(), strict=True))
             pooled = sum(
                 w * math.prod(values[j][t, k_slice] for j, t in enumerate(steps))
                 for w, steps in zip(weights, tuples, strict=True)
             )
             output[b, k_slice] = layer.pooling[g].T @ pooled
-    return output
+    return output, attention
 
 
 def test_stacked_layers_follow_eq_13_against_a_brute_force_reference():
@@ -182,7 +186,7 @@ def test_stacked_layers_follow_eq_13_against_a_brute_force_reference():
                     temperature=0.3,
                     chunks=2,
                     scale=0.4,
-                )
+                )[0]
                 for own in range(3)
             ]
             current = [f + g.unsqueeze(1) for f, g in zip(current, passes, strict=True)]
@@ -203,32 +207,62 @@ def test_shared_stacking_variant_adds_one_pass_over_the_updated_sequences():
     with torch.no_grad():
         current = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
         for layer in module.layers:
-            fused = man_pass_by_brute_force(layer, current, masks, temperature=0.3, chunks=2, scale=0.4)
+            fused, _ = man_pass_by_brute_force(layer, current, masks, temperature=0.3, chunks=2, scale=0.4)
             current = [f + fused.unsqueeze(1) for f in current]
     torch.testing.assert_close(result.fused, module.output(fused))
     for actual, expected, mask in zip(result.sequences, current, masks, strict=True):
         torch.testing.assert_close(actual[mask], expected[mask])
 
 
-def test_stacked_attention_is_the_mean_over_the_passes_and_a_distribution():
-    module = make(layers=3)
+def test_stacked_attention_is_the_mean_over_the_passes():
+    """Layer 2 of an Eq. 13 stack reports the mean of its m passes' attention tensors."""
+    module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
     inputs, masks = inputs_and_masks()
     result = module(inputs, masks, return_attention=True)
-    assert len(result.attention) == 3
-    for layer_attention in result.attention:  # had mode: per-modality marginals
-        for marginal, mask in zip(layer_attention, masks, strict=True):
-            assert marginal.shape == (3, 3, mask.shape[1])
-            torch.testing.assert_close(marginal.sum(-1), torch.ones(3, 3, dtype=DOUBLE))
-            assert torch.all(marginal.masked_select(~mask.unsqueeze(1)) == 0)
+    with torch.no_grad():
+        originals = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
+        first, weights = man_pass_by_brute_force(
+            module.layers[0], originals, masks, temperature=0.3, chunks=2, scale=0.4
+        )
+        torch.testing.assert_close(result.attention[0], attention_tensor(weights, 3, 3, LENGTHS))
+        current = [f + first.unsqueeze(1) for f in originals]
+        expected = sum(
+            attention_tensor(
+                man_pass_by_brute_force(
+                    module.layers[1],
+                    [current[j] if j == own else originals[j] for j in range(3)],
+                    masks,
+                    temperature=0.3,
+                    chunks=2,
+                    scale=0.4,
+                )[1],
+                3,
+                3,
+                LENGTHS,
+            )
+            for own in range(3)
+        ) / 3
+    torch.testing.assert_close(result.attention[1], expected)
+
+
+def attention_tensor(weights, batch, heads, lengths):
+    """{(b, g): {steps: weight}} as a (B, G, T_1, .., T_m) tensor, 0 at padded tuples."""
+    tensor = torch.zeros(batch, heads, *lengths, dtype=DOUBLE)
+    for (b, g), by_steps in weights.items():
+        for steps, weight in by_steps.items():
+            tensor[(b, g, *steps)] = weight
+    return tensor
 
 
 def test_exact_mode_returns_the_full_attention_tensor():
-    module = make(mode="exact")
+    module = make(mode="exact", chunks=3, lsc_scale=0.5, temperature=0.7)
     inputs, masks = inputs_and_masks()
     result = module(inputs, masks, return_attention=True)
-    attention = result.attention[0]
-    assert attention.shape == (3, 3, *LENGTHS)
-    torch.testing.assert_close(attention.sum((2, 3, 4)), torch.ones(3, 3, dtype=DOUBLE))
+    with torch.no_grad():
+        _, weights = man_pass_by_brute_force(
+            module.layers[0], inputs, masks, temperature=0.7, chunks=3, scale=0.5
+        )
+    torch.testing.assert_close(result.attention[0], attention_tensor(weights, 3, 3, LENGTHS))
 
 
 def test_configuration_errors_are_clear():
