@@ -336,3 +336,27 @@ def test_map_and_pooling_reject_bad_input():
     bad_attention[0, 0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="attention contains NaN or Inf at a real"):
         bilinear_attention_pooling(p["x"], p["y"], bad_attention, *weights)
+
+
+def test_pooling_errors_name_the_function_and_the_argument():
+    p = _problem()
+    attention = bilinear_attention_map(_logits(p))
+    weights = (p["x_weight"], p["y_weight"])
+    owner = "bilinear_attention_pooling: "
+    cases = [
+        ({"x_bias": p["x_bias"][:2]}, r"x_bias must have shape \(6,\)"),
+        ({"y_bias": p["y_bias"][:2]}, r"y_bias must have shape \(6,\)"),
+        ({"y_mask": p["y_mask"][:, :2]}, r"y_mask has shape \(2, 2\), expected \(2, 3\)"),
+        ({"x_mask": p["x_mask"].int()}, "x_mask must be a bool tensor"),
+    ]
+    for options, match in cases:
+        with pytest.raises(ValueError, match=owner + match):
+            bilinear_attention_pooling(p["x"], p["y"], attention, *weights, **options)
+    with pytest.raises(ValueError, match=owner + "x_weight has rank 6 but y_weight has rank 5"):
+        bilinear_attention_pooling(p["x"], p["y"], attention, p["x_weight"], p["y_weight"][:5])
+    with pytest.raises(ValueError, match=owner + "attention has dtype torch.float32"):
+        bilinear_attention_pooling(p["x"], p["y"], attention.float(), *weights)
+    x = p["x"].clone()
+    x[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=owner + r"x contains NaN at index \(1, 0, 0\)"):
+        bilinear_attention_pooling(x, p["y"], attention, *weights)
