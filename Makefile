@@ -31,10 +31,12 @@ lint: $(STAMP)
 
 # Mutation testing, one module or several (not part of `make test`; docs/TESTING.md):
 #   make mutation MODULE=polyfuse.nn.man        (default: every module of the map)
+#   make mutation MODULE=polyfuse.nn.man ONLY='polyfuse.nn.man.xǁMANǁ_fuse__mutmut_*'
 MODULE ?=
 JOBS ?= 1
+ONLY ?=
 mutation: $(STAMP)
-	$(BIN)/python scripts/mutation.py $(MODULE) --jobs $(JOBS)
+	$(BIN)/python scripts/mutation.py $(MODULE) --jobs $(JOBS) $(if $(ONLY),--only '$(ONLY)')
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info mutants

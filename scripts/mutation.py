@@ -2,7 +2,7 @@
 """Mutation testing of one module at a time with mutmut (see docs/TESTING.md).
 
     python scripts/mutation.py polyfuse.nn.man [polyfuse.functional.bilinear ...]
-        [--jobs 1] [--workdir build/mutation] [--show-survivors]
+        [--jobs 1] [--workdir build/mutation] [--show-survivors] [--only GLOB ...]
 
 For each module, a scratch copy of ``src/``, ``tests/`` and ``pyproject.toml`` is made
 under ``--workdir/<module>/`` with ``[tool.mutmut]`` narrowed to that module's file and
@@ -11,6 +11,9 @@ to the test files that ``[tool.polyfuse.mutation.tests]`` of pyproject.toml list
 The scratch copy keeps mutmut's cache, so a second run only retests what changed.
 At the end one line per module: mutants, killed, survived, other outcomes and the score
 killed / (killed + survived); ``--show-survivors`` prints each survivor's diff.
+``--only`` restricts the run to the mutants whose names match a glob (mutmut's names:
+``polyfuse.nn.man.xǁMANǁ_fuse__mutmut_*`` for a method, ``polyfuse.functional.bilinear.
+x_bilinear_attention_logits__mutmut_*`` for a function); the counts are then over those.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import tomllib
 from collections import Counter
+from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,21 +70,25 @@ def prepare(module: str, workdir: Path, mutmut: dict, tests: list[str]) -> Path:
     return target
 
 
-def outcomes(target: Path, module: str) -> Counter:
-    from mutmut.stats import status_by_exit_code
-
+def exit_codes(target: Path, module: str, only: list[str]) -> dict[str, int | None]:
+    """mutmut's exit code of each mutant of the module (None: not tested yet)."""
     meta = target / "mutants" / module_file(module).with_suffix(".py.meta")
     if not meta.is_file():
-        return Counter()
+        return {}
     codes = json.loads(meta.read_text("utf-8"))["exit_code_by_key"]
-    return Counter(status_by_exit_code[code] for code in codes.values())
+    return {k: v for k, v in codes.items() if not only or any(fnmatch(k, glob) for glob in only)}
 
 
-def survivors(target: Path, module: str) -> list[str]:
+def outcomes(target: Path, module: str, only: list[str]) -> Counter:
     from mutmut.stats import status_by_exit_code
 
-    meta = target / "mutants" / module_file(module).with_suffix(".py.meta")
-    codes = json.loads(meta.read_text("utf-8"))["exit_code_by_key"]
+    return Counter(status_by_exit_code[code] for code in exit_codes(target, module, only).values())
+
+
+def survivors(target: Path, module: str, only: list[str]) -> list[str]:
+    from mutmut.stats import status_by_exit_code
+
+    codes = exit_codes(target, module, only)
     return sorted(name for name, code in codes.items() if status_by_exit_code[code] == "survived")
 
 
@@ -90,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="mutants tested in parallel (default 1)")
     parser.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
     parser.add_argument("--show-survivors", action="store_true", help="print each survivor's diff")
+    parser.add_argument("--only", nargs="+", default=[], metavar="GLOB", help="mutant name globs to run")
     args = parser.parse_args(argv)
     mutmut, test_map = read_settings()
     modules = args.modules or sorted(test_map)
@@ -102,17 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for module in modules:
         target = prepare(module, args.workdir.resolve(), mutmut, test_map[module])
-        run = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs)]
+        run = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs), *args.only]
         status = subprocess.run(run, cwd=target, stdout=subprocess.DEVNULL).returncode
         if status:
             print(f"mutation: mutmut failed on {module} (exit {status}); rerun in {target}", file=sys.stderr)
-        counts = outcomes(target, module)
+        counts = outcomes(target, module, args.only)
         killed, survived = counts["killed"] + counts["timeout"], counts["survived"]
         score = killed / (killed + survived) if killed + survived else float("nan")
         other = {k: v for k, v in counts.items() if k not in ("killed", "timeout", "survived")}
         rows.append((module, sum(counts.values()), killed, survived, other, score))
         if args.show_survivors:
-            for name in survivors(target, module):
+            for name in survivors(target, module, args.only):
                 subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=target)
     print(f"{'module':36} {'mutants':>7} {'killed':>7} {'survived':>8} {'score':>6}  other")
     for module, total, killed, survived, other, score in rows:
