@@ -119,7 +119,11 @@ def test_a_bare_fusion_module_is_a_valid_model():
     fusion = polyfuse.nn.create("lmf", input_dims=list(DIMS), out_dim=4)
     task = SentimentTask(fusion)
     inputs, masks = window_batch()
-    assert task({"inputs": inputs, "masks": masks, "row": torch.arange(3)}).shape == (3, 1)
+    prediction = task({"inputs": inputs, "masks": masks, "row": torch.arange(3)})
+    assert prediction.shape == (3, 1)
+    # The task is the bare module and a linear head, nothing between them.
+    expected = fusion(inputs, masks) @ task.head.weight.T + task.head.bias
+    torch.testing.assert_close(prediction, expected)
 
 
 def test_task_errors():
