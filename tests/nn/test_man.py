@@ -214,17 +214,28 @@ def test_shared_stacking_variant_adds_one_pass_over_the_updated_sequences():
         torch.testing.assert_close(actual[mask], expected[mask])
 
 
-def test_stacked_attention_is_the_mean_over_the_passes():
-    """Layer 2 of an Eq. 13 stack reports the mean of its m passes' attention tensors."""
-    module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
+def marginals_of(tensor):
+    """(B, G, T_1, T_2, T_3) -> the per-modality marginals (B, G, T_j) (had mode's report)."""
+    return [tensor.sum(dim=tuple(2 + k for k in range(3) if k != j)) for j in range(3)]
+
+
+@pytest.mark.parametrize("mode", ["exact", "had"])
+def test_stacked_attention_is_the_mean_over_the_passes(mode):
+    """Layer 2 of an Eq. 13 stack reports the mean of its m passes' attention (the full
+    tensor in exact mode, the per-modality marginals in had mode)."""
+    module = make(mode=mode, layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
     inputs, masks = inputs_and_masks()
     result = module(inputs, masks, return_attention=True)
+    had = mode == "had"
+    options = {"temperature": 0.3, "chunks": 2, "scale": 0.4, "had": had}
+
+    def reported(tensor):
+        return marginals_of(tensor) if had else tensor
+
     with torch.no_grad():
         originals = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
-        first, weights = man_pass_by_brute_force(
-            module.layers[0], originals, masks, temperature=0.3, chunks=2, scale=0.4
-        )
-        torch.testing.assert_close(result.attention[0], attention_tensor(weights, 3, 3, LENGTHS))
+        first, weights = man_pass_by_brute_force(module.layers[0], originals, masks, **options)
+        torch.testing.assert_close(result.attention[0], reported(attention_tensor(weights, 3, 3, LENGTHS)))
         current = [f + first.unsqueeze(1) for f in originals]
         expected = sum(
             attention_tensor(
@@ -232,9 +243,7 @@ def test_stacked_attention_is_the_mean_over_the_passes():
                     module.layers[1],
                     [current[j] if j == own else originals[j] for j in range(3)],
                     masks,
-                    temperature=0.3,
-                    chunks=2,
-                    scale=0.4,
+                    **options,
                 )[1],
                 3,
                 3,
@@ -242,7 +251,7 @@ def test_stacked_attention_is_the_mean_over_the_passes():
             )
             for own in range(3)
         ) / 3
-    torch.testing.assert_close(result.attention[1], expected)
+    torch.testing.assert_close(result.attention[1], reported(expected))
 
 
 def attention_tensor(weights, batch, heads, lengths):
