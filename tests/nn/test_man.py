@@ -193,6 +193,7 @@ def test_stacked_layers_follow_eq_13_against_a_brute_force_reference():
         expected_fused = module.output(sum(passes) / 3)  # read-out: mean of the last layer's passes
 
     torch.testing.assert_close(result.fused, expected_fused)
+    assert result.attention is None  # only what was asked for
     for actual, expected, mask in zip(result.sequences, current, masks, strict=True):
         torch.testing.assert_close(actual[mask], expected[mask])  # real steps: Eq. 13
         assert torch.all(actual[~mask] == 0)  # padded steps stay empty
@@ -272,6 +273,7 @@ def test_exact_mode_returns_the_full_attention_tensor():
             module.layers[0], inputs, masks, temperature=0.7, chunks=3, scale=0.5
         )
     torch.testing.assert_close(result.attention[0], attention_tensor(weights, 3, 3, LENGTHS))
+    assert result.sequences is None  # only what was asked for
 
 
 def test_configuration_errors_are_clear():
