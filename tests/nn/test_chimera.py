@@ -204,6 +204,11 @@ def test_hyperbolic_layer_embed_is_the_polar_form_of_the_mean_value_vector():
         expected_point = [math.cosh(r)] + [math.sinh(r) * c / r for c in w]
         assert tangents[b].tolist() == pytest.approx(w, rel=1e-9)
         assert points[b].tolist() == pytest.approx(expected_point, rel=1e-9)
+    # Bad input is refused with the argument named.
+    with pytest.raises(ValueError, match=r"^hidden has shape \(2, 4, 5\), expected \(B, N, 12\)"):
+        layer.embed(hidden[..., :5], mask)
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor"):
+        layer.embed(hidden, mask.int())
 
 
 # ------------------------------------------------------------------------ matching
