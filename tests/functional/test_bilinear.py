@@ -205,6 +205,7 @@ def test_attention_dropout_only_in_training():
     evaluated = bilinear_attention_logits(*args, dropout=0.5, training=False)
     trained = bilinear_attention_logits(*args, dropout=0.5, training=True)
     assert torch.equal(evaluated, bilinear_attention_logits(*args))
+    assert torch.equal(evaluated, bilinear_attention_logits(*args, dropout=0.5))  # default: not training
     assert not torch.equal(trained, evaluated)
 
 
@@ -268,8 +269,9 @@ def _bad(p, name, value):
         (lambda p: _bad(p, "x", p["x"].float()), "x has dtype torch.float32 but y has"),
         (
             lambda p: _bad(p, "x_weight", p["x_weight"][:, :4]),
-            "x_weight has shape .* feature size 5",
+            "^bilinear_attention_logits: x_weight has shape .* feature size 5",
         ),
+        (lambda p: _bad(p, "y_bias", p["y_bias"][:2]), r"^bilinear_attention_logits: y_bias must have shape \(6,\)"),
         (
             lambda p: {**p, "y_weight": p["y_weight"][:5], "y_bias": p["y_bias"][:5]},
             "x_weight has rank 6 but y_weight has rank 5",
