@@ -274,12 +274,13 @@ def _bad(p, name, value):
         (lambda p: _bad(p, "y_bias", p["y_bias"][:2]), r"^bilinear_attention_logits: y_bias must have shape \(6,\)"),
         (
             lambda p: {**p, "y_weight": p["y_weight"][:5], "y_bias": p["y_bias"][:5]},
-            "x_weight has rank 6 but y_weight has rank 5",
+            "x_weight has rank 6 but y_weight has rank 5; both project onto the same K' features",
         ),
         (
             lambda p: _bad(p, "glimpse_weight", p["glimpse_weight"][:, :5]),
             r"glimpse_weight has shape \(2, 5\)",
         ),
+        (lambda p: _bad(p, "glimpse_weight", p["glimpse_weight"][0]), r"glimpse_weight must have shape \(G, 6\)"),
         (lambda p: _bad(p, "x_bias", p["x_bias"][:2]), r"x_bias must have shape \(6,\)"),
         (
             lambda p: _bad(p, "glimpse_bias", p["glimpse_bias"][:1]),
