@@ -363,3 +363,17 @@ def test_pooling_errors_name_the_function_and_the_argument():
     x[1, 0, 0] = float("nan")
     with pytest.raises(ValueError, match=owner + r"x contains NaN at index \(1, 0, 0\)"):
         bilinear_attention_pooling(x, p["y"], attention, *weights)
+
+
+def test_logits_glimpse_count_and_remaining_checks():
+    p = _problem()
+    one = {**p, "glimpse_weight": p["glimpse_weight"][:1], "glimpse_bias": p["glimpse_bias"][:1]}
+    torch.testing.assert_close(_logits(one), _logits_by_loops(one))  # a single glimpse is fine
+    with pytest.raises(ValueError, match=r"glimpse_weight has shape \(0, 6\), expected \(G, 6\) with G >= 1"):
+        _logits({**p, "glimpse_weight": p["glimpse_weight"][:0], "glimpse_bias": None})
+    bias = p["glimpse_bias"].clone()
+    bias[0] = float("nan")
+    with pytest.raises(ValueError, match=r"^bilinear_attention_logits: glimpse_bias contains NaN"):
+        _logits(p, glimpse_bias=bias)
+    with pytest.raises(ValueError, match=r"^bilinear_attention_logits: dropout must lie in \[0, 1\)"):
+        _logits(p, dropout=1.0)
