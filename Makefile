@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean mutation
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +29,14 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
+# Mutation testing, one module or several (not part of `make test`; docs/TESTING.md):
+#   make mutation MODULE=polyfuse.nn.man        (default: every module of the map)
+#   make mutation MODULE=polyfuse.nn.man ONLY='polyfuse.nn.man.xǁMANǁ_fuse__mutmut_*'
+MODULE ?=
+JOBS ?= 1
+ONLY ?=
+mutation: $(STAMP)
+	$(BIN)/python scripts/mutation.py $(MODULE) --jobs $(JOBS) $(if $(ONLY),--only '$(ONLY)')
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info mutants

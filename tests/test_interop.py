@@ -211,3 +211,28 @@ def test_inconsistent_shapes_are_reported():
     state["b_net.0.q_net.main.1.bias"] = torch.randn(3)
     with pytest.raises(ValueError, match=r"b_net\.0\.q_net\.main\.1\.bias has shape \(3,\)"):
         load_ban_vqa(state)
+
+
+@pytest.mark.parametrize(("fc_dropout", "attention_dropout"), [(0.0, 0.5), (0.2, 0.0)])
+def test_training_dropout_sits_where_the_reference_puts_it(fc_dropout, attention_dropout):
+    """In training, with the same random stream, polyfuse drops the same tensors as the
+    reference: the attention dropout on relu(U^T x) of the image side (BCNet.forward:
+    ``self.dropout(self.v_net(v))``), and the FCNet dropout before every linear map
+    (v_net, q_net, q_prj). One kind at a time, so that both draw in the same order."""
+    oracle = _oracle(2).double().train()
+    for name, module in oracle.named_modules():
+        if isinstance(module, nn.Dropout):
+            module.p = attention_dropout if name.endswith("logits.dropout") else fc_dropout
+    v, q_emb, v_mask = _batch(seed=4)
+    v, q_emb = v.double(), q_emb.double()
+    ban = load_ban_vqa(oracle.state_dict()).double().train()
+    ban.dropout, ban.attention_dropout = fc_dropout, attention_dropout
+    with torch.no_grad():
+        torch.manual_seed(5)
+        expected = oracle(v, q_emb)
+        torch.manual_seed(5)
+        actual = ban([v, q_emb], masks=[v_mask, None])
+        torch.manual_seed(5)
+        without = ban.eval()([v, q_emb], masks=[v_mask, None])
+    torch.testing.assert_close(actual, expected)
+    assert not torch.allclose(actual, without)  # the dropout really changed the output

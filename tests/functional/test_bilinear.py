@@ -48,8 +48,10 @@ def _problem(batch=2, length_x=4, length_y=3, dim_x=5, dim_y=3, rank=6, glimpses
     }
 
 
-def _logits_by_loops(p):
-    """Note 8 / BAN Eq. 9 with Eq. 13, one pair (i, j) at a time."""
+def _logits_by_loops(p, x_keep=None):
+    """Note 8 / BAN Eq. 9 with Eq. 13, one pair (i, j) at a time. ``x_keep`` (B, T_x, K')
+    multiplies relu(U^T x_i + u)_k: the attention dropout of the reference code, which
+    sits on the x side (``BCNet.forward``: ``v_ = self.dropout(self.v_net(v))``)."""
     batch, length_x, _ = p["x"].shape
     length_y = p["y"].shape[1]
     glimpses, rank = p["glimpse_weight"].shape
@@ -64,6 +66,8 @@ def _logits_by_loops(p):
                     total = float(p["glimpse_bias"][g])
                     for k in range(rank):
                         u = _relu(_dot(p["x_weight"][k], p["x"][b, i], float(p["x_bias"][k])))
+                        if x_keep is not None:
+                            u *= float(x_keep[b, i, k])
                         v = _relu(_dot(p["y_weight"][k], p["y"][b, j], float(p["y_bias"][k])))
                         total += float(p["glimpse_weight"][g, k]) * u * v
                     out[b, g, i, j] = total
@@ -83,6 +87,8 @@ def _logits(p, **overrides):
         glimpse_bias=args["glimpse_bias"],
         x_mask=args["x_mask"],
         y_mask=args["y_mask"],
+        dropout=args.get("dropout", 0.0),
+        training=args.get("training", False),
     )
 
 
@@ -199,7 +205,23 @@ def test_attention_dropout_only_in_training():
     evaluated = bilinear_attention_logits(*args, dropout=0.5, training=False)
     trained = bilinear_attention_logits(*args, dropout=0.5, training=True)
     assert torch.equal(evaluated, bilinear_attention_logits(*args))
+    assert torch.equal(evaluated, bilinear_attention_logits(*args, dropout=0.5))  # default: not training
     assert not torch.equal(trained, evaluated)
+
+
+@pytest.mark.parametrize(("length_x", "length_y"), [(4, 3), (2, 5)])
+def test_attention_dropout_drops_the_x_side_as_the_reference(length_x, length_y):
+    """jnhwkim/ban-vqa bc.py: v_ = self.dropout(self.v_net(v)); q_ = self.q_net(q). The
+    dropout mask has the x side's shape (B, T_x, K') and is shared by all glimpses;
+    T_x != T_y, so a mask on the y side would be drawn with another shape."""
+    p = _problem(length_x=length_x, length_y=length_y)
+    torch.manual_seed(3)
+    logits = _logits(p, dropout=0.5, training=True)
+    torch.manual_seed(3)
+    rank = p["x_weight"].shape[0]
+    x_keep = torch.nn.functional.dropout(torch.ones(2, length_x, rank, dtype=DTYPE), 0.5, True)
+    assert 0 < int((x_keep == 0).sum()) < x_keep.numel()  # the draw really drops some
+    torch.testing.assert_close(logits, _logits_by_loops(p, x_keep=x_keep))
 
 
 def test_gradcheck_logits_map_and_pooling():
@@ -247,16 +269,18 @@ def _bad(p, name, value):
         (lambda p: _bad(p, "x", p["x"].float()), "x has dtype torch.float32 but y has"),
         (
             lambda p: _bad(p, "x_weight", p["x_weight"][:, :4]),
-            "x_weight has shape .* feature size 5",
+            "^bilinear_attention_logits: x_weight has shape .* feature size 5",
         ),
+        (lambda p: _bad(p, "y_bias", p["y_bias"][:2]), r"^bilinear_attention_logits: y_bias must have shape \(6,\)"),
         (
             lambda p: {**p, "y_weight": p["y_weight"][:5], "y_bias": p["y_bias"][:5]},
-            "x_weight has rank 6 but y_weight has rank 5",
+            "x_weight has rank 6 but y_weight has rank 5; both project onto the same K' features",
         ),
         (
             lambda p: _bad(p, "glimpse_weight", p["glimpse_weight"][:, :5]),
             r"glimpse_weight has shape \(2, 5\)",
         ),
+        (lambda p: _bad(p, "glimpse_weight", p["glimpse_weight"][0]), r"glimpse_weight must have shape \(G, 6\)"),
         (lambda p: _bad(p, "x_bias", p["x_bias"][:2]), r"x_bias must have shape \(6,\)"),
         (
             lambda p: _bad(p, "glimpse_bias", p["glimpse_bias"][:1]),
@@ -315,3 +339,41 @@ def test_map_and_pooling_reject_bad_input():
     bad_attention[0, 0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="attention contains NaN or Inf at a real"):
         bilinear_attention_pooling(p["x"], p["y"], bad_attention, *weights)
+
+
+def test_pooling_errors_name_the_function_and_the_argument():
+    p = _problem()
+    attention = bilinear_attention_map(_logits(p))
+    weights = (p["x_weight"], p["y_weight"])
+    owner = "bilinear_attention_pooling: "
+    cases = [
+        ({"x_bias": p["x_bias"][:2]}, r"x_bias must have shape \(6,\)"),
+        ({"y_bias": p["y_bias"][:2]}, r"y_bias must have shape \(6,\)"),
+        ({"y_mask": p["y_mask"][:, :2]}, r"y_mask has shape \(2, 2\), expected \(2, 3\)"),
+        ({"x_mask": p["x_mask"].int()}, "x_mask must be a bool tensor"),
+    ]
+    for options, match in cases:
+        with pytest.raises(ValueError, match=owner + match):
+            bilinear_attention_pooling(p["x"], p["y"], attention, *weights, **options)
+    with pytest.raises(ValueError, match=owner + "x_weight has rank 6 but y_weight has rank 5"):
+        bilinear_attention_pooling(p["x"], p["y"], attention, p["x_weight"], p["y_weight"][:5])
+    with pytest.raises(ValueError, match=owner + "attention has dtype torch.float32"):
+        bilinear_attention_pooling(p["x"], p["y"], attention.float(), *weights)
+    x = p["x"].clone()
+    x[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=owner + r"x contains NaN at index \(1, 0, 0\)"):
+        bilinear_attention_pooling(x, p["y"], attention, *weights)
+
+
+def test_logits_glimpse_count_and_remaining_checks():
+    p = _problem()
+    one = {**p, "glimpse_weight": p["glimpse_weight"][:1], "glimpse_bias": p["glimpse_bias"][:1]}
+    torch.testing.assert_close(_logits(one), _logits_by_loops(one))  # a single glimpse is fine
+    with pytest.raises(ValueError, match=r"glimpse_weight has shape \(0, 6\), expected \(G, 6\) with G >= 1"):
+        _logits({**p, "glimpse_weight": p["glimpse_weight"][:0], "glimpse_bias": None})
+    bias = p["glimpse_bias"].clone()
+    bias[0] = float("nan")
+    with pytest.raises(ValueError, match=r"^bilinear_attention_logits: glimpse_bias contains NaN"):
+        _logits(p, glimpse_bias=bias)
+    with pytest.raises(ValueError, match=r"^bilinear_attention_logits: dropout must lie in \[0, 1\)"):
+        _logits(p, dropout=1.0)

@@ -27,15 +27,52 @@ def _model(out_dim=Y_DIM, **options):
     return BAN([X_DIM, Y_DIM], out_dim, **{"glimpses": 3, **options}).eval()
 
 
+def _ban_by_loops(model, x, y, x_mask, y_mask):
+    """BAN (note 8 of the papers' README, in the reference code's layout) one sample,
+    glimpse and pair at a time: logits p_g^T (relu(U x_i + u) o relu(V y_j + v)) over real
+    pairs, one softmax per glimpse over the whole map, f'_g = sum_ij A_ij relu(U'_g x_i +
+    u'_g) o relu(V'_g y_j + v'_g) on the current y, y <- y + P_g f'_g on every token, then
+    the sum over y's real tokens (and the output projection when there is one)."""
+    def relu_map(linear, vector):
+        return torch.relu(linear.weight @ vector + linear.bias)
+
+    outputs = []
+    for b in range(x.shape[0]):
+        xs = [x[b, i] for i in range(x.shape[1]) if x_mask[b, i]]
+        stream = [y[b, j] for j in range(y.shape[1]) if y_mask[b, j]]
+        p = model.attention_glimpses.weight
+        maps = []
+        for g in range(model.glimpses):
+            logits = torch.tensor(
+                [[float(p[g] @ (relu_map(model.attention_x, xi) * relu_map(model.attention_y, yj))) for yj in stream] for xi in xs]
+            )
+            maps.append(torch.softmax(logits.flatten(), 0).reshape(logits.shape))
+        for g in range(model.glimpses):
+            joint = sum(
+                maps[g][i, j] * relu_map(model.joint_x[g], xi) * relu_map(model.joint_y[g], yj)
+                for i, xi in enumerate(xs)
+                for j, yj in enumerate(stream)
+            )
+            step = model.joint_projections[g].weight @ joint + model.joint_projections[g].bias
+            stream = [yj + step for yj in stream]
+        fused = sum(stream)
+        if model.output_projection is not None:
+            fused = model.output_projection.weight @ fused + model.output_projection.bias
+        outputs.append(fused)
+    return torch.stack(outputs)
+
+
 @pytest.mark.parametrize("out_dim", [Y_DIM, 7])
-def test_output_shape_and_registry(out_dim):
-    model = create("ban", input_dims=[X_DIM, Y_DIM], out_dim=out_dim, glimpses=2)
+def test_output_against_loops_and_registry(out_dim):
+    model = create("ban", input_dims=[X_DIM, Y_DIM], out_dim=out_dim, glimpses=2).eval()
     assert isinstance(model, BAN) and model.registry_name == "ban"
     assert (model.output_projection is None) == (out_dim == Y_DIM)
     x, y, x_mask, y_mask = _inputs()
     out = model([x, y], masks=[x_mask, y_mask])
-    assert out.shape == (3, out_dim) and bool(torch.isfinite(out).all())
-    assert model([x[:, 0], y]).shape == (3, out_dim)  # a (B, d) input is a length-1 sequence
+    with torch.no_grad():
+        expected = _ban_by_loops(model, x, y, x_mask, y_mask)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model([x[:, 0], y]), model([x[:, :1], y]))  # (B, d): length 1
 
 
 def test_masks_on_both_inputs():

@@ -181,6 +181,36 @@ def test_hyperbolic_layer_embed_and_radius_cap():
     assert (radii <= 2.0 + 1e-4).all()
 
 
+def test_hyperbolic_layer_embed_is_the_polar_form_of_the_mean_value_vector():
+    """Sec. 3.6 / note 10: w is the Euclidean feature of a sequence, here the mean of the
+    value vectors W_V h + b_V of its real tokens (each clipped at max_radius), and
+    w~ = (cosh|w|, sinh|w| w / |w|) its polar form on the hyperboloid. By hand, from the
+    value projection's weights (the query and key maps must play no part)."""
+    torch.manual_seed(12)
+    layer = HyperbolicLayer(HIDDEN, 3, max_radius=4.0).double()
+    hidden = hidden_states(2, 4, seed=13, dtype=torch.float64, scale=0.6)
+    hidden[0, 1] *= 40.0  # one token far outside the radius cap: clipped before the mean
+    mask = lengths_to_mask([4, 3], 4)
+    points, tangents = layer.embed(hidden, mask)
+    weight, bias = layer.value.weight.detach(), layer.value.bias.detach()
+    for b, length in enumerate([4, 3]):
+        vectors = []
+        for t in range(length):
+            u = [sum(float(weight[i, k]) * float(hidden[b, t, k]) for k in range(HIDDEN)) + float(bias[i]) for i in range(3)]
+            norm = math.sqrt(sum(c * c for c in u))
+            vectors.append([c * min(1.0, 4.0 / norm) for c in u])
+        w = [sum(v[i] for v in vectors) / length for i in range(3)]
+        r = math.sqrt(sum(c * c for c in w))
+        expected_point = [math.cosh(r)] + [math.sinh(r) * c / r for c in w]
+        assert tangents[b].tolist() == pytest.approx(w, rel=1e-9)
+        assert points[b].tolist() == pytest.approx(expected_point, rel=1e-9)
+    # Bad input is refused with the argument named.
+    with pytest.raises(ValueError, match=r"^hidden has shape \(2, 4, 5\), expected \(B, N, 12\)"):
+        layer.embed(hidden[..., :5], mask)
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor"):
+        layer.embed(hidden, mask.int())
+
+
 # ------------------------------------------------------------------------ matching
 
 

@@ -1,11 +1,13 @@
 """The MAN module: symmetry, random-feature handling, stacking, and agreement of its
 modes with each other and with the functional core."""
 
+import itertools
+import math
+
 import pytest
 import torch
 
 import polyfuse
-import polyfuse.functional as F
 from polyfuse.nn import MAN
 
 DOUBLE = torch.float64
@@ -68,24 +70,18 @@ def test_had_approaches_exact_with_many_random_features():
     assert errors[1] < 0.01 * reference.pow(2).mean().item()
 
 
-def test_module_equals_the_functional_core_by_hand():
+def test_single_layer_had_module_equals_the_random_feature_estimate_by_loops():
+    """A non-residual MAN (inputs of unequal sizes) in had mode against Eq. 10 to 12 by a
+    loop over tuples of real steps with the module's own random features: exact, since the
+    estimate is a fixed function once the features are drawn."""
     module = make(mode="had", chunks=4, lsc_scale=0.3, temperature=0.5)
     inputs, masks = inputs_and_masks()
-    layer = module.layers[0]
-    features, values = [], []
-    for j, (x, mask) in enumerate(zip(inputs, masks, strict=True)):
-        x = x * mask.unsqueeze(-1)
-        value = layer.value_projections[j](x).reshape(3, -1, 3, 4).transpose(1, 2)
-        feature = layer.feature_projections[j](x).reshape(3, -1, 3, 4).transpose(1, 2)
-        lsc = F.lsc_encoding_from_mask(mask, 4, 0.3, dtype=DOUBLE).unsqueeze(1).expand(-1, 3, -1, -1)
-        features.append(torch.cat([feature, lsc], -1))
-        values.append(value)
-    fused = F.multilinear_attention(
-        features, values, [m.unsqueeze(1) for m in masks], mode="had",
-        random_features=layer.random_features, temperature=0.5,
-    )  # (B, G, K)
-    pooled = torch.stack([fused[:, g] @ layer.pooling[g] for g in range(3)], 1).flatten(1)
-    torch.testing.assert_close(module(inputs, masks), module.output(pooled))
+    with torch.no_grad():
+        pooled, _ = man_pass_by_brute_force(
+            module.layers[0], inputs, masks, temperature=0.5, chunks=4, scale=0.3, had=True
+        )
+        expected = module.output(pooled)
+    torch.testing.assert_close(module(inputs, masks), expected)
 
 
 def test_random_features_change_only_through_redraw():
@@ -120,35 +116,164 @@ def test_random_features_are_orthogonal_by_default_and_shared_by_modalities():
     assert (gram - torch.diag(torch.diagonal(gram))).abs().max() > 1e-3
 
 
-def test_stacked_layers_follow_eq_13():
-    module = make(layers=3)
+def lsc_vector_by_hand(mask_row, step, chunks, scale):
+    """Note 3 of the papers' README: chunk c = floor(rank * C / length) of the step's rank
+    among the real steps; entries +e at positions i <= c, -e elsewhere."""
+    real_steps = torch.nonzero(mask_row).flatten().tolist()
+    chunk = real_steps.index(step) * chunks // len(real_steps)
+    return torch.tensor([scale if i <= chunk else -scale for i in range(chunks)], dtype=DOUBLE)
+
+
+def man_pass_by_brute_force(layer, sequences, masks, *, temperature, chunks, scale, had=False):
+    """One multi-head MAN pass (Eq. 5, 7, 8, 13's MAN(.)) by a loop over every tuple of real
+    steps: weights softmax_t(tau sum_{j<k} <a_j, a_k>) (exact), or with ``had`` the positive
+    random-feature estimate of the same kernel, (1/H) sum_h prod_j exp(w_h.a_j' - |a_j'|^2/2)
+    with a' = sqrt(tau) a and w_h the head's random features (Eq. 10 to 12, normalised over
+    the tuples); f'_k = sum_t A_t prod_j v_j[t_j, k], f = P^T f' per head, heads
+    concatenated. sequences: (B, T_j, D). Returns (B, G K) and the weights of each
+    (sample, head) as {steps tuple: weight}."""
+    heads, head_dim = layer.heads, layer.head_dim
+    batch = sequences[0].shape[0]
+    output = torch.zeros(batch, heads * head_dim, dtype=DOUBLE)
+    attention = {}
+    for b in range(batch):
+        real = [torch.nonzero(mask[b]).flatten().tolist() for mask in masks]
+        values = [project(x[b]) for project, x in zip(layer.value_projections, sequences, strict=True)]
+        features = [project(x[b]) for project, x in zip(layer.feature_projections, sequences, strict=True)]
+        for g in range(heads):
+            k_slice = slice(g * head_dim, (g + 1) * head_dim)
+            a_slice = slice(g * layer.attention_dim, (g + 1) * layer.attention_dim)
+            tuples = list(itertools.product(*real))
+            kernels = []
+            for steps in tuples:
+                a = [
+                    torch.cat([features[j][t, a_slice], lsc_vector_by_hand(masks[j][b], t, chunks, scale)])
+                    for j, t in enumerate(steps)
+                ]
+                if had:
+                    w = layer.random_features[g].to(DOUBLE)  # (H, K' + C)
+                    a = [math.sqrt(temperature) * vector for vector in a]
+                    kernels.append(math.prod(torch.exp(w @ v - v @ v / 2) for v in a).mean())
+                else:
+                    logit = sum(a[j] @ a[k] for j in range(len(a)) for k in range(j + 1, len(a)))
+                    kernels.append(torch.exp(temperature * logit))
+            weights = torch.stack(kernels) / sum(kernels)
+            attention[b, g] = dict(zip(tuples, weights.tolist(), strict=True))
+            pooled = sum(
+                w * math.prod(values[j][t, k_slice] for j, t in enumerate(steps))
+                for w, steps in zip(weights, tuples, strict=True)
+            )
+            output[b, k_slice] = layer.pooling[g].T @ pooled
+    return output, attention
+
+
+def test_stacked_layers_follow_eq_13_against_a_brute_force_reference():
+    """f_{n+1}^l = MAN(f_n^l, {V_j | j != l}) 1^T + f_n^l: each modality's own pass meets the
+    ORIGINAL sequences of the others (m = 3, 2 layers, unequal lengths, padded steps)."""
+    module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
     inputs, masks = inputs_and_masks()
-    result = module(inputs, masks, return_sequences=True, return_attention=True)
-    sequences = [
-        project(x * m.unsqueeze(-1)) * m.unsqueeze(-1)
-        for project, x, m in zip(module.input_projections, inputs, masks, strict=True)
-    ]
-    for layer in module.layers:
-        fused = layer(sequences, masks)
-        sequences = [s + fused.unsqueeze(1) * m.unsqueeze(-1) for s, m in zip(sequences, masks, strict=True)]
+    result = module(inputs, masks, return_sequences=True)
+
+    with torch.no_grad():
+        originals = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
+        current = list(originals)
+        for layer in module.layers:
+            passes = [
+                man_pass_by_brute_force(
+                    layer,
+                    [current[j] if j == own else originals[j] for j in range(3)],
+                    masks,
+                    temperature=0.3,
+                    chunks=2,
+                    scale=0.4,
+                )[0]
+                for own in range(3)
+            ]
+            current = [f + g.unsqueeze(1) for f, g in zip(current, passes, strict=True)]
+        expected_fused = module.output(sum(passes) / 3)  # read-out: mean of the last layer's passes
+
+    torch.testing.assert_close(result.fused, expected_fused)
+    assert result.attention is None  # only what was asked for
+    for actual, expected, mask in zip(result.sequences, current, masks, strict=True):
+        torch.testing.assert_close(actual[mask], expected[mask])  # real steps: Eq. 13
+        assert torch.all(actual[~mask] == 0)  # padded steps stay empty
+
+
+def test_shared_stacking_variant_adds_one_pass_over_the_updated_sequences():
+    """The "shared" variant: one pass per layer over all updated sequences, the same
+    vector added to every modality (brute-force reference as above)."""
+    module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3, stacking="shared")
+    inputs, masks = inputs_and_masks()
+    result = module(inputs, masks, return_sequences=True)
+    with torch.no_grad():
+        current = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
+        for layer in module.layers:
+            fused, _ = man_pass_by_brute_force(layer, current, masks, temperature=0.3, chunks=2, scale=0.4)
+            current = [f + fused.unsqueeze(1) for f in current]
     torch.testing.assert_close(result.fused, module.output(fused))
-    for actual, expected, length in zip(result.sequences, sequences, LENGTHS, strict=True):
-        assert actual.shape == (3, length, 12)
-        torch.testing.assert_close(actual, expected)
-    assert len(result.attention) == 3
-    for marginal, mask in zip(result.attention[0], masks, strict=True):  # had mode: marginals
-        assert marginal.shape == (3, 3, mask.shape[1])
-        torch.testing.assert_close(marginal.sum(-1), torch.ones(3, 3, dtype=DOUBLE))
-        assert torch.all(marginal.masked_select(~mask.unsqueeze(1)) == 0)
+    for actual, expected, mask in zip(result.sequences, current, masks, strict=True):
+        torch.testing.assert_close(actual[mask], expected[mask])
+
+
+def marginals_of(tensor):
+    """(B, G, T_1, T_2, T_3) -> the per-modality marginals (B, G, T_j) (had mode's report)."""
+    return [tensor.sum(dim=tuple(2 + k for k in range(3) if k != j)) for j in range(3)]
+
+
+@pytest.mark.parametrize("mode", ["exact", "had"])
+def test_stacked_attention_is_the_mean_over_the_passes(mode):
+    """Layer 2 of an Eq. 13 stack reports the mean of its m passes' attention (the full
+    tensor in exact mode, the per-modality marginals in had mode)."""
+    module = make(mode=mode, layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
+    inputs, masks = inputs_and_masks()
+    result = module(inputs, masks, return_attention=True)
+    had = mode == "had"
+    options = {"temperature": 0.3, "chunks": 2, "scale": 0.4, "had": had}
+
+    def reported(tensor):
+        return marginals_of(tensor) if had else tensor
+
+    with torch.no_grad():
+        originals = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
+        first, weights = man_pass_by_brute_force(module.layers[0], originals, masks, **options)
+        torch.testing.assert_close(result.attention[0], reported(attention_tensor(weights, 3, 3, LENGTHS)))
+        current = [f + first.unsqueeze(1) for f in originals]
+        expected = sum(
+            attention_tensor(
+                man_pass_by_brute_force(
+                    module.layers[1],
+                    [current[j] if j == own else originals[j] for j in range(3)],
+                    masks,
+                    **options,
+                )[1],
+                3,
+                3,
+                LENGTHS,
+            )
+            for own in range(3)
+        ) / 3
+    torch.testing.assert_close(result.attention[1], reported(expected))
+
+
+def attention_tensor(weights, batch, heads, lengths):
+    """{(b, g): {steps: weight}} as a (B, G, T_1, .., T_m) tensor, 0 at padded tuples."""
+    tensor = torch.zeros(batch, heads, *lengths, dtype=DOUBLE)
+    for (b, g), by_steps in weights.items():
+        for steps, weight in by_steps.items():
+            tensor[(b, g, *steps)] = weight
+    return tensor
 
 
 def test_exact_mode_returns_the_full_attention_tensor():
-    module = make(mode="exact")
+    module = make(mode="exact", chunks=3, lsc_scale=0.5, temperature=0.7)
     inputs, masks = inputs_and_masks()
     result = module(inputs, masks, return_attention=True)
-    attention = result.attention[0]
-    assert attention.shape == (3, 3, *LENGTHS)
-    torch.testing.assert_close(attention.sum((2, 3, 4)), torch.ones(3, 3, dtype=DOUBLE))
+    with torch.no_grad():
+        _, weights = man_pass_by_brute_force(
+            module.layers[0], inputs, masks, temperature=0.7, chunks=3, scale=0.5
+        )
+    torch.testing.assert_close(result.attention[0], attention_tensor(weights, 3, 3, LENGTHS))
+    assert result.sequences is None  # only what was asked for
 
 
 def test_configuration_errors_are_clear():
@@ -160,6 +285,8 @@ def test_configuration_errors_are_clear():
         MAN([4, 4], 2, mode="hadamard", chunks=4)
     with pytest.raises(ValueError, match="not divisible by heads"):
         MAN([4, 4], 2, hidden_dim=10, heads=4)
+    with pytest.raises(ValueError, match="unknown stacking 'deep'"):
+        MAN([4, 4], 2, layers=2, stacking="deep")
     with pytest.raises(ValueError, match="residual"):
         MAN([4, 4], 2, layers=2, residual=False)
     assert MAN([4, 4], 2, mode="hadamard").layers[0].chunks == 0
@@ -170,4 +297,9 @@ def test_float32_survives_large_inputs():
     module = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16).eval()
     inputs, masks = inputs_and_masks()
     big = [100 * x.float() for x in inputs]
-    assert torch.isfinite(module(big, masks)).all()
+    # exp(w.a - |a|^2/2) overflows float32 at these sizes unless stabilised (note 5): the
+    # float32 result must equal the same module's float64 result.
+    wide = module(big, masks).double()
+    reference = module.double()([x.double() for x in big], masks)
+    assert torch.isfinite(wide).all()
+    torch.testing.assert_close(wide, reference, rtol=1e-3, atol=1e-3 * reference.abs().max().item())

@@ -61,6 +61,30 @@ def test_skip_uses_the_centre_step():
     torch.testing.assert_close(without(inputs, masks, torch.tensor([0, 0, 0])), without(inputs, masks, torch.tensor([2, 0, 0])))
 
 
+def test_centre_marker_appends_a_one_at_the_centre_step():
+    """Without the skip, the marker is what tells the fused vector which step is predicted:
+    the backbone equals the same modules fed the inputs with a hand-made marker channel."""
+    torch.manual_seed(0)
+    encoders = [ModalityEncoder(d + 1, kind="linear", hidden_dim=6, dropout=0.0) for d in DIMS]
+    module = polyfuse.nn.create("man", input_dims=[6, 6, 6], out_dim=7)
+    model = FusionBackbone(module, encoders, fusion_dim=7, out_dim=8, skip=False, centre_marker=True).eval()
+    inputs, masks = window_batch(lengths=(4, 4, 3))
+    centre = torch.tensor([2, 0, 1])
+    marked = []
+    for x in inputs:
+        channel = torch.zeros(3, 4, 1)
+        for b, c in enumerate([2, 0, 1]):
+            channel[b, c, 0] = 1.0
+        marked.append(torch.cat([x, channel], -1))
+    encoded = [encoder(x, m) for encoder, x, m in zip(encoders, marked, masks, strict=True)]
+    expected = model.projection(module(encoded, masks))
+    torch.testing.assert_close(model(inputs, masks, centre), expected)
+    other = model(inputs, masks, torch.tensor([3, 0, 1]))  # another centre, another output
+    assert not torch.allclose(other[0], expected[0]) and torch.allclose(other[1:], expected[1:])
+    with pytest.raises(ValueError, match="centre_marker needs the centre positions"):
+        model(inputs, masks)
+
+
 def test_input_groups_feed_ban_two_inputs():
     model = backbone("linear", "ban", groups=[[0], [1, 2]])
     inputs, masks = window_batch(lengths=(4, 4, 4))
@@ -95,7 +119,11 @@ def test_a_bare_fusion_module_is_a_valid_model():
     fusion = polyfuse.nn.create("lmf", input_dims=list(DIMS), out_dim=4)
     task = SentimentTask(fusion)
     inputs, masks = window_batch()
-    assert task({"inputs": inputs, "masks": masks, "row": torch.arange(3)}).shape == (3, 1)
+    prediction = task({"inputs": inputs, "masks": masks, "row": torch.arange(3)})
+    assert prediction.shape == (3, 1)
+    # The task is the bare module and a linear head, nothing between them.
+    expected = fusion(inputs, masks) @ task.head.weight.T + task.head.bias
+    torch.testing.assert_close(prediction, expected)
 
 
 def test_task_errors():

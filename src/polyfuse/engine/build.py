@@ -140,8 +140,9 @@ def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: 
     """Encoders, the fusion module named by ``model.fusion`` and the projection."""
     model = config["model"]
     encoder = model["encoder"]
+    marker = bool(model["centre_marker"])  # one more input channel per modality
     encoders = [
-        ModalityEncoder(d, kind=encoder.get("type", "linear"), hidden_dim=int(encoder.get("hidden_dim", 64)),
+        ModalityEncoder(d + marker, kind=encoder.get("type", "linear"), hidden_dim=int(encoder.get("hidden_dim", 64)),
                         dropout=float(encoder.get("dropout", 0.0)))
         for d in input_dims
     ]
@@ -168,7 +169,7 @@ def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: 
         raise ValueError(_with_config_keys(str(error), model["fusion"], cls)) from None
     return FusionBackbone(
         fusion, encoders, fusion_dim=int(model["fusion_dim"]), out_dim=int(model["out_dim"]), groups=groups,
-        skip=bool(model["skip"]), dropout=float(model["dropout"]), modality_names=names,
+        skip=bool(model["skip"]), centre_marker=marker, dropout=float(model["dropout"]), modality_names=names,
     )
 
 

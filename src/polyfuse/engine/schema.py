@@ -127,6 +127,9 @@ class ModelConfig(_Section):
     out_dim: PositiveInt = Field(64, description="backbone output (after the projection)")
     dropout: Probability = Field(0.1, description="dropout after the projection, in [0, 1)")
     skip: bool = Field(True, description="concatenate each modality's own (centre) step to the fused vector")
+    centre_marker: bool = Field(
+        False, description="contextual mode: mark the centre step in every modality's input"
+    )
     encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="encoder settings")
     options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="{fusion name: {constructor keyword: value}}; checked against the constructor"

@@ -22,7 +22,9 @@ from polyfuse.functional.random_features import gaussian_random_matrix
 from polyfuse.nn.base import FusionModule
 from polyfuse.nn.registry import register
 
-__all__ = ["MAN", "MANOutput", "MultiLinearAttentionLayer"]
+__all__ = ["MAN", "STACKINGS", "MANOutput", "MultiLinearAttentionLayer"]
+
+STACKINGS = ("per_modality", "shared")
 
 
 class MANOutput(NamedTuple):
@@ -34,7 +36,9 @@ class MANOutput(NamedTuple):
     attention: one entry per layer, what :func:`multilinear_attention` returns with
     ``return_attention=True`` with a head axis after the batch axis: the full
     tensor (B, G, T_1, ..., T_m) in exact and hadamard modes, the list of
-    per-modality marginals (B, G, T_j) in had mode; None if not requested.
+    per-modality marginals (B, G, T_j) in had mode; None if not requested. For the
+    layers after the first of a ``stacking="per_modality"`` MAN, the mean of that
+    attention over the layer's m passes (Eq. 13).
     """
 
     fused: Tensor
@@ -154,10 +158,23 @@ class MAN(FusionModule):
         temperature: logit scale; default 1 / sqrt(K').
         layers: number of stacked residual layers (MAN Eq. 13).
         residual: project every modality to hidden_dim first and, after each layer,
-            add the fused vector to every real step of every modality (Eq. 13), so
+            add a fused vector to every real step of each modality (Eq. 13), so
             that ``return_sequences=True`` gives the updated sequences. Default: on
             when layers > 1 (required there), off for a single layer, whose
             returned sequences are then the inputs themselves.
+        stacking: how residual layers are stacked.
+            ``"per_modality"`` (default, MAN Eq. 13): in layer n each modality l
+            gets its own pass, in which its current sequence f_n^l meets the
+            *original* (projected) sequences V_j of the other modalities, and
+            f_{n+1}^l = MAN(f_n^l, {V_j | j != l}) 1^T + f_n^l. The m passes run
+            as one call of the layer on the m variants stacked along the batch
+            axis (m times the memory of one pass); in the first layer all m
+            passes see the same sequences, so it runs once. The fused output is
+            the mean of the last layer's m pass outputs (the paper does not say
+            how a stacked MAN is read out; for one layer this is its only pass).
+            ``"shared"`` (a variant, polyfuse before this option existed): each
+            layer runs one pass over all the updated sequences f_n^1..f_n^m and
+            adds the same vector to every modality; the output is the last pass.
         dropout: dropout on each layer's fused vector.
         seed: seeds the generator that draws the random features and the pooling
             initialisation noise; the random features change only through
@@ -180,6 +197,7 @@ class MAN(FusionModule):
         temperature: float | None = None,
         layers: int = 1,
         residual: bool | None = None,
+        stacking: str = "per_modality",
         dropout: float = 0.0,
         seed: int = 0,
     ) -> None:
@@ -198,6 +216,11 @@ class MAN(FusionModule):
             )
         if hidden_dim % heads:
             raise ValueError(f"MAN: hidden_dim {hidden_dim} is not divisible by heads {heads}")
+        if stacking not in STACKINGS:
+            raise ValueError(
+                f"MAN: unknown stacking {stacking!r}; expected one of {', '.join(STACKINGS)}"
+            )
+        self.stacking = stacking
         attention_dim = attention_dim or hidden_dim // heads
         self.mode = mode
         self._generator = torch.Generator().manual_seed(seed)
@@ -269,18 +292,28 @@ class MAN(FusionModule):
                 project(x) * mask.unsqueeze(-1)
                 for project, x, mask in zip(self.input_projections, sequences, full_masks, strict=True)
             ]
+        originals = sequences  # V_j of MAN Eq. 13 (projected to hidden_dim)
         attentions = []
         fused = None
-        for layer in self.layers:
-            result = layer(sequences, full_masks, return_attention=return_attention)
-            fused, attention = result if return_attention else (result, None)
-            fused = self.dropout(fused)
+        for index, layer in enumerate(self.layers):
+            if self.stacking == "per_modality" and index > 0:
+                passes, attention = self._per_modality_passes(
+                    layer, sequences, originals, full_masks, return_attention
+                )  # (m, B, hidden_dim)
+                passes = self.dropout(passes)
+                fused = passes.mean(0)
+            else:
+                result = layer(sequences, full_masks, return_attention=return_attention)
+                fused, attention = result if return_attention else (result, None)
+                fused = self.dropout(fused)
+                passes = fused.expand(self.num_modalities, *fused.shape)  # all passes alike
             attentions.append(attention)
             if self.input_projections is not None:
-                # MAN Eq. 13: f_{n+1}^l = MAN(...) 1^T + f_n^l on the real steps of every l.
+                # MAN Eq. 13: f_{n+1}^l = MAN(f_n^l, {V_j | j != l}) 1^T + f_n^l on real steps
+                # ("shared": the same pass for every l).
                 sequences = [
-                    x + fused.unsqueeze(1) * mask.unsqueeze(-1)
-                    for x, mask in zip(sequences, full_masks, strict=True)
+                    x + fused_l.unsqueeze(1) * mask.unsqueeze(-1)
+                    for x, fused_l, mask in zip(sequences, passes, full_masks, strict=True)
                 ]
         output = self.output(fused)
         if not (return_sequences or return_attention):
@@ -290,3 +323,33 @@ class MAN(FusionModule):
             sequences if return_sequences else None,
             attentions if return_attention else None,
         )
+
+    def _per_modality_passes(
+        self,
+        layer: MultiLinearAttentionLayer,
+        sequences: list[Tensor],
+        originals: list[Tensor],
+        masks: list[Tensor],
+        return_attention: bool,
+    ) -> tuple[Tensor, Tensor | list[Tensor] | None]:
+        """The m passes of one layer of MAN Eq. 13 in one call of ``layer``.
+
+        Variant l (rows l B .. (l + 1) B - 1 of the stacked batch) holds modality l's
+        current sequence and the original sequences of the others. Returns the pass
+        outputs (m, B, hidden_dim) and, if asked, the attention averaged over the m
+        passes (each a distribution, so their mean is one).
+        """
+        m, batch = len(sequences), sequences[0].shape[0]
+        stacked = [
+            torch.cat([sequences[j] if pass_of == j else originals[j] for pass_of in range(m)])
+            for j in range(m)
+        ]  # modality j: (m B, T_j, hidden_dim)
+        stacked_masks = [mask.repeat(m, 1) for mask in masks]
+        result = layer(stacked, stacked_masks, return_attention=return_attention)
+        fused, attention = result if return_attention else (result, None)
+        if attention is not None:
+            if isinstance(attention, list):
+                attention = [a.unflatten(0, (m, batch)).mean(0) for a in attention]
+            else:
+                attention = attention.unflatten(0, (m, batch)).mean(0)
+        return fused.unflatten(0, (m, batch)), attention

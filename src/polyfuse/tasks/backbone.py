@@ -15,7 +15,12 @@ Shapes: ``B`` batch, ``T_j`` steps of modality j, ``d_j`` its input features,
 4. with ``skip``, each modality's own step (in contextual mode the ``centre``
    position: the utterance being predicted; otherwise the mean of its real
    steps) is concatenated to the fused vector, so that the fusion adds context
-   to, rather than replaces, the sample itself;
+   to, rather than replaces, the sample itself. The skip path is unfused: a model
+   with it contains the Concat baseline, so comparisons of fusion methods turn it
+   off; in contextual mode they set ``centre_marker`` instead, which appends to
+   every step of every modality one input channel, 1 at the centre and 0
+   elsewhere, so that the fused vector can still tell which utterance is
+   predicted (without it, all the samples of one window get the same output);
 5. a projection (Linear, ReLU, dropout) gives (B, D).
 
 The module holds no training code; a task (:mod:`polyfuse.tasks`) puts its head
@@ -79,6 +84,8 @@ class FusionBackbone(nn.Module):
             modalities of one group must have equal lengths.
         fusion_dim: F.
         skip: concatenate each modality's encoded ``centre`` step to the fused vector.
+        centre_marker: append a channel marking the ``centre`` step (1, else 0) to
+            every modality's input; the encoders must then take d_j + 1 features.
         out_dim: D.
         dropout: dropout after the projection.
         modality_names: for messages and plots.
@@ -95,6 +102,7 @@ class FusionBackbone(nn.Module):
         out_dim: int,
         groups: Sequence[Sequence[int]] | None = None,
         skip: bool = True,
+        centre_marker: bool = False,
         dropout: float = 0.0,
         modality_names: Sequence[str] | None = None,
     ) -> None:
@@ -107,6 +115,7 @@ class FusionBackbone(nn.Module):
         if any(j < 0 or j >= count for j in used) or len(set(used)) != len(used):
             raise ValueError(f"input groups {self.groups} must use each of the {count} modalities at most once")
         self.skip = bool(skip)
+        self.centre_marker = bool(centre_marker)
         self.out_dim = int(out_dim)
         self.modality_names = list(modality_names or [f"m{j}" for j in range(count)])
         skip_dim = sum(e.output_dim for e in self.encoders) if self.skip else 0
@@ -139,7 +148,23 @@ class FusionBackbone(nn.Module):
             group_masks.append(masks[group[0]])
         return grouped, group_masks
 
+    def mark_centre(self, inputs: Sequence[Tensor], centre: Tensor | None) -> list[Tensor]:
+        """(B, T_j, d_j) -> (B, T_j, d_j + 1): a last channel, 1 at the centre step."""
+        if centre is None:
+            raise ValueError(
+                "centre_marker needs the centre positions of contextual data (data.context); "
+                "turn it off for samples that are not windows"
+            )
+        marked = []
+        for x in inputs:
+            marker = torch.zeros(*x.shape[:2], 1, dtype=x.dtype, device=x.device)
+            marker[torch.arange(x.shape[0], device=x.device), centre] = 1.0
+            marked.append(torch.cat([x, marker], dim=-1))
+        return marked
+
     def forward(self, inputs: Sequence[Tensor], masks: Sequence[Tensor], centre: Tensor | None = None) -> Tensor:
+        if self.centre_marker:
+            inputs = self.mark_centre(inputs, centre)
         encoded = self.encode(inputs, masks)
         fused = self.fusion(*self.fusion_inputs(encoded, masks))  # (B, F)
         parts = [fused]
