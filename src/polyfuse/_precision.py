@@ -96,16 +96,17 @@ def _map(value: Any, function: Callable[[Tensor], Tensor]) -> Any:
     return value
 
 
-def float32_call(module: nn.Module, args: tuple[Any, ...]) -> Any:
-    """``module(*args)`` computed in float32 (weights, buffers and float inputs widened),
-    float outputs cast back to the inputs' dtype; float16 overflow is refused with a message."""
+def float32_call(module: nn.Module, args: tuple[Any, ...], options: dict[str, Any] | None = None) -> Any:
+    """``module(*args, **options)`` computed in float32 (weights, buffers and float inputs
+    widened), float outputs cast back to the inputs' dtype; float16 overflow is refused with
+    a message. ``options`` are non-tensor keyword arguments (e.g. ``return_details``)."""
     owner = type(module).__name__
     dtypes = [x.dtype for x in _flatten(args) if x.is_floating_point()]
     dtype = dtypes[0] if dtypes else torch.float32
     state = {name: _checked_cast(p, torch.float32, owner) for name, p in module.named_parameters()}
     state.update({name: b.float() if b.is_floating_point() else b for name, b in module.named_buffers()})
     wide = _map(args, lambda x: _checked_cast(x, torch.float32, owner))
-    result = torch.func.functional_call(module, state, wide, strict=False)
+    result = torch.func.functional_call(module, state, wide, options or {}, strict=False)
 
     def narrow(x: Tensor) -> Tensor:
         if not x.is_floating_point() or x.dtype == dtype:

@@ -74,7 +74,7 @@ def test_single_layer_had_module_equals_the_random_feature_estimate_by_loops():
     """A non-residual MAN (inputs of unequal sizes) in had mode against Eq. 10 to 12 by a
     loop over tuples of real steps with the module's own random features: exact, since the
     estimate is a fixed function once the features are drawn."""
-    module = make(mode="had", chunks=4, lsc_scale=0.3, temperature=0.5)
+    module = make(mode="had", estimator="arf", chunks=4, lsc_scale=0.3, temperature=0.5)
     inputs, masks = inputs_and_masks()
     with torch.no_grad():
         pooled, _ = man_pass_by_brute_force(
@@ -224,7 +224,8 @@ def marginals_of(tensor):
 def test_stacked_attention_is_the_mean_over_the_passes(mode):
     """Layer 2 of an Eq. 13 stack reports the mean of its m passes' attention (the full
     tensor in exact mode, the per-modality marginals in had mode)."""
-    module = make(mode=mode, layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
+    # had mode with the paper's ARF, whose per-tuple weights the oracle writes out
+    module = make(mode=mode, estimator="arf", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
     inputs, masks = inputs_and_masks()
     result = module(inputs, masks, return_attention=True)
     had = mode == "had"

@@ -151,3 +151,42 @@ def test_maf_empty_batch():
     module = MAF([3, 4], 5, 6)
     out = module(torch.randn(0, 5), [torch.randn(0, 3, 3), torch.randn(0, 2, 4)])
     assert out.shape == (0, 6)
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_maf_float16_is_computed_in_float32(scale):
+    # Oracle: the float32 MAF with the same (rounded) weights on the same rounded inputs.
+    from polyfuse.nn.maf import MAF
+
+    torch.manual_seed(0)
+    reference = MAF([3, 4], 5, 6, orders=(1, 2)).eval()
+    half = MAF([3, 4], 5, 6, orders=(1, 2)).eval()
+    half.load_state_dict(reference.state_dict())
+    half = half.half()
+    reference.load_state_dict({k: v.half().float() for k, v in reference.state_dict().items()})
+    generator = torch.Generator().manual_seed(1)
+    query = (torch.randn(2, 5, generator=generator) * scale).half()
+    xs = [(torch.randn(2, t, d, generator=generator) * scale).half() for t, d in ((6, 3), (5, 4))]
+    out = half(query, xs, return_details=True)
+    expected = reference(query.float(), [x.float() for x in xs], return_details=True)
+    assert out.fused.dtype == torch.float16
+    torch.testing.assert_close(out.fused.float(), expected.fused, rtol=2e-3, atol=2e-3 * expected.fused.abs().max().item())
+    for got, want in zip(out.attention, expected.attention, strict=True):
+        torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=1e-3)
+
+
+def test_man_float16_sequences_and_attention_are_computed_in_float32():
+    torch.manual_seed(0)
+    reference = polyfuse.nn.create("man", input_dims=[4, 3, 5], out_dim=6, hidden_dim=8, heads=2, layers=2).eval()
+    half = polyfuse.nn.create("man", input_dims=[4, 3, 5], out_dim=6, hidden_dim=8, heads=2, layers=2).eval()
+    half.load_state_dict(reference.state_dict())
+    half = half.half()
+    reference.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in reference.state_dict().items()})
+    generator = torch.Generator().manual_seed(2)
+    xs = [(torch.randn(2, t, d, generator=generator) * 20).half() for t, d in ((7, 4), (5, 3), (6, 5))]
+    out = half(xs, return_sequences=True, return_attention=True)
+    expected = reference([x.float() for x in xs], return_sequences=True, return_attention=True)
+    assert out.fused.dtype == torch.float16 and all(s.dtype == torch.float16 for s in out.sequences)
+    torch.testing.assert_close(out.fused.float(), expected.fused, rtol=2e-3, atol=2e-3 * expected.fused.abs().max().item())
+    for got, want in zip(out.sequences, expected.sequences, strict=True):
+        torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3 * want.abs().max().item())

@@ -270,6 +270,11 @@ class _Options(BaseModel):
         return value
 
 
+# Options that the engine translates before they reach a constructor: their config type.
+# sequence_modalities (TFN, LMF) takes modality names as well as indices (engine/build.py).
+_CONFIG_ANNOTATIONS: dict[str, Any] = {"sequence_modalities": list[int | str] | None}
+
+
 @functools.cache
 def fusion_option_model(name: str) -> type[BaseModel]:
     """A schema of the keyword options of the fusion module ``name``, from its constructor."""
@@ -285,7 +290,7 @@ def fusion_option_model(name: str) -> type[BaseModel]:
     for parameter in signature.parameters.values():
         if parameter.name in _NOT_OPTIONS or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
-        annotation = hints.get(parameter.name, Any)
+        annotation = _CONFIG_ANNOTATIONS.get(parameter.name, hints.get(parameter.name, Any))
         default = ... if parameter.default is inspect.Parameter.empty else parameter.default
         fields[parameter.name] = (annotation, default)
     return create_model(f"{cls.__name__}Options", __base__=_Options, __doc__=f"Options of {cls.__name__}.", **fields)

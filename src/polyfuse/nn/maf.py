@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import prepare_fusion_inputs
-from polyfuse._precision import empty_output
+from polyfuse._precision import empty_output, float32_call, needs_float32
 from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS, _masked_softmax
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.nn.base import FusionModule
@@ -304,6 +304,8 @@ class MAF(nn.Module):
         sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, self.owner)
         if sequences[0].shape[0] == 0 and not return_details:
             return empty_output(self, sequences)  # B = 0
+        if needs_float32(self, query, *sequences):  # float16: computed in float32
+            return float32_call(self, (query, sequences, full_masks), {"return_details": return_details})
         result = self.fuse_prepared(query, sequences, full_masks)
         return result if return_details else result.fused
 

@@ -16,7 +16,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from polyfuse._checks import prepare_fusion_inputs
-from polyfuse._precision import guarded_fuse
+from polyfuse._precision import float32_call, guarded_fuse, needs_float32
+from polyfuse.functional._had import ESTIMATORS
 from polyfuse.functional.multilinear import MODES, lsc_encoding_from_mask, multilinear_attention
 from polyfuse.functional.random_features import gaussian_random_matrix
 from polyfuse.nn.base import FusionModule
@@ -69,6 +70,7 @@ class MultiLinearAttentionLayer(nn.Module):
         mode: str,
         temperature: float,
         generator: torch.Generator,
+        estimator: str = "gerf",
     ) -> None:
         super().__init__()
         if hidden_dim % heads:
@@ -80,6 +82,7 @@ class MultiLinearAttentionLayer(nn.Module):
         self.lsc_scale = lsc_scale
         self.mode = mode
         self.temperature = temperature
+        self.estimator = estimator
         self.orthogonal = orthogonal
         self.value_projections = nn.ModuleList(nn.Linear(d, hidden_dim) for d in input_dims)  # U'_j
         self.feature_projections = nn.ModuleList(  # U''_j
@@ -130,6 +133,7 @@ class MultiLinearAttentionLayer(nn.Module):
             mode=self.mode,
             random_features=self.random_features.to(features[0].dtype),
             temperature=self.temperature,
+            estimator=self.estimator,
             return_attention=return_attention,
         )
         fused, attention = result if return_attention else (result, None)
@@ -156,6 +160,10 @@ class MAN(FusionModule):
         lsc_scale: e, the entry size of the LSC vectors.
         mode: "had" (MAN), "exact" (the "w/o HAD" ablation) or "hadamard" ("w/o CAO").
         temperature: logit scale; default 1 / sqrt(K').
+        estimator: the random features of had mode (see
+            :func:`~polyfuse.functional.multilinear_attention`): ``"gerf"`` (default,
+            centred generalised features, docs/HAD_ESTIMATOR.md) or ``"arf"`` (the
+            paper's addition random features, MAN Eq. 11).
         layers: number of stacked residual layers (MAN Eq. 13).
         residual: project every modality to hidden_dim first and, after each layer,
             add a fused vector to every real step of each modality (Eq. 13), so
@@ -195,6 +203,7 @@ class MAN(FusionModule):
         lsc_scale: float = 0.5,
         mode: str = "had",
         temperature: float | None = None,
+        estimator: str = "gerf",
         layers: int = 1,
         residual: bool | None = None,
         stacking: str = "per_modality",
@@ -204,6 +213,10 @@ class MAN(FusionModule):
         super().__init__(input_dims, out_dim)
         if mode not in MODES:
             raise ValueError(f"MAN: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        if estimator not in ESTIMATORS:
+            raise ValueError(
+                f"MAN: unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}"
+            )
         if chunks is None:
             chunks = 0 if mode == "hadamard" else 4
         if mode == "hadamard" and chunks:
@@ -249,6 +262,7 @@ class MAN(FusionModule):
                 mode=mode,
                 temperature=1.0 / math.sqrt(attention_dim) if temperature is None else temperature,
                 generator=self._generator,
+                estimator=estimator,
             )
             for _ in range(layers)
         )
@@ -274,6 +288,9 @@ class MAN(FusionModule):
         sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, "MAN")
         if not (return_sequences or return_attention):
             return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
+        if needs_float32(self, *sequences):  # float16: computed in float32
+            options = {"return_sequences": return_sequences, "return_attention": return_attention}
+            return float32_call(self, (sequences, full_masks), options)
         return self._fuse(sequences, full_masks, return_sequences, return_attention)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
