@@ -17,6 +17,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 import polyfuse.nn
 from polyfuse.data import FeatureStats, PreparedData, load_source, prepare_data
 from polyfuse.data.sources import is_synthetic, synthetic_modalities
+from polyfuse.engine.backbones import build_named_backbone
 from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsModelCheckpoint
 from polyfuse.engine.seeding import ReseedEachEpoch
 from polyfuse.tasks import FusionBackbone, FusionTask, ModalityEncoder, task_class
@@ -103,9 +104,13 @@ def _fusion_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> FusionBackbone:
-    """Encoders, the fusion module named by ``model.fusion`` and the projection."""
+def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> torch.nn.Module:
+    """Encoders, the fusion module named by ``model.fusion`` and the projection; or,
+    with ``model.backbone`` other than ``fusion``, that backbone with the fusion
+    module as its extra module (see :mod:`polyfuse.engine.backbones`)."""
     model = config["model"]
+    if model.get("backbone", "fusion") != "fusion":
+        return build_named_backbone(config, input_dims, names, _fusion_options)
     encoder = model["encoder"]
     encoders = [
         ModalityEncoder(d, kind=encoder.get("type", "linear"), hidden_dim=int(encoder.get("hidden_dim", 64)),

@@ -56,7 +56,8 @@ DEFAULTS: dict[str, Any] = {
         "eval_batch_size": 256,
     },
     "model": {
-        "fusion": "man",  # a name of polyfuse.nn.available()
+        "backbone": "fusion",  # fusion (encoders + fusion) | a name of polyfuse.nn.backbones.available()
+        "fusion": "man",  # a name of polyfuse.nn.available(); with a backbone: its extra module, or none
         "fusion_dim": 64,  # fusion module out_dim
         "out_dim": 64,  # backbone output (after the projection)
         "dropout": 0.1,  # after the projection
@@ -204,6 +205,9 @@ def resolve_config(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise ValueError(f"optim.{key} must be a number, got {optim[key]!r}") from None
     _require(isinstance(model["fusion"], str) and bool(model["fusion"]), "model.fusion must name a fusion module")
+    _require(isinstance(model["backbone"], str) and bool(model["backbone"]), "model.backbone must name a backbone")
+    _require(model["fusion"] != "none" or model["backbone"] != "fusion",
+             "model.fusion: none needs a backbone (model.backbone: mult or lstm_lmf)")
     _require(isinstance(model["options"], Mapping), "model.options must map fusion names to keyword arguments")
     _require(isinstance(model["input_groups"], Mapping), "model.input_groups must map fusion names to groups")
     _require(isinstance(resolved["seed"], int), f"seed must be an integer, got {resolved['seed']!r}")
