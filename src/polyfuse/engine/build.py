@@ -61,7 +61,9 @@ def build_data(
     """Load the data source (``source`` overrides ``data.source``) and prepare it."""
     data = dict(config["data"])
     data["source"] = source or data["source"]
-    table = load_source(data["source"], base=base)
+    task = config["task"]
+    label_range = task.get("target_ranges") if task["type"] == "traits" else None
+    table = load_source(data["source"], base=base, padding=data.get("padding", "auto"), label_range=label_range)
     if not data.get("modalities") and is_synthetic(data["source"]):
         data["modalities"] = synthetic_modalities(data["source"])
         if data.get("split") is None:

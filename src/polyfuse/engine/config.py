@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
         "source": None,  # .npz / .h5 path, or synthetic:key=value,...
         "modalities": None,  # array names, in order
         "label": "label",
+        "padding": "auto",  # word-aligned directories: left (CMU / MFN) | right | auto (detected)
         "split": None,  # split array name (values train / valid / test)
         "split_values": None,  # {train: [...], valid: [...], test: [...]} other split names
         "group": None,  # group array for carving held-out parts (default: context.group_by)
