@@ -38,12 +38,13 @@ SPLITS = ("train", "valid", "test")
 PADDINGS = ("auto", "left", "right")
 MODALITIES = ("text", "audio", "video")
 
-# The documented label scales (their papers), which the labels are checked against:
+# The documented label scales, which the labels are checked against (MOSI: Zadeh et al. 2016;
+# ICT-MMMO: 1-5 ratings; POM: 1-7 Likert traits; YouTube: three classes, kept as stored):
 # (low, high) per target, the task that reads them and its metrics.
 WORD_ALIGNED_DATASETS: dict[str, dict[str, object]] = {
     "mosi": {"range": (-3.0, 3.0), "task": "sentiment", "metrics": "MAE, Corr, Acc2, F1, Acc7"},
     "mmmo": {"range": (1.0, 5.0), "task": "sentiment", "metrics": "MAE, Corr, binary accuracy"},
-    "youtube": {"range": (-1.0, 1.0), "task": "classification", "metrics": "3-class accuracy, macro F1"},
+    "youtube": {"range": None, "task": "classification", "metrics": "3-class accuracy, macro F1"},  # classes as stored
     "pom": {"range": (1.0, 7.0), "task": "traits", "metrics": "per-trait MAE, Pearson r, multi-class accuracy"},
 }
 
