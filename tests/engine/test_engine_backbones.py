@@ -33,7 +33,7 @@ def test_backbone_alone_and_lstm_lmf():
 
 
 def test_bad_settings_are_refused_clearly():
-    with pytest.raises(ValueError, match="model.fusion: none needs a backbone"):
+    with pytest.raises(ValueError, match=r"model\.fusion: none needs a backbone"):
         resolve_config({"model": {"fusion": "none"}})
     with pytest.raises(ValueError, match=r"model.options.mult: unknown option\(s\) \['depth'\]; MulT takes: dim, heads, layers"):
         build_task(config(options={"mult": {"depth": 2}}), [4, 3, 2], ["t", "a", "v"], {})
