@@ -220,6 +220,7 @@ def constant_baseline(config: Mapping[str, Any]) -> dict[str, float]:
     constant = targets[train].mean(dim=0, keepdim=True).expand_as(targets[test])
     if task_type == "sentiment":
         values = sentiment_metrics(constant.contiguous(), targets[test])
+        values["corr"] = torch.tensor(float("nan"))  # undefined for a constant prediction
     else:
         info = data.label_info
         values = trait_metrics(constant.contiguous(), targets[test], ranges=info["ranges"], names=info["names"])
