@@ -278,13 +278,15 @@ def backbones_section(payload: dict[str, Any], folder: Path) -> list[str]:
         f"--threads {settings['threads']}). Models built from configs/mosi/backbones/ as `polyfuse compare` builds "
         f"them; random inputs of the contextual MOSI shape (window {settings['window']}, text 100 / audio 73 / "
         f"video 100 features). A training epoch is {settings['batches']} AdamW steps on batches of "
-        f"{settings['batch_size']} (MOSI's training part is 39 such batches: scale the column by "
-        f"39 / {settings['batches']}); inference is one eval-mode forward pass on {settings['eval_batch']} samples. "
+        f"{settings['batch_size']} (MOSI's training part is 39 such batches, the default); inference is one eval-mode forward pass on {settings['eval_batch']} samples. "
         f"Medians, the models timed in turns. 1-minute load average before / after: "
         f"{payload['load_average_1min'][0]:.1f} / {payload['load_average_1min'][1]:.1f} on "
         f"{payload['machine'].get('logical_cpus', '?')} logical CPUs.",
         "",
-        "| model | parameters | s / training epoch | ms / inference batch |",
+        *(["**The machine was loaded beyond its CPU count during this run: the timings are noise, "
+            "rerun the command on a quiet machine before reading a ratio.**", ""]
+          if payload["load_average_1min"][0] > (payload["machine"].get("logical_cpus") or 1) else []),
+        f"| model | parameters | s / {settings['batches']} training steps | ms / inference batch |",
         "|---|---:|---:|---:|",
     ]
     for name, row in payload["models"].items():
