@@ -17,12 +17,13 @@ from typing import Any
 from polyfuse.bench.complexity import geometric_growth
 from polyfuse.bench.results import format_bytes, read_results
 
-ORDER = ("targets", "paper", "complexity", "approximation")
+ORDER = ("targets", "paper", "complexity", "approximation", "backbones")
 COMMANDS = {
     "targets": "polyfuse bench targets --output-dir docs/benchmarks",
     "paper": "polyfuse bench paper --output-dir docs/benchmarks",
     "complexity": "polyfuse bench complexity --output-dir docs/benchmarks",
     "approximation": "polyfuse bench approximation --output-dir docs/benchmarks",
+    "backbones": "PYTHONPATH=src python scripts/bench_backbones.py --out docs/benchmarks/backbones.json",
 }
 TARGET_TEXT = {
     "exact_over_had": "exact / had forward time, MOSI configuration, m = 3, T = 50, batch 32",
@@ -264,8 +265,43 @@ def approximation_section(payload: dict[str, Any], folder: Path) -> list[str]:
     return lines
 
 
+
+def backbones_section(payload: dict[str, Any], folder: Path) -> list[str]:
+    """MulT + MAN against MulT (and LSTM + LMF with and without MAN): epoch time and latency."""
+    settings = payload["settings"]
+    lines = [
+        "## The backbones of MAN appendix H.1: MulT + MAN against MulT",
+        "",
+        f"`{COMMANDS['backbones']}` (this run: --batches {settings['batches']} --repeats {settings['repeats']} "
+        f"--threads {settings['threads']}). Models built from configs/mosi/backbones/ as `polyfuse compare` builds "
+        f"them; random inputs of the contextual MOSI shape (window {settings['window']}, text 100 / audio 73 / "
+        f"video 100 features). A training epoch is {settings['batches']} AdamW steps on batches of "
+        f"{settings['batch_size']} (MOSI's training part is 39 such batches, the default); inference is one eval-mode forward pass on {settings['eval_batch']} samples. "
+        f"Medians, the models timed in turns. 1-minute load average before / after: "
+        f"{payload['load_average_1min'][0]:.1f} / {payload['load_average_1min'][1]:.1f} on "
+        f"{payload['machine'].get('logical_cpus', '?')} logical CPUs.",
+        "",
+        *(["**The machine was loaded beyond its CPU count during this run: the timings are noise, "
+            "rerun the command on a quiet machine before reading a ratio.**", ""]
+          if payload["load_average_1min"][0] > (payload["machine"].get("logical_cpus") or 1) else []),
+        f"| model | parameters | s / {settings['batches']} training steps | ms / inference batch |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, row in payload["models"].items():
+        lines.append(f"| {name} | {row['parameters']:,} | {row['epoch_seconds']['median']:.2f} | "
+                     f"{_ms(row['inference_seconds']['median'])} |")
+    models = payload["models"]
+    for alone, both in (("mult", "mult_man"), ("lstm_lmf", "lstm_lmf_man")):
+        if alone in models and both in models:
+            epoch = models[both]["epoch_seconds"]["median"] / models[alone]["epoch_seconds"]["median"]
+            infer = models[both]["inference_seconds"]["median"] / models[alone]["inference_seconds"]["median"]
+            lines.append(f"\n{both} / {alone}: {epoch:.2f}x training time, {infer:.2f}x inference latency.")
+    return [*lines, ""]
+
+
 SECTIONS = {"targets": targets_section, "paper": paper_section,
-            "complexity": complexity_section, "approximation": approximation_section}
+            "complexity": complexity_section, "approximation": approximation_section,
+            "backbones": backbones_section}
 
 
 def render(folder: Path) -> str:

@@ -158,7 +158,7 @@ def test_mismatched_arrays_give_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="modality 'vec' has 39 rows, 'seq' has 40"):
         prepare_data(load_source(_save(tmp_path, short)), data_config(), TASK)
     bad_lengths = dict(raw, seq_lengths=np.where(np.arange(40) == 5, 9, raw["seq_lengths"]))
-    with pytest.raises(ValueError, match=r"'seq_lengths' is 9 at row 5; every length must lie in \[1, 5\]"):
+    with pytest.raises(ValueError, match=r"'seq_lengths' is 9 at row 5; every length must lie in \[0, 5\]"):
         prepare_data(load_source(_save(tmp_path, bad_lengths)), data_config(), TASK)
     bad_split = dict(raw, split=np.array(["train"] * 39 + ["holdout"]))
     with pytest.raises(ValueError, match=r"unknown split value\(s\) \['holdout'\]"):

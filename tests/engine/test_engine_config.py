@@ -32,7 +32,7 @@ def test_values_parse_as_yaml_with_exponent_floats():
 
 
 def test_errors_name_the_key_and_the_known_ones(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown config key 'model.fusoin' \(did you mean 'fusion'\?\); known keys under 'model': centre_marker, dropout, encoder"):
+    with pytest.raises(ValueError, match=r"unknown config key 'model.fusoin' \(did you mean 'fusion'\?\); known keys under 'model': backbone, centre_marker, dropout, encoder"):
         resolve_config({"model": {"fusoin": "man"}})
     with pytest.raises(ValueError, match="unknown config key 'trainr'"):
         resolve_config({"trainr": {}})

@@ -86,7 +86,10 @@ def test_trait_metrics_by_hand():
         classes = high - low + 1
         assert float(ours[f"mae/{name}"]) == pytest.approx(mae, abs=1e-6)
         assert float(ours[f"ma{classes}/{name}"]) == pytest.approx(accuracy, abs=1e-6)
-    assert set(ours) == {"mae/con", "ma7/con", "mae/pas", "ma5/pas", "mae", "ma"}
+        assert float(ours[f"corr/{name}"]) == pytest.approx(np.corrcoef(preds[:, i], target[:, i])[0, 1], abs=1e-5)
+    assert set(ours) == {"mae/con", "ma7/con", "corr/con", "mae/pas", "ma5/pas", "corr/pas", "mae", "ma", "corr"}
+    correlations = [np.corrcoef(preds[:, i], target[:, i])[0, 1] for i in range(2)]
+    assert float(ours["corr"]) == pytest.approx(np.mean(correlations), abs=1e-5)
     assert float(ours["mae"]) == pytest.approx(np.abs(preds - target).mean(), abs=1e-6)
     metric = TraitMetrics(ranges, ["con", "pas"])
     metric.update(torch.from_numpy(preds[:50]), torch.from_numpy(target[:50]))
@@ -120,3 +123,10 @@ def test_shape_errors():
     metric = SentimentMetrics()
     with pytest.raises(ValueError, match="3 predictions for 2 targets"):
         metric.update(torch.zeros(3), torch.zeros(2))
+
+
+def test_trait_correlation_of_a_constant_prediction_is_undefined():
+    target = torch.tensor([[1.0], [3.0], [5.0]])
+    ours = trait_metrics(torch.full((3, 1), 3.0), target, ranges=[[1, 7]], names=["a"])
+    assert np.isnan(float(ours["corr/a"])) and np.isnan(float(ours["corr"]))
+    assert float(ours["mae"]) == pytest.approx(4 / 3)

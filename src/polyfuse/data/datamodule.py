@@ -65,7 +65,7 @@ def collate_rows(tensors: _Tensors, partition: Partition, indices: list[int]) ->
     if partition.windows is None:
         for features, lengths in zip(tensors.features, tensors.lengths, strict=True):
             length = lengths[rows]
-            steps = int(length.max())
+            steps = max(1, int(length.max()))  # a batch may lack a modality entirely
             inputs.append(features[rows, :steps])
             masks.append(torch.arange(steps) < length[:, None])
     else:

@@ -95,11 +95,11 @@ def _modality(table: ArrayTable, name: str) -> tuple[np.ndarray, np.ndarray]:
         lengths = table.per_sample(length_name, f"lengths of {name!r}", array.shape[0])
         if lengths.dtype.kind not in "iu":
             raise ValueError(f"{table.origin}: {length_name!r} must hold integers, got {lengths.dtype}")
-        bad = np.flatnonzero((lengths < 1) | (lengths > array.shape[1]))
+        bad = np.flatnonzero((lengths < 0) | (lengths > array.shape[1]))  # 0: a missing modality
         if bad.size:
             raise ValueError(
                 f"{table.origin}: {length_name!r} is {int(lengths[bad[0]])} at row {int(bad[0])}; "
-                f"every length must lie in [1, {array.shape[1]}] (T of {name!r})"
+                f"every length must lie in [0, {array.shape[1]}] (T of {name!r}; 0: modality missing)"
             )
         lengths = lengths.astype(np.int64)
     else:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.data.arrays import ArrayTable, load_arrays
+from polyfuse.data.formats.word_aligned import is_word_aligned, load_word_aligned
 from polyfuse.data.synthetic import planted_interaction
 
 __all__ = [
@@ -134,10 +135,14 @@ def is_synthetic(source: str) -> bool:
     return source == SYNTHETIC_PREFIX or source.startswith(SYNTHETIC_PREFIX + ":")
 
 
-def load_source(source: str, *, base: str | Path | None = None) -> ArrayTable:
+def load_source(
+    source: str, *, base: str | Path | None = None, padding: str = "auto", label_range: Any = None
+) -> ArrayTable:
     """The arrays of a data source: a ``synthetic:...`` spec or a file path.
 
-    A relative path is tried as given and, failing that, relative to ``base``
+    A directory in the word-aligned MFN layout is read by
+    :func:`~polyfuse.data.formats.word_aligned.load_word_aligned` (``padding``,
+    ``label_range``: see there). A relative path is tried as given and, failing that, relative to ``base``
     (the directory of the configuration file that named it).
     """
     if not isinstance(source, str) or not source:
@@ -147,6 +152,8 @@ def load_source(source: str, *, base: str | Path | None = None) -> ArrayTable:
     path = Path(source).expanduser()
     if not path.is_absolute() and not path.exists() and base is not None and (Path(base) / path).exists():
         path = Path(base) / path
+    if is_word_aligned(path):  # a new_data/<dataset>/ directory of the MFN layout
+        return load_word_aligned(path, padding=padding, label_range=label_range)
     return load_arrays(path)
 
 

@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 import polyfuse.nn
 from polyfuse.data import FeatureStats, PreparedData, load_source, prepare_data
 from polyfuse.data.sources import is_synthetic, synthetic_modalities
+from polyfuse.engine.backbones import build_named_backbone
 from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsModelCheckpoint
 from polyfuse.engine.divergence import DivergenceGuard
 from polyfuse.engine.logs import AtomicCSVLogger
@@ -63,7 +64,9 @@ def build_data(
     """Load the data source (``source`` overrides ``data.source``) and prepare it."""
     data = dict(config["data"])
     data["source"] = source or data["source"]
-    table = load_source(data["source"], base=base)
+    task = config["task"]
+    label_range = task.get("target_ranges") if task["type"] == "traits" else None
+    table = load_source(data["source"], base=base, padding=data.get("padding", "auto"), label_range=label_range)
     if not data.get("modalities") and is_synthetic(data["source"]):
         data["modalities"] = synthetic_modalities(data["source"])
         if data.get("split") is None:
@@ -136,9 +139,13 @@ def _with_config_keys(message: str, fusion: str, cls: type) -> str:
     return f"{message} [in a configuration: {keys}]"
 
 
-def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> FusionBackbone:
-    """Encoders, the fusion module named by ``model.fusion`` and the projection."""
+def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> torch.nn.Module:
+    """Encoders, the fusion module named by ``model.fusion`` and the projection; or,
+    with ``model.backbone`` other than ``fusion``, that backbone with the fusion
+    module as its extra module (see :mod:`polyfuse.engine.backbones`)."""
     model = config["model"]
+    if model.get("backbone", "fusion") != "fusion":
+        return build_named_backbone(config, input_dims, names, _fusion_options)
     encoder = model["encoder"]
     marker = bool(model["centre_marker"])  # one more input channel per modality
     encoders = [

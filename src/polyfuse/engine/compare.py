@@ -5,26 +5,32 @@ data partitions stay fixed by ``data.split_seed``), each run testing its best
 validation checkpoint once. The table gives, per model and metric, the mean and
 the sample standard deviation (ddof = 1) over seeds of the validation monitor
 (what picked each run's checkpoint) and of the test metrics, and the mean wall
-time of a run. Written beside the runs: ``runs.csv`` (one line per run), ``summary.csv``
-and ``summary.md``.
+time of a run; regression tasks add the test metrics of a constant prediction
+(the training mean). Written beside the runs: ``runs.csv`` (one line per run),
+``summary.csv``, ``summary.md`` and, for regression, ``baseline.json``.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import polyfuse.nn
-from polyfuse.engine.build import monitor_of
+from polyfuse.engine.build import build_data, monitor_of
 from polyfuse.engine.config import deep_merge, load_config, resolve_config
 from polyfuse.engine.run import train
+from polyfuse.metrics import metric_values, sentiment_metrics, trait_metrics
 
-__all__ = ["ModelEntry", "compare", "format_summary", "parse_models", "summarise"]
+__all__ = ["ModelEntry", "compare", "constant_baseline", "format_summary", "parse_models", "summarise"]
 
 # Column order and headers for the MOSI metrics; other tasks list their keys as they come.
 _HEADERS = {
@@ -113,7 +119,10 @@ def compare(
     monitor = monitor_of(base)[0].replace("/", "_")  # val/mae -> val_mae
     summary = summarise(records, validation_key=monitor)
     _write_csv(out_dir / "summary.csv", summary)
-    (out_dir / "summary.md").write_text(format_summary(summary) + "\n")
+    baseline = constant_baseline(base)
+    if baseline:
+        (out_dir / "baseline.json").write_text(json.dumps(baseline, indent=2) + "\n")
+    (out_dir / "summary.md").write_text(format_summary(summary, baseline) + "\n")
     (out_dir / "base_config.json").write_text(json.dumps(base, indent=2) + "\n")
     return records
 
@@ -150,23 +159,72 @@ def summarise(records: Sequence[Mapping[str, Any]], *, validation_key: str | Non
     return rows
 
 
-def format_summary(summary: Sequence[Mapping[str, Any]]) -> str:
-    """A Markdown table: mean ± std per metric (accuracies and F1 in %); a ``val_``
-    column is the validation monitor, all others are test metrics."""
+def _is_percent(key: str) -> bool:
+    """Accuracies and F1 (``acc7``, ``ma7/<trait>``, ...) are shown in %, everything else as is."""
+    family = key.removeprefix("val_").split("/")[0]
+    return family in _PERCENT or bool(re.fullmatch(r"ma\d+", family))
+
+
+def _cell(row: Mapping[str, Any], key: str) -> str:
+    mean, std = row.get(f"{key}_mean", float("nan")), row.get(f"{key}_std", 0.0)
+    if math.isnan(mean):
+        return "–"
+    scale, digits = (100.0, 1) if _is_percent(key) else (1.0, 3)
+    return f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}"
+
+
+def _label(row: Mapping[str, Any]) -> str:
+    return f"{row['model']} (n={row['runs']})" if row.get("runs") else str(row["model"])
+
+
+def format_summary(summary: Sequence[Mapping[str, Any]], baseline: Mapping[str, float] | None = None) -> str:
+    """Markdown: one table of mean ± std per averaged metric (accuracies and F1 in %,
+    the rest as fractions or label units); a ``val_`` column is the validation
+    monitor, all others are test metrics. Per-target metrics (``mae/<trait>``, ...)
+    follow in one table per metric, a column per target. ``baseline`` (test
+    metrics of a constant prediction, see :func:`constant_baseline`) is a last row."""
     if not summary:
         return "(no runs)"
     keys = [k[: -len("_mean")] for k in summary[0] if k.endswith("_mean") and k not in ("seconds_mean", "epochs_mean")]
-    headers = ["model", *(_header(k) for k in keys), "s / run"]
+    rows = list(summary)
+    if baseline:
+        rows.append({"model": "constant: training mean", **{f"{k}_mean": v for k, v in baseline.items()}})
+    overall = [k for k in keys if "/" not in k]
+    headers = ["model", *(_header(k) for k in overall), "s / run"]
     lines = ["| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]
-    for row in summary:
-        cells = [f"{row['model']} (n={row['runs']})"]
-        for key in keys:
-            mean, std = row[f"{key}_mean"], row[f"{key}_std"]
-            scale, digits = (100.0, 1) if key.removeprefix("val_") in _PERCENT else (1.0, 3)
-            cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
-        cells.append(f"{row['seconds_mean']:.0f}")
+    for row in rows:
+        cells = [_label(row), *(_cell(row, k) for k in overall)]
+        cells.append(f"{row['seconds_mean']:.0f}" if "seconds_mean" in row else "–")
         lines.append("| " + " | ".join(cells) + " |")
+    families = list(dict.fromkeys(k.split("/")[0] for k in keys if "/" in k))
+    for family in families:
+        targets = [k for k in keys if "/" in k and k.split("/")[0] == family]
+        unit = " (%)" if _is_percent(family) else ""
+        lines += ["", f"Per target: {_header(family)}{unit}", ""]
+        lines += ["| model | " + " | ".join(k.split("/", 1)[1] for k in targets) + " |",
+                  "|---|" + "---:|" * len(targets)]
+        lines += ["| " + " | ".join([_label(row), *(_cell(row, k) for k in targets)]) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def constant_baseline(config: Mapping[str, Any]) -> dict[str, float]:
+    """Test metrics of predicting the training mean of every target (regression
+    tasks: sentiment, traits), the floor that MAE and multi-class accuracy of a
+    weak-signal dataset must be read against; {} for classification."""
+    task_type = config["task"]["type"]
+    if task_type not in ("sentiment", "traits"):
+        return {}
+    data = build_data(config, partitions=["train", "test"])
+    targets = torch.from_numpy(data.targets)
+    train, test = (torch.from_numpy(data.partitions[p].rows) for p in ("train", "test"))
+    constant = targets[train].mean(dim=0, keepdim=True).expand_as(targets[test])
+    if task_type == "sentiment":
+        values = sentiment_metrics(constant.contiguous(), targets[test])
+        values["corr"] = torch.tensor(float("nan"))  # undefined for a constant prediction
+    else:
+        info = data.label_info
+        values = trait_metrics(constant.contiguous(), targets[test], ranges=info["ranges"], names=info["names"])
+    return metric_values(values)
 
 
 def _header(key: str) -> str:

@@ -88,6 +88,9 @@ class DataConfig(_Section):
     source: str | None = Field(None, description=".npz / .h5 path (relative to the config file), or synthetic:key=value,...")
     modalities: list[str] | None = Field(None, description="array names, in order (a comma-separated string works too)")
     label: str = Field("label", description="label array name")
+    padding: Literal["left", "right", "auto"] = Field(
+        "auto", description="word-aligned directories: left (CMU / MFN) | right | auto (detected)"
+    )
     split: str | None = Field(None, description="split array name (values train / valid / test)")
     split_values: dict[Literal["train", "valid", "test"], list[str | int]] | None = Field(
         None, description="which split values mean train / valid / test"
@@ -122,7 +125,12 @@ class EncoderConfig(_Section):
 class ModelConfig(_Section):
     """The fusion module and what surrounds it."""
 
-    fusion: str = Field("man", description="a name of polyfuse.nn.available()")
+    backbone: str = Field(
+        "fusion", description="fusion (encoders + fusion) | a name of polyfuse.nn.backbones.available()"
+    )
+    fusion: str = Field(
+        "man", description="a name of polyfuse.nn.available(); with a backbone: its extra module, or none"
+    )
     fusion_dim: PositiveInt = Field(64, description="fusion module out_dim")
     out_dim: PositiveInt = Field(64, description="backbone output (after the projection)")
     dropout: Probability = Field(0.1, description="dropout after the projection, in [0, 1)")
@@ -138,11 +146,26 @@ class ModelConfig(_Section):
         default_factory=dict, description="{fusion name: [[modality, ...], ...]}: modalities concatenated per input"
     )
 
+    @field_validator("backbone")
+    @classmethod
+    def _known_backbone(cls, value: str) -> str:
+        known = ["fusion", *_backbone_names()]
+        if value not in known:
+            raise _KeyError(f"model.backbone: unknown backbone {value!r}{_suggest(value, known)}; known: {', '.join(known)}")
+        return value
+
     @field_validator("fusion")
     @classmethod
     def _known_fusion(cls, value: str) -> str:
-        _check_fusion_name(value, "model.fusion")
+        if value != "none":  # none: a backbone alone (checked in _fusion_needs_a_backbone)
+            _check_fusion_name(value, "model.fusion")
         return value
+
+    @model_validator(mode="after")
+    def _fusion_needs_a_backbone(self) -> ModelConfig:
+        if self.fusion == "none" and self.backbone == "fusion":
+            raise ValueError("model.fusion: none needs a backbone (model.backbone: " + " or ".join(_backbone_names()) + ")")
+        return self
 
     @field_validator("input_groups")
     @classmethod
@@ -155,6 +178,8 @@ class ModelConfig(_Section):
     @classmethod
     def _check_options(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, options in value.items():
+            if name in _backbone_names():  # a backbone's options: checked where it is built
+                continue
             _check_fusion_name(name, "model.options")
             schema = fusion_option_model(name)
             try:
@@ -234,6 +259,12 @@ class _KeyError(ValueError):
 def _suggest(value: str, known: Any) -> str:
     close = difflib.get_close_matches(str(value), [str(k) for k in known], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _backbone_names() -> list[str]:
+    import polyfuse.nn.backbones
+
+    return polyfuse.nn.backbones.available()
 
 
 def _check_fusion_name(name: str, where: str) -> None:

@@ -17,8 +17,9 @@ Conventions (those of the public CMU-MOSI and POM evaluation code):
   ``round(clip(pred, -3, 3))`` against ``round(clip(label, -3, 3))`` (7 classes;
   rounding half to even, as numpy and torch do).
 - traits, POM (k targets, target i with an integer range [low_i, high_i]):
-  ``mae/<name>`` and ``ma<c>/<name>`` with c = high_i - low_i + 1 classes
-  (accuracy of the rounded, clipped prediction), their means ``mae`` and ``ma``.
+  ``mae/<name>``, ``corr/<name>`` (Pearson; NaN for a constant prediction) and
+  ``ma<c>/<name>`` with c = high_i - low_i + 1 classes (accuracy of the rounded,
+  clipped prediction), their means ``mae``, ``corr`` (over the defined ones) and ``ma``.
 - classification: ``acc`` (accuracy) and ``f1_macro`` (macro-averaged F1 over the
   classes that occur in predictions or targets, as scikit-learn's default).
 """
@@ -100,7 +101,7 @@ def trait_metrics(
     if not len(ranges) == len(names) == preds.shape[1]:
         raise ValueError(f"{preds.shape[1]} targets but {len(ranges)} ranges and {len(names)} names")
     result: dict[str, Tensor] = {}
-    maes, accuracies = [], []
+    maes, accuracies, correlations = [], [], []
     for i, ((low, high), name) in enumerate(zip(ranges, names, strict=True)):
         classes = int(round(high) - round(low) + 1)
         if classes < 2:
@@ -112,11 +113,16 @@ def trait_metrics(
             num_classes=classes, average="micro",
         )
         result[f"mae/{name}"] = mae
+        constant = bool((p == p[0]).all()) or bool((t == t[0]).all())
+        result[f"corr/{name}"] = torch.tensor(float("nan")) if constant else pearson_corrcoef(p, t)
+        correlations.append(result[f"corr/{name}"])
         result[f"ma{classes}/{name}"] = accuracy
         maes.append(mae)
         accuracies.append(accuracy)
     result["mae"] = torch.stack(maes).mean()
     result["ma"] = torch.stack(accuracies).mean()
+    defined = [c for c in correlations if not bool(torch.isnan(c))]
+    result["corr"] = torch.stack(defined).mean() if defined else torch.tensor(float("nan"))
     return result
 
 

@@ -1,0 +1,218 @@
+"""The word-aligned layout of the MFN line of work (CMU Multimodal SDK features).
+
+A directory ``new_data/<dataset>/`` holds one HDF5 file per modality and split::
+
+    text_train.h5  audio_train.h5  video_train.h5  y_train.h5
+    text_valid.h5  ...                              y_valid.h5
+    text_test.h5   ...                              y_test.h5
+
+each with one dataset (MFN names it ``d1``): modalities (N, T, d) word-aligned
+sequences, ``y`` (N,) or (N, k). Sequences are zero-padded; the CMU / MFN
+convention pads on the left (zeros first, real steps last). The importer finds
+each sample's real steps from the zero padding, moves them to the front (the
+layout the rest of polyfuse reads) and writes ``<modality>_lengths``; a sample
+whose modality is all zeros gets length 0: a missing modality, which the
+backbones of :mod:`polyfuse.nn.backbones` mask out.
+
+Arrays of the returned table: the modalities, their lengths, ``label`` (the ``y``
+files), ``split`` (train / valid / test) and ``sample_index`` (the row within its split).
+
+Shapes: ``N`` samples of a split, ``T`` steps, ``d`` features, ``k`` targets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from polyfuse.data.arrays import ArrayTable
+
+__all__ = ["PADDINGS", "SPLITS", "WORD_ALIGNED_DATASETS", "is_word_aligned", "load_word_aligned"]
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+PADDINGS = ("auto", "left", "right")
+MODALITIES = ("text", "audio", "video")
+
+# The documented label scales, which the labels are checked against (MOSI: Zadeh et al. 2016;
+# ICT-MMMO: 1-5 ratings; POM: 1-7 Likert traits; YouTube: three classes, kept as stored):
+# (low, high) per target, the task that reads them and its metrics.
+WORD_ALIGNED_DATASETS: dict[str, dict[str, object]] = {
+    "mosi": {"range": (-3.0, 3.0), "task": "sentiment", "metrics": "MAE, Corr, Acc2, F1, Acc7"},
+    "mmmo": {"range": (1.0, 5.0), "task": "sentiment", "metrics": "MAE, Corr, binary accuracy"},
+    "youtube": {"range": None, "task": "classification", "metrics": "3-class accuracy, macro F1"},  # classes as stored
+    "pom": {"range": (1.0, 7.0), "task": "traits", "metrics": "per-trait MAE, Pearson r, multi-class accuracy"},
+}
+
+
+def is_word_aligned(path: str | Path) -> bool:
+    """True for a directory holding ``y_train.h5`` (the layout of this module)."""
+    path = Path(path)
+    return path.is_dir() and (path / "y_train.h5").is_file()
+
+
+def _read_single(path: Path) -> np.ndarray:
+    import h5py
+
+    if not path.is_file():
+        raise FileNotFoundError(f"word-aligned data: {path} is missing")
+    try:
+        with h5py.File(path, "r") as handle:
+            names = [name for name, node in handle.items() if isinstance(node, h5py.Dataset)]
+            if "d1" in names:
+                names = ["d1"]
+            if len(names) != 1:
+                raise ValueError(f"{path}: expected one dataset (MFN's 'd1'), found {names or 'none'}")
+            return np.asarray(handle[names[0]][()])
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read as HDF5: {error}") from None
+
+
+def _real_steps(array: np.ndarray) -> np.ndarray:
+    """(N, T) bool: steps that are not all zero."""
+    return np.any(array != 0, axis=-1)
+
+
+def _detect_padding(real: np.ndarray, origin: str) -> str:
+    """``left`` if every sample's real steps end at the last step, ``right`` if they
+    start at the first; refuses a file that fits neither."""
+    steps = real.shape[1]
+    lengths = real.sum(axis=1)
+    index = np.arange(steps)
+    left = np.array_equal(real, index[None, :] >= steps - lengths[:, None])
+    right = np.array_equal(real, index[None, :] < lengths[:, None])
+    if left and not right:
+        return "left"
+    if right and not left:
+        return "right"
+    if left and right:  # every sample full or empty: either reading is the same
+        return "right"
+    raise ValueError(
+        f"{origin}: the zero padding is neither all at the start nor all at the end of the "
+        "sequences; set data.padding (left or right) to say which steps are real"
+    )
+
+
+def _to_front(array: np.ndarray, real: np.ndarray, padding: str) -> tuple[np.ndarray, np.ndarray]:
+    """Real steps first: (N, T, d) and (N,) lengths (steps up to the last real one for
+    right padding, from the first real one for left padding; zero rows inside stay)."""
+    steps = array.shape[1]
+    index = np.arange(steps)
+    if padding == "right":
+        lengths = np.where(real.any(axis=1), steps - np.argmax(real[:, ::-1], axis=1), 0)
+        return array, lengths.astype(np.int64)
+    first = np.where(real.any(axis=1), np.argmax(real, axis=1), steps)
+    lengths = (steps - first).astype(np.int64)
+    source = (index[None, :] + first[:, None]) % steps  # roll each row left by its padding
+    moved = np.take_along_axis(array, source[:, :, None], axis=1)
+    moved = np.where((index[None, :] < lengths[:, None])[:, :, None], moved, 0)
+    return moved.astype(array.dtype, copy=False), lengths
+
+
+def load_word_aligned(
+    directory: str | Path,
+    *,
+    modalities: Sequence[str] = MODALITIES,
+    padding: str = "auto",
+    label_range: Sequence[float] | Sequence[Sequence[float]] | None = None,
+    dataset: str | None = None,
+) -> ArrayTable:
+    """Read the word-aligned layout of ``directory`` (see the module docstring).
+
+    Args:
+        directory: the folder with ``{modality}_{split}.h5`` and ``y_{split}.h5``.
+        modalities: which modalities to read.
+        padding: ``left`` (CMU / MFN: zeros first), ``right``, or ``auto`` (detected
+            per file and logged; a file that fits neither is refused).
+        label_range: (low, high), or one pair per target: the documented scale;
+            a label outside it is an error naming the file. Default: the scale of
+            ``dataset`` (``mosi``, ``mmmo``, ``youtube``, ``pom``; default: the
+            directory's name) when known, else unchecked.
+        dataset: the dataset name for ``label_range``.
+    """
+    directory = Path(directory)
+    if padding not in PADDINGS:
+        raise ValueError(f"data.padding must be one of {', '.join(PADDINGS)}, got {padding!r}")
+    if not is_word_aligned(directory):
+        raise FileNotFoundError(f"{directory}: not a word-aligned data directory (no y_train.h5)")
+    dataset = (dataset or directory.name).lower()
+    if label_range is None and dataset in WORD_ALIGNED_DATASETS:
+        label_range = WORD_ALIGNED_DATASETS[dataset]["range"]  # type: ignore[assignment]
+    present = {m: [(directory / f"{m}_{s}.h5").is_file() for s in SPLITS] for m in modalities}
+    for name, found in present.items():
+        if any(found) and not all(found):
+            have = [s for s, f in zip(SPLITS, found, strict=True) if f]
+            lack = [s for s, f in zip(SPLITS, found, strict=True) if not f]
+            raise ValueError(
+                f"{directory}: modality {name!r} is present in split(s) {have} but missing in {lack} "
+                f"({', '.join(f'{name}_{s}.h5' for s in lack)})"
+            )
+        if not any(found):
+            raise FileNotFoundError(f"{directory}: no {name}_train.h5 / _valid.h5 / _test.h5 for modality {name!r}")
+    arrays: dict[str, list[np.ndarray]] = {}
+    labels, split, index = [], [], []
+    for part in SPLITS:
+        y_path = directory / f"y_{part}.h5"
+        y = _read_single(y_path)
+        count = y.shape[0]
+        _check_labels(y, y_path, label_range)
+        labels.append(y.astype(np.float32))
+        split.append(np.full(count, part, dtype="U5"))
+        index.append(np.arange(count))
+        for name in modalities:
+            path = directory / f"{name}_{part}.h5"
+            array = _read_single(path)
+            if array.ndim != 3 or array.shape[0] != count or array.dtype.kind not in "fiu":
+                raise ValueError(
+                    f"{path}: modality {name!r} has shape {array.shape} ({array.dtype}); expected numbers of "
+                    f"shape (N, T, d) with N = {count} (the rows of {y_path.name})"
+                )
+            if name in arrays and arrays[name][0].shape[1:] != array.shape[1:]:
+                first = directory / f"{name}_train.h5"
+                raise ValueError(
+                    f"{path}: modality {name!r} has (T, d) = {array.shape[1:]}, but {first.name} has "
+                    f"{arrays[name][0].shape[1:]}: the splits disagree"
+                )
+            array = np.nan_to_num(array.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+            real = _real_steps(array)
+            used = _detect_padding(real, str(path)) if padding == "auto" else padding
+            if padding == "auto":
+                log.info("%s: %s padding detected", path, used)
+            moved, lengths = _to_front(array, real, used)
+            arrays.setdefault(name, []).append(moved)
+            arrays.setdefault(f"{name}_lengths", []).append(lengths)
+    label_shapes = {y.shape[1:] for y in labels}
+    if len(label_shapes) > 1:
+        raise ValueError(f"{directory}: y_train/valid/test.h5 disagree in the number of targets: {sorted(label_shapes)}")
+    table = {name: np.concatenate(parts) for name, parts in arrays.items()}
+    table["label"] = np.concatenate(labels)
+    table["split"] = np.concatenate(split)
+    table["sample_index"] = np.concatenate(index)
+    return ArrayTable(str(directory), table)
+
+
+def _check_labels(y: np.ndarray, path: Path, label_range) -> None:
+    if y.dtype.kind not in "fiub":
+        raise ValueError(f"{path}: labels have dtype {y.dtype}; expected numbers")
+    if not np.isfinite(y).all():
+        raise ValueError(f"{path}: labels hold NaN or Inf (row {int(np.argwhere(~np.isfinite(y))[0][0])})")
+    if label_range is None:
+        return
+    values = y.reshape(y.shape[0], -1)
+    ranges = np.asarray(label_range, dtype=np.float64)
+    if ranges.ndim == 1:
+        ranges = np.broadcast_to(ranges, (values.shape[1], 2))
+    if ranges.shape != (values.shape[1], 2):
+        raise ValueError(f"{path}: {values.shape[1]} targets but {ranges.shape[0]} label ranges")
+    outside = (values < ranges[:, 0]) | (values > ranges[:, 1])
+    if outside.any():
+        row, target = (int(v) for v in np.argwhere(outside)[0])
+        raise ValueError(
+            f"{path}: label {float(values[row, target])} at row {row} (target {target}) lies outside the "
+            f"documented range [{ranges[target, 0]:g}, {ranges[target, 1]:g}]; pass the right range "
+            "(task.target_ranges) or fix the file"
+        )

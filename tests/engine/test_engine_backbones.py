@@ -1,0 +1,43 @@
+"""model.backbone in the configuration: the backbones are built with their extra
+module, and wrong settings are refused with messages that say what to write."""
+
+import pytest
+import torch
+
+from polyfuse.engine.build import build_task
+from polyfuse.engine.config import load_config, resolve_config
+from polyfuse.nn.backbones import LSTMLMF, MulT
+
+CONFIGS = "configs/mosi/backbones"
+
+
+def config(**model):
+    return resolve_config({"model": {"backbone": "mult", "fusion": "none", **model}})
+
+
+def test_mult_with_man_as_extra_module_from_the_repository_configs():
+    base = load_config(f"{CONFIGS}/base.yaml")
+    entry = load_config(f"{CONFIGS}/mult_man_wo_cao.yaml")
+    resolved = resolve_config({**base, "model": {**base["model"], **entry["model"]}})
+    task = build_task(resolved, [100, 73, 100], ["text", "audio", "video"], {})
+    assert isinstance(task.backbone, MulT)
+    assert task.backbone.extra.mode == "hadamard" and task.backbone.extra.input_dims == [30, 30, 30]
+    assert task.backbone.out_dim == 3 * 2 * 30 + 32 and task.head.in_features == task.backbone.out_dim
+
+
+def test_backbone_alone_and_lstm_lmf():
+    task = build_task(config(backbone="lstm_lmf", options={"lstm_lmf": {"out": 8}}), [4, 3, 2], ["t", "a", "v"], {})
+    assert isinstance(task.backbone, LSTMLMF) and task.backbone.extra is None and task.backbone.out_dim == 8
+    batch = {"inputs": [torch.randn(2, 3, d) for d in (4, 3, 2)], "masks": [torch.ones(2, 3, dtype=torch.bool)] * 3}
+    assert task(batch).shape == (2, 1)
+
+
+def test_bad_settings_are_refused_clearly():
+    with pytest.raises(ValueError, match=r"model\.fusion: none needs a backbone"):
+        resolve_config({"model": {"fusion": "none"}})
+    with pytest.raises(ValueError, match=r"model.options.mult: unknown option\(s\) \['depth'\]; MulT takes: dim, heads, layers"):
+        build_task(config(options={"mult": {"depth": 2}}), [4, 3, 2], ["t", "a", "v"], {})
+    with pytest.raises(ValueError, match="unknown backbone 'mlp'; available: lstm_lmf, mult"):
+        build_task(config(backbone="mlp"), [4, 3, 2], ["t", "a", "v"], {})
+    with pytest.raises(ValueError, match="BAN takes at most 2 inputs, but backbone 'mult' gives its extra module one per modality"):
+        build_task(config(fusion="ban"), [4, 3, 2], ["t", "a", "v"], {})
