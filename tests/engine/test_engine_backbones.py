@@ -37,7 +37,7 @@ def test_bad_settings_are_refused_clearly():
         resolve_config({"model": {"fusion": "none"}})
     with pytest.raises(ValueError, match=r"model.options.mult: unknown option\(s\) \['depth'\]; MulT takes: dim, heads, layers"):
         build_task(config(options={"mult": {"depth": 2}}), [4, 3, 2], ["t", "a", "v"], {})
-    with pytest.raises(ValueError, match="unknown backbone 'mlp'.*known: fusion, lstm_lmf, mult"):
+    with pytest.raises(ValueError, match=r"unknown backbone 'mlp'.*known: fusion, lstm_lmf, mult"):
         build_task(config(backbone="mlp"), [4, 3, 2], ["t", "a", "v"], {})
     with pytest.raises(ValueError, match="BAN takes at most 2 inputs, but backbone 'mult' gives its extra module one per modality"):
         build_task(config(fusion="ban"), [4, 3, 2], ["t", "a", "v"], {})
