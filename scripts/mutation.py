@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import os
 import subprocess
 import sys
 import tomllib
@@ -112,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules:
         target = prepare(module, args.workdir.resolve(), mutmut, test_map[module])
         run = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs), *args.only]
-        status = subprocess.run(run, cwd=target, stdout=subprocess.DEVNULL).returncode
+        # One torch thread per forked mutant: a forked child can hang in the parent's
+        # thread pool and count as a (false) timeout.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        status = subprocess.run(run, cwd=target, stdout=subprocess.DEVNULL, env=env).returncode
         if status:
             print(f"mutation: mutmut failed on {module} (exit {status}); rerun in {target}", file=sys.stderr)
         counts = outcomes(target, module, args.only)
