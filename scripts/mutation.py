@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
