@@ -38,8 +38,12 @@ DEMO_MODELS = (
     DemoModel("MAN (exact)", "man", {**_MAN, "mode": "exact"}),
     DemoModel("BAN (modalities 0, 1)", "ban", {"glimpses": 2}, modalities=(0, 1)),
     DemoModel("Concat", "concat"),
-    DemoModel("TFN", "tfn"),
-    DemoModel("LMF", "lmf"),
+    # The fusion layers alone (one Linear+ReLU per modality over its mean): every model
+    # here reads the raw planted features. The papers' subnetworks (the defaults: an
+    # LSTM over the first modality, 18M weights in TFN's inference network) are sized
+    # for CMU-MOSI and would make this demo take minutes.
+    DemoModel("TFN (light)", "tfn", {"subnetworks": "light"}),
+    DemoModel("LMF (light)", "lmf", {"subnetworks": "light"}),
 )
 
 

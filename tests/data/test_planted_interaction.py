@@ -77,7 +77,7 @@ def test_same_seed_same_data_and_bad_arguments_are_refused():
 def test_demo_command_prints_a_table_of_all_methods(capsys):
     assert main(["demo", "--samples", "60", "--epochs", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    for label in ("MAN (had)", "MAN (exact)", "BAN (modalities 0, 1)", "Concat", "TFN", "LMF"):
+    for label in ("MAN (had)", "MAN (exact)", "BAN (modalities 0, 1)", "Concat", "TFN (light)", "LMF (light)"):
         assert f"| {label} |" in out
     assert main(["demo", "--samples", "5"]) == 2
     assert "error: --samples must be >= 20" in capsys.readouterr().err

@@ -138,7 +138,8 @@ def _build(model: str, point: _Point, settings: ComplexitySettings) -> nn.Module
         )
     if model == "ban":
         return create("ban", input_dims=dims, out_dim=size, hidden_dim=size)
-    return create(model, input_dims=dims, out_dim=size)
+    # TFN and LMF: the fusion layer's cost (the papers' subnetworks are not fusion)
+    return create(model, input_dims=dims, out_dim=size, subnetworks="light")
 
 
 def _skip_reason(model: str, point: _Point, settings: ComplexitySettings) -> tuple[str, int | None] | None:
