@@ -4,6 +4,9 @@
 >>> "man" in polyfuse.nn.available()
 True
 >>> fusion = polyfuse.nn.create("concat", input_dims=[8, 4], out_dim=16)
+
+:class:`Registry` is the mechanism; the backbones (:mod:`polyfuse.nn.backbones`)
+keep a second instance of it.
 """
 
 from __future__ import annotations
@@ -13,41 +16,53 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-__all__ = ["available", "create", "get", "register"]
+__all__ = ["Registry", "available", "create", "get", "register"]
 
-_REGISTRY: dict[str, type[nn.Module]] = {}
 ModuleType = TypeVar("ModuleType", bound=type[nn.Module])
 
 
-def register(name: str) -> Callable[[ModuleType], ModuleType]:
-    """Class decorator that adds a fusion module to the registry under ``name``."""
+class Registry:
+    """Named module classes: ``kind`` names them in messages ("fusion module"),
+    ``unknown_hint`` is appended to the message for an unknown name."""
 
-    def decorator(cls: ModuleType) -> ModuleType:
-        key = name.lower()
-        if key in _REGISTRY and _REGISTRY[key] is not cls:
-            raise ValueError(f"fusion module name {key!r} is already registered")
-        _REGISTRY[key] = cls
-        cls.registry_name = key
-        return cls
+    def __init__(self, kind: str, unknown_hint: str = "") -> None:
+        self.kind = kind
+        self.unknown_hint = unknown_hint
+        self._classes: dict[str, type[nn.Module]] = {}
 
-    return decorator
+    def register(self, name: str) -> Callable[[ModuleType], ModuleType]:
+        """Class decorator that adds a class under ``name`` (stored as ``cls.registry_name``)."""
+
+        def decorator(cls: ModuleType) -> ModuleType:
+            key = name.lower()
+            if key in self._classes and self._classes[key] is not cls:
+                raise ValueError(f"{self.kind} name {key!r} is already registered")
+            self._classes[key] = cls
+            cls.registry_name = key
+            return cls
+
+        return decorator
+
+    def available(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type[nn.Module]:
+        """The class registered as ``name``; an unknown name lists the known ones."""
+        key = name.lower() if isinstance(name, str) else name
+        if key not in self._classes:
+            raise ValueError(
+                f"unknown {self.kind} {name!r}; available: {', '.join(self.available())}{self.unknown_hint}"
+            )
+        return self._classes[key]
+
+    def create(self, name: str, **kwargs: Any) -> nn.Module:
+        """Build the class registered as ``name`` with keyword arguments ``kwargs``."""
+        return self.get(name)(**kwargs)
 
 
-def available() -> list[str]:
-    """Names of all registered fusion modules, sorted."""
-    return sorted(_REGISTRY)
-
-
-def get(name: str) -> type[nn.Module]:
-    """The class registered as ``name``; an unknown name lists the known ones."""
-    key = name.lower() if isinstance(name, str) else name
-    if key not in _REGISTRY:
-        raise ValueError(
-            f"unknown fusion module {name!r}; available: {', '.join(available())}"
-        )
-    return _REGISTRY[key]
-
-
-def create(name: str, **kwargs: Any) -> nn.Module:
-    """Build the fusion module registered as ``name`` with keyword arguments ``kwargs``."""
-    return get(name)(**kwargs)
+FUSIONS = Registry("fusion module")
+register = FUSIONS.register
+available = FUSIONS.available
+get = FUSIONS.get
+create = FUSIONS.create
