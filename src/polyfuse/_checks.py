@@ -13,7 +13,10 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "check_dropout",
     "check_finite",
+    "check_float_tensor",
+    "check_hyperboloid_points",
     "check_mask",
     "check_masks",
     "check_modality_list",
@@ -160,3 +163,33 @@ def prepare_fusion_inputs(
         check_finite(x, f"{owner}: modality {j}", mask)
         cleaned.append(x.masked_fill(~mask.unsqueeze(-1), 0.0))
     return cleaned, full_masks
+
+
+def check_dropout(dropout: float, owner: str, name: str = "dropout") -> float:
+    """A dropout probability in [0, 1), as a float; ``name`` is the option in messages."""
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{owner}: {name} must lie in [0, 1), got {dropout}")
+    return float(dropout)
+
+
+def check_float_tensor(tensor: object, name: str, *, min_dim: int = 1) -> None:
+    """A floating-point tensor with at least ``min_dim`` dimensions."""
+    if not isinstance(tensor, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor, got dtype {tensor.dtype}")
+    if tensor.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dims, got shape {tuple(tensor.shape)}")
+
+
+def check_hyperboloid_points(
+    points: object, name: str, *, mask: Tensor | None = None, min_dim: int = 1
+) -> None:
+    """Points of the Lorentz model: (..., n + 1) with n >= 1, finite at real positions."""
+    check_float_tensor(points, name, min_dim=min_dim)
+    if points.shape[-1] < 2:
+        raise ValueError(
+            f"{name} must have n + 1 >= 2 coordinates in its last dim (time first), "
+            f"got shape {tuple(points.shape)}"
+        )
+    check_finite(points, name, mask)

@@ -68,16 +68,18 @@ def guarded_fuse(
     fuse: Callable[[list[Tensor], list[Tensor]], Tensor],
     sequences: list[Tensor],
     masks: list[Tensor],
-) -> Tensor:
+    options: dict[str, Any] | None = None,
+) -> Any:
     """``fuse(sequences, masks)`` -> (B, out_dim), safe for B = 0 and float16 (see module docstring).
 
-    ``sequences``: validated (B, T_j, d_j) inputs; ``masks``: (B, T_j) bool.
+    ``sequences``: validated (B, T_j, d_j) inputs; ``masks``: (B, T_j) bool; ``options``:
+    the keyword arguments of ``module.forward`` that select ``fuse`` (for the float32 call).
     """
     if sequences[0].shape[0] == 0:
         return empty_output(module, sequences)
     if not needs_float32(module, *sequences):
         return fuse(sequences, masks)
-    return float32_call(module, (sequences, masks))
+    return float32_call(module, (sequences, masks), options)
 
 
 def needs_float32(module: nn.Module, *tensors: Tensor) -> bool:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from polyfuse._checks import check_finite, check_mask
+from polyfuse._checks import check_dropout, check_finite, check_mask
 
 __all__ = [
     "bilinear_attention_logits",
@@ -102,11 +102,6 @@ def _check_projection(
                 f"{owner}: {name}_bias must have shape ({weight.shape[0]},), got {shape}"
             )
         check_finite(bias, f"{owner}: {name}_bias")
-
-
-def _check_dropout(dropout: float, owner: str) -> None:
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{owner}: dropout must lie in [0, 1), got {dropout}")
 
 
 def _project(x: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -192,7 +187,7 @@ def bilinear_attention_logits(
         if not isinstance(glimpse_bias, Tensor) or tuple(glimpse_bias.shape) != (glimpses,):
             raise ValueError(f"{owner}: glimpse_bias must have shape ({glimpses},)")
         check_finite(glimpse_bias, f"{owner}: glimpse_bias")
-    _check_dropout(dropout, owner)
+    check_dropout(dropout, owner)
 
     x_features = _project(x, x_mask, x_weight, x_bias)  # relu(X^T U): (B, T_x, K'), Eq. 13
     x_features = F.dropout(x_features, dropout, training)

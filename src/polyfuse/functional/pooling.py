@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["masked_mean"]
+__all__ = ["masked_mean", "masked_softmax"]
+
+
+def masked_softmax(logits: Tensor, mask: Tensor) -> Tensor:
+    """Softmax over the last axis of ``logits`` (..., T) restricted to ``mask`` (..., T)
+    (True = a real step): padded steps get probability 0."""
+    return logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:

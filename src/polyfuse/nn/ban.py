@@ -31,12 +31,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations
 
+from polyfuse._checks import check_dropout
 from polyfuse.functional.bilinear import (
     bilinear_attention_logits,
     bilinear_attention_map,
     bilinear_attention_pooling,
 )
-from polyfuse.nn.base import FusionModule
+from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.registry import register
 
 __all__ = ["BAN"]
@@ -109,15 +110,12 @@ class BAN(FusionModule):
         ]:
             if int(value) != value or value < 1:
                 raise ValueError(f"BAN: {name} must be a positive integer, got {value}")
-        for name, value in [("dropout", dropout), ("attention_dropout", attention_dropout)]:
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"BAN: {name} must lie in [0, 1), got {value}")
         self.hidden_dim = hidden_dim
         self.glimpses = int(glimpses)
         self.attention_rank = int(attention_rank)
         self.joint_pool = int(joint_pool)
-        self.dropout = float(dropout)
-        self.attention_dropout = float(attention_dropout)
+        self.dropout = check_dropout(dropout, "BAN")
+        self.attention_dropout = check_dropout(attention_dropout, "BAN", "attention_dropout")
 
         # Attention (BAN Eq. 10, 13): U, V shared by all glimpses, one row p_g per glimpse.
         self.attention_x = _weight_normed_linear(x_dim, self.attention_rank)
@@ -169,6 +167,11 @@ class BAN(FusionModule):
         return bilinear_attention_map(logits)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
+        return self.fuse_details(inputs, masks).fused
+
+    def fuse_details(self, inputs: list[Tensor], masks: list[Tensor]) -> FusionOutput:
+        """Fused output, sequences [x, the residual stream of y after the last glimpse
+        (Eq. 14)] and the G attention maps (B, G, T_x, T_y)."""
         x, y = inputs
         x_mask, y_mask = masks
         attention = self.attention_maps(x, y, x_mask, y_mask)  # (B, G, T_x, T_y)
@@ -193,7 +196,7 @@ class BAN(FusionModule):
         fused = stream.masked_fill(~y_mask.unsqueeze(-1), 0.0).sum(dim=1)
         if self.output_projection is not None:
             fused = self.output_projection(fused)
-        return fused
+        return FusionOutput(fused, [x, stream], attention)
 
     def extra_repr(self) -> str:
         return (
