@@ -84,8 +84,8 @@ def had_layout(lead: torch.Size, features: Sequence[Tensor], random_matrix: Tens
     return HadLayout(
         lead,
         (*per_matrix, *shared),
-        math.prod(lead[i] for i in per_matrix),
-        math.prod(lead[i] for i in shared),
+        math.prod([lead[i] for i in per_matrix]),
+        math.prod([lead[i] for i in shared]),
         lengths,
         (0, *itertools.accumulate(lengths)),
     )

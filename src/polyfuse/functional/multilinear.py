@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from polyfuse._checks import check_finite, check_masks, check_modality_list
+from polyfuse._checks import check_finite, check_masks, check_modality_list, check_values
 from polyfuse.functional import _had
 
 __all__ = [
@@ -196,7 +196,12 @@ def multilinear_attention(
     full_masks = check_masks(masks, features)
     _check_all_finite(features, values, full_masks)
     # Zero padded steps so that whatever they hold can never reach the output.
-    padded = [not bool(mask.all()) for mask in full_masks]
+    # (Reading the masks to skip unpadded modalities is a value check: without value
+    # checks every mask given is applied.)
+    padded = [
+        given is not None and (not check_values() or not bool(mask.all()))
+        for given, mask in zip(masks or [None] * len(full_masks), full_masks, strict=True)
+    ]
     features = [
         a.masked_fill(~mask.unsqueeze(-1), 0.0) if pad else a
         for a, mask, pad in zip(features, full_masks, padded, strict=True)
@@ -242,6 +247,8 @@ def _check_all_finite(
     """:func:`check_finite` for every input, behind a one-pass test: a sum is finite
     whenever all its terms are, so only a NaN, an Inf (or an overflowing sum) pays for
     the full check, which names the first modality at fault."""
+    if not check_values():
+        return
     sums = torch.stack([t.detach().sum() for pair in zip(features, values, strict=True) for t in pair])
     if bool(torch.isfinite(sums).all()):
         return

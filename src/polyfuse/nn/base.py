@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
-from polyfuse._checks import prepare_fusion_inputs
+from polyfuse._checks import inputs_checked, prepare_fusion_inputs
 from polyfuse._precision import empty_output, guarded_fuse
 
 __all__ = ["FusionModule", "FusionOutput"]
@@ -93,11 +93,13 @@ class FusionModule(nn.Module):
         sequences, full_masks = prepare_fusion_inputs(
             inputs, masks, self.input_dims, type(self).__name__
         )
-        if not return_details:
-            return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
-        if sequences[0].shape[0] == 0:  # nothing to attend over: no sequences, no attention
-            return FusionOutput(empty_output(self, sequences), None, None)
-        return guarded_fuse(self, self.fuse_details, sequences, full_masks, {"return_details": True})
+        with inputs_checked():  # inputs checked once, here; the math below checks shapes only
+            if not return_details:
+                return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
+            if sequences[0].shape[0] == 0:  # nothing to attend over: no sequences, no attention
+                return FusionOutput(empty_output(self, sequences), None, None)
+            options = {"return_details": True}
+            return guarded_fuse(self, self.fuse_details, sequences, full_masks, options)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
         """Fuse validated (B, T_j, d_j) inputs with (B, T_j) bool masks into (B, out_dim)."""

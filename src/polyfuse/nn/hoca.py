@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from polyfuse._checks import prepare_fusion_inputs
+from polyfuse._checks import inputs_checked, prepare_fusion_inputs
 from polyfuse.functional import hoca as hoca_functional
 from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS
 
@@ -241,7 +241,8 @@ class _HighOrderAttention(nn.Module):
         owner = type(self).__name__
         sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, owner)
         check_query(query, sequences[0].shape[0], self.query_dim, owner)
-        attention = self.attention(query, sequences, full_masks)
+        with inputs_checked():  # inputs checked once, here; the math below checks shapes only
+            attention = self.attention(query, sequences, full_masks)
         context = [weighted_sum(a, x) for a, x in zip(attention, sequences, strict=True)]
         return HOCAOutput(attention, context)
 

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from polyfuse._checks import prepare_fusion_inputs
+from polyfuse._checks import inputs_checked, prepare_fusion_inputs
 from polyfuse._precision import empty_output, float32_call, needs_float32
 from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS
 from polyfuse.functional.pooling import masked_mean, masked_softmax
@@ -306,7 +306,9 @@ class MAF(nn.Module):
             return empty_output(self, sequences)  # B = 0
         if needs_float32(self, query, *sequences):  # float16: computed in float32
             return float32_call(self, (query, sequences, full_masks), {"return_details": return_details})
-        result = self.fuse_prepared(query, sequences, full_masks)
+        check_query(query, sequences[0].shape[0], self.query_dim, self.owner)
+        with inputs_checked():  # inputs checked once, here; the math below checks shapes only
+            result = self.fuse_prepared(query, sequences, full_masks)
         return result if return_details else result.fused
 
     def fuse_prepared(
