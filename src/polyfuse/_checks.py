@@ -241,9 +241,11 @@ def prepare_fusion_inputs(
         f"{owner} masks",
     )
     cleaned = []
-    for j, (x, mask) in enumerate(zip(sequences, full_masks, strict=True)):
+    given = [None] * count if masks is None else masks
+    for j, (x, mask, mask_given) in enumerate(zip(sequences, full_masks, given, strict=True)):
         check_finite(x, f"{owner}: modality {j}", mask)
-        cleaned.append(x.masked_fill(~mask.unsqueeze(-1), 0.0))
+        # Zero the padded steps; a modality without a mask has none (no copy).
+        cleaned.append(x if mask_given is None else x.masked_fill(~mask.unsqueeze(-1), 0.0))
     return cleaned, full_masks
 
 

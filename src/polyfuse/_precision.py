@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from polyfuse._checks import check_values
 __all__ = ["FLOAT16_MAX", "empty_output", "float32_call", "guarded_fuse", "needs_float32"]
 
 FLOAT16_MAX = float(torch.finfo(torch.float16).max)
+_state = threading.local()  # widened: inside float32_call (weights and inputs float32)
 
 
 def _advice(owner: str, what: str) -> str:
@@ -85,9 +87,21 @@ def guarded_fuse(
 
 
 def needs_float32(module: nn.Module, *tensors: Tensor) -> bool:
-    """True when an input or a weight is float16 (computed in float32 by :func:`float32_call`)."""
+    """True when an input or a weight is float16 (computed in float32 by :func:`float32_call`).
+
+    A module may cache whether its weights are float16 in ``float16_weights`` (a
+    :class:`~polyfuse.nn.FusionModule` does, refreshed whenever ``.to()`` / ``.half()``
+    changes its weights): walking all parameters costs more than a small fusion.
+    """
     half = torch.float16
-    return any(x.dtype == half for x in tensors) or any(p.dtype == half for p in module.parameters())
+    if getattr(_state, "widened", False):  # inside float32_call: weights are float32
+        return False
+    if any(x.dtype == half for x in tensors):
+        return True
+    cached = getattr(module, "float16_weights", None)
+    if cached is not None:
+        return cached
+    return any(p.dtype == half for p in module.parameters())
 
 
 def _map(value: Any, function: Callable[[Tensor], Tensor]) -> Any:
@@ -110,7 +124,12 @@ def float32_call(module: nn.Module, args: tuple[Any, ...], options: dict[str, An
     state = {name: _checked_cast(p, torch.float32, owner) for name, p in module.named_parameters()}
     state.update({name: b.float() if b.is_floating_point() else b for name, b in module.named_buffers()})
     wide = _map(args, lambda x: _checked_cast(x, torch.float32, owner))
-    result = torch.func.functional_call(module, state, wide, options or {}, strict=False)
+    previous = getattr(_state, "widened", False)
+    _state.widened = True
+    try:
+        result = torch.func.functional_call(module, state, wide, options or {}, strict=False)
+    finally:
+        _state.widened = previous
 
     def narrow(x: Tensor) -> Tensor:
         if not x.is_floating_point() or x.dtype == dtype:

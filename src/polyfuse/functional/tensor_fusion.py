@@ -39,7 +39,7 @@ def tensor_fusion(vectors: Sequence[Tensor]) -> Tensor:
     fused = append_one(vectors[0])
     for vector in vectors[1:]:
         # batched outer product, then flatten (B, P, h + 1) -> (B, P * (h + 1))
-        fused = torch.einsum("bp,bq->bpq", fused, append_one(vector)).flatten(start_dim=1)
+        fused = (fused.unsqueeze(2) * append_one(vector).unsqueeze(1)).flatten(start_dim=1)
     return fused
 
 
@@ -75,7 +75,10 @@ def low_rank_fusion(
                 f"low_rank_fusion: factor {j} has shape {tuple(factor.shape)}, expected "
                 f"(rank, {vector.shape[-1] + 1}, out_dim) for a vector of size {vector.shape[-1]}"
             )
-        projected = torch.einsum("bi,rio->bro", append_one(vector), factor)  # (B, R, O)
+        # [z_j, 1] W_j = z_j W_j[:, :h_j] + W_j[:, h_j]: one matrix product for all ranks.
+        rank, size, out_dim = factor.shape
+        weight = factor[:, :-1].transpose(0, 1).reshape(size - 1, rank * out_dim)
+        projected = torch.addmm(factor[:, -1].reshape(rank * out_dim), vector, weight)  # (B, R O)
         product = projected if product is None else product * projected
-    fused = torch.einsum("bro,r->bo", product, rank_weights)
+    fused = torch.matmul(rank_weights, product.view(-1, rank, out_dim))  # sum_r w_r (.)_r: (B, O)
     return fused if bias is None else fused + bias

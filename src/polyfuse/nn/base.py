@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import inputs_checked, prepare_fusion_inputs
@@ -59,6 +60,7 @@ class FusionModule(nn.Module):
 
     def __init__(self, input_dims: Sequence[int], out_dim: int) -> None:
         super().__init__()
+        self._float16_weights: bool | None = None
         input_dims = [int(d) for d in input_dims]
         name = type(self).__name__
         count = len(input_dims)
@@ -76,6 +78,22 @@ class FusionModule(nn.Module):
             raise ValueError(f"{name}: sizes must be positive, got input_dims={input_dims}, out_dim={out_dim}")
         self.input_dims = input_dims
         self.out_dim = int(out_dim)
+
+    @property
+    def float16_weights(self) -> bool:
+        """Whether a weight is float16 (cached: read on every forward by the float16 guard)."""
+        if self._float16_weights is None:
+            self._float16_weights = any(p.dtype == torch.float16 for p in self.parameters())
+        return self._float16_weights
+
+    def _apply(self, fn: Any, recurse: bool = True) -> FusionModule:
+        self._float16_weights = None  # .to(), .half(), .float(), ...: look again
+        return super()._apply(fn, recurse)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, (nn.Parameter, nn.Module)):
+            self.__dict__["_float16_weights"] = None  # a new weight: look again
+        super().__setattr__(name, value)
 
     @property
     def num_modalities(self) -> int:
