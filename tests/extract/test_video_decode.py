@@ -1,0 +1,64 @@
+"""Decoding clips with PyAV: frames sampled at the centres of equal segments (the index is
+encoded in each frame's colour), the header's frame count, unreadable files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+
+from polyfuse.extract.decode import clip_info, decode_audio, frame_indices
+from polyfuse.extract.video import sample_frames
+
+
+@pytest.mark.parametrize(("total", "count"), [(30, 5), (30, 30), (7, 3), (4, 9), (1, 3), (100, 80)])
+def test_frame_indices_are_segment_centres(total, count):
+    expected = []
+    for k in range(count):  # the centre of segment k, [k total / count, (k + 1) total / count)
+        centre = (k * total / count + (k + 1) * total / count) / 2
+        expected.append(int(np.floor(centre + 1e-9)))
+    assert frame_indices(total, count).tolist() == expected
+    assert frame_indices(total, count).max() < total
+
+
+def test_frame_indices_refuse_empty():
+    with pytest.raises(ValueError, match="at least one frame"):
+        frame_indices(0, 4)
+    with pytest.raises(ValueError, match=">= 1"):
+        frame_indices(10, 0)
+
+
+@pytest.mark.parametrize("codec", ["libx264", "ffv1", "mpeg4"])
+def test_sample_frames_takes_the_expected_frames(tmp_path, clips, codec):
+    frames = clips.index_coloured(30)
+    suffix = ".mkv" if codec == "ffv1" else ".avi"
+    path = clips.write(tmp_path / f"clip{suffix}", frames, codec=codec)
+    sampled = sample_frames(path, 4)
+    assert sampled.dtype == np.uint8
+    assert sampled.shape == (4, 32, 32, 3)
+    assert clips.index_of(sampled).tolist() == [3, 11, 18, 26]  # floor((k + 1/2) 30 / 4)
+    if codec == "ffv1":  # lossless: the pixels themselves
+        np.testing.assert_array_equal(sampled, frames[[3, 11, 18, 26]])
+
+
+def test_short_clip_repeats_frames(tmp_path, clips):
+    path = clips.write(tmp_path / "short.avi", clips.index_coloured(3))
+    assert clips.index_of(sample_frames(path, 6)).tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_clip_info_and_no_audio(tmp_path, clips):
+    path = clips.write(tmp_path / "clip.avi", clips.index_coloured(12), fps=12)
+    info = clip_info(path)
+    assert (info.frames_in_header, info.width, info.height, info.has_audio) == (12, 32, 32, False)
+    assert info.fps == pytest.approx(12.0)
+    assert decode_audio(path) is None
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    broken = tmp_path / "broken.avi"
+    broken.write_bytes(b"not a video" * 50)
+    with pytest.raises(ValueError, match=r"broken\.avi: cannot decode"):
+        sample_frames(broken, 4)
+    with pytest.raises(FileNotFoundError, match=r"missing\.avi"):
+        sample_frames(tmp_path / "missing.avi", 4)
