@@ -37,6 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     video.add_argument("--image-size", type=int, default=224, help="frames resized to S x S pixels for the CNN, S a multiple of 32 (default 224)")
     video.add_argument("--flow-size", type=int, default=128, help="shorter side in pixels of the frames given to optical flow (default 128)")
     video.add_argument("--n-mels", type=int, default=64, help="mel bands of the audio stream (default 64)")
+    video.add_argument("--streams", default="appearance,motion,audio", help="comma-separated streams to extract (default all: appearance,motion,audio; audio only exists for clips with an audio track)")
     video.add_argument("--batch-size", type=int, default=32, help="frames per forward pass of the CNN")
     video.add_argument("--threads", type=int, default=None, help="torch, decoder and OpenCV threads (default: their own)")
     video.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -81,6 +82,7 @@ def _run_video(args: argparse.Namespace) -> int:
         video_paths_of_folder(args.folder),
         args.out,
         settings=settings,
+        streams=[name.strip() for name in args.streams.split(",") if name.strip()],
         batch_size=args.batch_size,
         progress=not args.no_progress,
         threads=args.threads,

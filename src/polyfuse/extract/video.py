@@ -15,22 +15,22 @@ Each clip gives ``T = frames`` rows per modality, one per equal segment of the c
 The HDF5 file has one group per modality (``audio`` only once some clip has audio), and
 in each group one float32 dataset ``(T, d)`` per video id (the file's stem). The
 attributes of the file and of each group name the extractor, the network, the frame
-count and the other settings; each ``appearance/<id>`` dataset also records the clip's
-``sha256``, ``source`` file name, sampled ``frame_indices``, ``frames_in_clip``, ``fps``
-and ``has_audio``.
+count and the other settings; every dataset also records its clip's ``sha256``,
+``source`` file name, sampled ``frame_indices``, ``frames_in_clip``, ``fps`` and
+``has_audio``.
 
-Extraction is resumable and cached by content: a clip whose id is in the file with the
-same sha256 is not computed again, and a clip whose content is in the file under
-another id is copied. A clip is written (appearance last, which marks it complete) as
-soon as it is computed. A clip that cannot be decoded is skipped with a warning and
-listed in the report.
+Extraction is resumable and cached by content, stream by stream: a stream whose dataset
+is in the file for the clip's id and its sha256 is not computed again, a clip whose
+content is in the file under another id is copied, and a clip's datasets are written
+as soon as it is computed (an interrupted run loses at most one clip). A clip that
+cannot be decoded is skipped with a warning and listed in the report.
 """
 
 from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,14 +167,11 @@ def _group_attributes(settings: VideoSettings) -> dict[str, dict[str, Any]]:
 
 def _open_output(out: Path, settings: VideoSettings) -> h5py.File:
     handle = h5py.File(out, "a")
-    expected = _file_attributes(settings)
     if "extractor" not in handle.attrs:
         if len(handle):
             handle.close()
             raise ValueError(f"{out} is not a video feature file of polyfuse: use another --out")
-        handle.attrs.update(expected)
-        for name in ("appearance", "motion"):
-            handle.create_group(name).attrs.update(_group_attributes(settings)[name])
+        handle.attrs.update(_file_attributes(settings))
         return handle
     for name, value in asdict(settings).items():
         if handle.attrs.get(name) != value:
@@ -198,75 +195,94 @@ def _appearance(model: torch.nn.Module, frames: list[torch.Tensor], batch_size: 
     return torch.cat(rows).numpy().astype(np.float32)
 
 
+def _motion(indices: np.ndarray, total: int, grey: Mapping[int, np.ndarray], fps: float) -> np.ndarray:
+    partners = motion_partners(indices, total)
+    motion = np.zeros((len(indices), MOTION_DIM), dtype=np.float32)
+    for row, (index, partner) in enumerate(zip(indices.tolist(), partners.tolist(), strict=True)):
+        if index != partner:  # a one-frame clip has no motion
+            first, second = min(index, partner), max(index, partner)
+            motion[row] = flow_descriptor(dense_flow(grey[first], grey[second]), fps)
+    return motion
+
+
+def _audio(path: Path, settings: VideoSettings) -> np.ndarray | None:
+    try:
+        wave = decode_audio(path)
+    except decode_errors() as error:
+        warnings.warn(f"{path}: cannot decode the audio track ({error}); no audio features", stacklevel=4)
+        return None
+    if wave is None:
+        return None
+    spectrum = log_mel_spectrogram(
+        torch.from_numpy(wave), AUDIO_SAMPLE_RATE, n_fft=AUDIO_WINDOW, hop_length=AUDIO_HOP, n_mels=settings.n_mels
+    )
+    return segment_mean_std(spectrum, settings.frames).numpy().astype(np.float32)
+
+
 def _clip_features(
-    path: Path, settings: VideoSettings, model: torch.nn.Module, batch_size: int, threads: int | None
+    path: Path,
+    settings: VideoSettings,
+    needed: Sequence[str],
+    model: torch.nn.Module | None,
+    batch_size: int,
+    threads: int | None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The ``needed`` streams of one clip, and the attributes of its datasets."""
     from PIL import Image
 
     info = clip_info(path)
 
-    def convert(_: int, frame: Any) -> tuple[torch.Tensor, np.ndarray]:
+    def convert(_: int, frame: Any) -> tuple[torch.Tensor | None, np.ndarray | None]:
         rgb = frame.to_ndarray(format="rgb24")
-        return image_to_tensor(Image.fromarray(rgb), settings.image_size), flow_frame(rgb, settings.flow_size)
+        pixels = image_to_tensor(Image.fromarray(rgb), settings.image_size) if "appearance" in needed else None
+        grey = flow_frame(rgb, settings.flow_size) if "motion" in needed else None
+        return pixels, grey
 
-    indices, total, kept = read_frames_at(
-        path, settings.frames, convert, extra=motion_partners, threads=threads
-    )
-    partners = motion_partners(indices, total)
-    features = {"appearance": _appearance(model, [kept[i][0] for i in indices.tolist()], batch_size)}
-    fps = info.fps if info.fps > 0 else 1.0  # unknown rate: velocities per frame (attribute fps = 0)
-    motion = np.zeros((len(indices), MOTION_DIM), dtype=np.float32)
-    for row, (index, partner) in enumerate(zip(indices.tolist(), partners.tolist(), strict=True)):
-        if index != partner:
-            first, second = min(index, partner), max(index, partner)
-            motion[row] = flow_descriptor(dense_flow(kept[first][1], kept[second][1]), fps)
-    features["motion"] = motion
-    if info.has_audio:
-        try:
-            wave = decode_audio(path)
-        except decode_errors() as error:
-            warnings.warn(f"{path}: cannot decode the audio track ({error}); no audio features", stacklevel=3)
-            wave = None
-        if wave is not None:
-            spectrum = log_mel_spectrogram(
-                torch.from_numpy(wave), AUDIO_SAMPLE_RATE, n_fft=AUDIO_WINDOW, hop_length=AUDIO_HOP,
-                n_mels=settings.n_mels,
-            )
-            features["audio"] = segment_mean_std(spectrum, settings.frames).numpy().astype(np.float32)
+    extra = motion_partners if "motion" in needed else None
+    indices, total, kept = read_frames_at(path, settings.frames, convert, extra=extra, threads=threads)
+    features: dict[str, np.ndarray] = {}
+    if "appearance" in needed:
+        assert model is not None
+        features["appearance"] = _appearance(model, [kept[i][0] for i in indices.tolist()], batch_size)
+    if "motion" in needed:
+        fps = info.fps if info.fps > 0 else 1.0  # unknown rate: velocities per frame (attribute fps = 0)
+        features["motion"] = _motion(indices, total, {i: grey for i, (_, grey) in kept.items()}, fps)
+    has_audio = info.has_audio
+    if "audio" in needed and info.has_audio:
+        audio = _audio(path, settings)
+        has_audio = audio is not None
+        if audio is not None:
+            features["audio"] = audio
     attributes = {"source": path.name, "frame_indices": indices, "frames_in_clip": total,
-                  "fps": info.fps, "has_audio": "audio" in features}
+                  "fps": info.fps, "has_audio": has_audio}
     return features, attributes
 
 
-def _remove(handle: h5py.File, video_id: str) -> None:
-    for name in MODALITIES:
-        if name in handle and video_id in handle[name]:
+def _datasets_of(handle: h5py.File, video_id: str) -> dict[str, h5py.Dataset]:
+    return {name: handle[name][video_id] for name in MODALITIES if name in handle and video_id in handle[name]}
+
+
+def _missing(handle: h5py.File, video_id: str, digest: str, streams: Sequence[str]) -> list[str]:
+    """The streams of ``streams`` that the file lacks for this content of the clip."""
+    current = {name: data for name, data in _datasets_of(handle, video_id).items() if data.attrs["sha256"] == digest}
+    no_audio = any(not data.attrs["has_audio"] for data in current.values())
+    return [name for name in streams if name not in current and not (name == "audio" and no_audio)]
+
+
+def _store(handle: h5py.File, video_id: str, name: str, data: np.ndarray, attributes: Mapping[str, Any],
+           settings: VideoSettings) -> None:
+    if name not in handle:
+        handle.create_group(name).attrs.update(_group_attributes(settings)[name])
+    if video_id in handle[name]:
+        del handle[name][video_id]
+    handle[name].create_dataset(video_id, data=data, dtype="f4").attrs.update(attributes)
+
+
+def _drop_stale(handle: h5py.File, video_id: str, digest: str | None) -> None:
+    """Remove this id's datasets made from another content of its file."""
+    for name, data in _datasets_of(handle, video_id).items():
+        if data.attrs["sha256"] != digest:
             del handle[name][video_id]
-
-
-def _write(handle: h5py.File, video_id: str, features: Mapping[str, np.ndarray],
-           attributes: Mapping[str, Any], settings: VideoSettings) -> None:
-    _remove(handle, video_id)
-    for name in ("audio", "motion", "appearance"):  # appearance last: it marks the clip done
-        if name not in features:
-            continue
-        if name not in handle:
-            handle.create_group(name).attrs.update(_group_attributes(settings)[name])
-        dataset = handle[name].create_dataset(video_id, data=features[name], dtype="f4")
-        if name == "appearance":
-            dataset.attrs.update(attributes)
-    handle.flush()
-
-
-def _copy(handle: h5py.File, source_id: str, video_id: str, path: Path) -> None:
-    _remove(handle, video_id)
-    for name in ("audio", "motion", "appearance"):
-        if name in handle and source_id in handle[name]:
-            dataset = handle[name].create_dataset(video_id, data=handle[name][source_id][...])
-            if name == "appearance":
-                dataset.attrs.update(dict(handle[name][source_id].attrs))
-                dataset.attrs["source"] = path.name
-    handle.flush()
 
 
 def extract_video_features(
@@ -274,13 +290,16 @@ def extract_video_features(
     out: str | Path,
     *,
     settings: VideoSettings | None = None,
+    streams: Sequence[str] = MODALITIES,
     batch_size: int = 32,
     progress: bool = True,
     backbone: torch.nn.Module | None = None,
     threads: int | None = None,
 ) -> VideoExtractionReport:
-    """Extract the features of ``videos`` (``{video_id: path}``) into ``out`` (module docstring).
+    """Extract the ``streams`` of ``videos`` (``{video_id: path}``) into ``out`` (module docstring).
 
+    Only the streams that the file lacks for a clip's content are computed, so a file made
+    with ``streams=("motion",)`` is completed later by a run with all streams.
     ``batch_size`` frames go through the network at once; ``threads`` is the decoder's and
     OpenCV's thread count (``None``: their defaults). Returns what was computed, taken
     from the cache and skipped.
@@ -288,6 +307,10 @@ def extract_video_features(
     from tqdm import tqdm
 
     settings = settings if settings is not None else VideoSettings()
+    streams = tuple(dict.fromkeys(streams))
+    unknown = [name for name in streams if name not in MODALITIES]
+    if unknown or not streams:
+        raise ValueError(f"streams must be some of {', '.join(MODALITIES)}, got {list(streams)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if threads:
@@ -299,9 +322,11 @@ def extract_video_features(
     report = VideoExtractionReport()
     handle = _open_output(out, settings)
     try:
-        done = handle["appearance"]
-        by_digest = {str(done[name].attrs["sha256"]): name for name in done}
-        model = backbone if backbone is not None else load_backbone()
+        by_digest = {str(data.attrs["sha256"]): video_id for name in MODALITIES if name in handle
+                     for video_id, data in handle[name].items()}
+        model = backbone
+        if model is None and "appearance" in streams:
+            model = load_backbone()
         for video_id, path in tqdm(sorted(videos.items()), disable=not progress, desc="extract", unit="clip"):
             path = Path(path)
             try:
@@ -310,23 +335,28 @@ def extract_video_features(
                 warnings.warn(f"skipping {path}: cannot read the file ({error})", stacklevel=2)
                 report.skipped.append(str(path))
                 continue
-            if video_id in done and done[video_id].attrs["sha256"] == digest:
-                report.cached.append(video_id)
-            elif digest in by_digest:  # the same clip under another id
-                _copy(handle, by_digest[digest], video_id, path)
-                report.cached.append(video_id)
-            else:
+            _drop_stale(handle, video_id, digest)
+            source = by_digest.get(digest)
+            if _missing(handle, video_id, digest, streams) and source not in (None, video_id):
+                for name, data in _datasets_of(handle, source).items():  # the same clip under another id
+                    if name in streams and name not in _datasets_of(handle, video_id):
+                        _store(handle, video_id, name, data[...], {**data.attrs, "source": path.name}, settings)
+            needed = _missing(handle, video_id, digest, streams)
+            if needed:
                 try:
-                    features, attributes = _clip_features(path, settings, model, batch_size, threads)
+                    features, attributes = _clip_features(path, settings, needed, model, batch_size, threads)
                 except decode_errors() as error:
                     warnings.warn(f"skipping {path}: cannot decode the clip ({error})", stacklevel=2)
                     report.skipped.append(str(path))
-                    _remove(handle, video_id)  # features of an earlier content of this file
                     continue
-                _write(handle, video_id, features, {**attributes, "sha256": digest}, settings)
-                by_digest[digest] = video_id
+                for name, data in features.items():
+                    _store(handle, video_id, name, data, {**attributes, "sha256": digest}, settings)
                 report.computed.append(video_id)
-            if not done[video_id].attrs["has_audio"]:
+            else:
+                report.cached.append(video_id)
+            handle.flush()
+            by_digest.setdefault(digest, video_id)
+            if not any(data.attrs["has_audio"] for data in _datasets_of(handle, video_id).values()):
                 report.without_audio.append(video_id)
     finally:
         handle.close()
