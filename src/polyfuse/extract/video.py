@@ -324,9 +324,7 @@ def extract_video_features(
     try:
         by_digest = {str(data.attrs["sha256"]): video_id for name in MODALITIES if name in handle
                      for video_id, data in handle[name].items()}
-        model = backbone
-        if model is None and "appearance" in streams:
-            model = load_backbone()
+        model = backbone  # loaded when a clip first needs it: not at all for a cached run
         for video_id, path in tqdm(sorted(videos.items()), disable=not progress, desc="extract", unit="clip"):
             path = Path(path)
             try:
@@ -343,6 +341,8 @@ def extract_video_features(
                         _store(handle, video_id, name, data[...], {**data.attrs, "source": path.name}, settings)
             needed = _missing(handle, video_id, digest, streams)
             if needed:
+                if model is None and "appearance" in needed:
+                    model = load_backbone()
                 try:
                     features, attributes = _clip_features(path, settings, needed, model, batch_size, threads)
                 except decode_errors() as error:
