@@ -3,6 +3,9 @@ encoded in each frame's colour), the header's frame count, unreadable files."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -62,3 +65,21 @@ def test_unreadable_and_missing_files(tmp_path):
         sample_frames(broken, 4)
     with pytest.raises(FileNotFoundError, match=r"missing\.avi"):
         sample_frames(tmp_path / "missing.avi", 4)
+
+
+MSVD = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "msvd"
+
+
+@pytest.mark.skipif(not (MSVD / "clips_info.json").exists(), reason="the shared MSVD clips are absent")
+@pytest.mark.parametrize("video_id", ["0lh_UWF9ZP4_27_31", "88DOMJ11q2M_84_87"])
+def test_real_msvd_clips_match_the_data_builders_record(video_id):
+    """clips_info.json was written by the data's build script (PyAV, full decode)."""
+    record = json.loads((MSVD / "clips_info.json").read_text())[video_id]
+    path = MSVD / "clips" / f"{video_id}.avi"
+    info = clip_info(path)
+    assert (info.frames_in_header, info.width, info.height) == (record["frames_decoded"], record["width"], record["height"])
+    assert info.fps == pytest.approx(record["fps"], rel=1e-6)
+    assert info.has_audio == (record["audio_streams"] > 0)
+    frames = sample_frames(path, 3)
+    assert frames.shape == (3, record["height"], record["width"], 3)
+    assert frames.std() > 5  # real pictures, not blank frames
