@@ -43,6 +43,23 @@ def test_sample_frames_takes_the_expected_frames(tmp_path, clips, codec):
     assert clips.index_of(sampled).tolist() == [3, 11, 18, 26]  # floor((k + 1/2) 30 / 4)
     if codec == "ffv1":  # lossless: the pixels themselves
         np.testing.assert_array_equal(sampled, frames[[3, 11, 18, 26]])
+        assert clip_info(path).frames_in_header == 0  # Matroska has no count: counted by decoding
+
+
+def test_truncated_clip_is_sampled_among_the_frames_that_decode(tmp_path, clips):
+    frames = clips.index_coloured(30, size=64)
+    noise = np.random.default_rng(0).integers(-3, 4, frames.shape)  # so that frames have some bytes
+    frames = np.clip(frames.astype(int) + noise, 0, 255).astype(np.uint8)
+    whole = clips.write(tmp_path / "whole.avi", frames).read_bytes()
+    path = tmp_path / "cut.avi"
+    path.write_bytes(whole[: len(whole) // 2])
+    assert clip_info(path).frames_in_header == 30  # the header still promises 30 frames
+    av = pytest.importorskip("av")
+    with av.open(str(path)) as container:
+        decodable = sum(1 for _ in container.decode(video=0))
+    assert 0 < decodable < 30
+    expected = [int((k + 0.5) * decodable / 4) for k in range(4)]
+    assert clips.index_of(sample_frames(path, 4)).tolist() == expected
 
 
 def test_short_clip_repeats_frames(tmp_path, clips):
