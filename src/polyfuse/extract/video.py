@@ -231,9 +231,9 @@ def _clip_features(
 
     info = clip_info(path)
 
-    def convert(_: int, frame: Any) -> tuple[torch.Tensor | None, np.ndarray | None]:
+    def convert(_: int, frame: Any, sampled: bool) -> tuple[torch.Tensor | None, np.ndarray | None]:
         rgb = frame.to_ndarray(format="rgb24")
-        pixels = image_to_tensor(Image.fromarray(rgb), settings.image_size) if "appearance" in needed else None
+        pixels = image_to_tensor(Image.fromarray(rgb), settings.image_size) if sampled and "appearance" in needed else None
         grey = flow_frame(rgb, settings.flow_size) if "motion" in needed else None
         return pixels, grey
 
@@ -290,7 +290,7 @@ def extract_video_features(
     *,
     settings: VideoSettings | None = None,
     streams: Sequence[str] = MODALITIES,
-    batch_size: int = 32,
+    batch_size: int = 16,
     progress: bool = True,
     backbone: torch.nn.Module | None = None,
     threads: int | None = None,
