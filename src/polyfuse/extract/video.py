@@ -263,8 +263,8 @@ def _datasets_of(handle: h5py.File, video_id: str) -> dict[str, h5py.Dataset]:
 
 def _missing(handle: h5py.File, video_id: str, digest: str, streams: Sequence[str]) -> list[str]:
     """The streams of ``streams`` that the file lacks for this content of the clip."""
-    current = {name: data for name, data in _datasets_of(handle, video_id).items() if data.attrs["sha256"] == digest}
-    no_audio = any(not data.attrs["has_audio"] for data in current.values())
+    current = {name: data for name, data in _datasets_of(handle, video_id).items() if data.attrs.get("sha256") == digest}
+    no_audio = any(not data.attrs.get("has_audio", True) for data in current.values())
     return [name for name in streams if name not in current and not (name == "audio" and no_audio)]
 
 
@@ -280,7 +280,7 @@ def _store(handle: h5py.File, video_id: str, name: str, data: np.ndarray, attrib
 def _drop_stale(handle: h5py.File, video_id: str, digest: str | None) -> None:
     """Remove this id's datasets made from another content of its file."""
     for name, data in _datasets_of(handle, video_id).items():
-        if data.attrs["sha256"] != digest:
+        if data.attrs.get("sha256") != digest:  # also one left without attributes by an interruption
             del handle[name][video_id]
 
 
@@ -322,7 +322,7 @@ def extract_video_features(
     handle = _open_output(out, settings)
     try:
         by_digest = {str(data.attrs["sha256"]): video_id for name in MODALITIES if name in handle
-                     for video_id, data in handle[name].items()}
+                     for video_id, data in handle[name].items() if "sha256" in data.attrs}
         model = backbone  # loaded when a clip first needs it: not at all for a cached run
         for video_id, path in tqdm(sorted(videos.items()), disable=not progress, desc="extract", unit="clip"):
             path = Path(path)
@@ -355,7 +355,7 @@ def extract_video_features(
                 report.cached.append(video_id)
             handle.flush()
             by_digest.setdefault(digest, video_id)
-            if not any(data.attrs["has_audio"] for data in _datasets_of(handle, video_id).values()):
+            if not any(data.attrs.get("has_audio", False) for data in _datasets_of(handle, video_id).values()):
                 report.without_audio.append(video_id)
     finally:
         handle.close()
