@@ -35,6 +35,7 @@ __all__ = [
     "bilinear_attention_logits",
     "bilinear_attention_map",
     "bilinear_attention_pooling",
+    "bilinear_pooling_of_features",
 ]
 
 
@@ -320,9 +321,34 @@ def bilinear_attention_pooling(
 
     x_features = _project(x, x_mask, x_weight, x_bias)  # relu(X^T U'): (B, T_x, rank)
     y_features = _project(y, y_mask, y_weight, y_bias)  # relu(Y^T V'): (B, T_y, rank)
-    # BAN Eq. 12: f'_k = relu(X^T U')_k^T A relu(Y^T V')_k, for every k at once
-    attended_y = attention @ y_features.unsqueeze(1)  # (B, G, T_x, rank)
-    joint = (x_features.unsqueeze(1) * attended_y).sum(dim=-2)  # (B, G, rank)
+    joint = bilinear_pooling_of_features(x_features, y_features, attention, pool=pool)
+    return joint.squeeze(1) if single else joint
+
+
+def bilinear_pooling_of_features(
+    x_features: Tensor, y_features: Tensor, attention: Tensor, *, pool: int = 1
+) -> Tensor:
+    """BAN Eq. 12 on projected features: ``f'_k = x_features[:, :, k]^T A y_features[:, :, k]``.
+
+    The core of :func:`bilinear_attention_pooling` without its checks and masking, for
+    callers whose features are finite and whose ``attention`` is already 0 at padded
+    pairs (a map from :func:`bilinear_attention_map`), so that padded steps add nothing.
+
+    Args:
+        x_features: (B, T_x, R), relu(X^T U').
+        y_features: (B, T_y, R), relu(Y^T V').
+        attention: (B, T_x, T_y) or (B, G, T_x, T_y).
+        pool: sum pooling over consecutive groups of ``pool`` features (R = K * pool).
+
+    Returns:
+        (B, K), or (B, G, K) for a 4-d ``attention``.
+    """
+    single = attention.dim() == 3
+    if single:
+        attention = attention.unsqueeze(1)
+    rank = x_features.shape[-1]
+    attended_y = attention @ y_features.unsqueeze(1)  # (B, G, T_x, R)
+    joint = (x_features.unsqueeze(1) * attended_y).sum(dim=-2)  # (B, G, R)
     if pool > 1:
         joint = joint.unflatten(-1, (rank // pool, pool)).sum(dim=-1)  # (B, G, K)
     return joint.squeeze(1) if single else joint

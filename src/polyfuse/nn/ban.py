@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations
@@ -35,7 +36,7 @@ from polyfuse._checks import check_dropout
 from polyfuse.functional.bilinear import (
     bilinear_attention_logits,
     bilinear_attention_map,
-    bilinear_attention_pooling,
+    bilinear_pooling_of_features,
 )
 from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.registry import register
@@ -166,6 +167,13 @@ class BAN(FusionModule):
         )
         return bilinear_attention_map(logits)
 
+    def _joint_x_features(self, x: Tensor) -> Tensor:
+        """relu(U'_g^T x + u_g) for every glimpse g at once: (B, T_x, G, rank)."""
+        glimpses = self.joint_x[: self.glimpses]
+        weight = torch.cat([linear.weight for linear in glimpses])  # (G rank, d_x)
+        bias = torch.cat([linear.bias for linear in glimpses])
+        return F.relu(F.linear(x, weight, bias)).unflatten(-1, (self.glimpses, -1))
+
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
         return self.fuse_details(inputs, masks).fused
 
@@ -174,21 +182,22 @@ class BAN(FusionModule):
         (Eq. 14)] and the G attention maps (B, G, T_x, T_y)."""
         x, y = inputs
         x_mask, y_mask = masks
-        attention = self.attention_maps(x, y, x_mask, y_mask)  # (B, G, T_x, T_y)
+        attention = self.attention_maps(x, y, x_mask, y_mask)  # (B, G, T_x, T_y), 0 at padding
+        # relu(U'_g^T x) of every glimpse in one product when no dropout is drawn (x does
+        # not change between glimpses); in training with dropout each glimpse drops x
+        # on its own, in the reference's order of random draws.
+        all_x = None if self.training and self.dropout > 0 else self._joint_x_features(x)
         stream = y  # the residual stream, (B, T_y, d_y)
         for glimpse in range(self.glimpses):
-            joint_x, joint_y = self.joint_x[glimpse], self.joint_y[glimpse]
-            joint = bilinear_attention_pooling(  # f'_g: (B, K), BAN Eq. 12
-                self._drop(x),
-                self._drop(stream),
-                attention[:, glimpse],
-                joint_x.weight,
-                joint_y.weight,
-                x_bias=joint_x.bias,
-                y_bias=joint_y.bias,
-                x_mask=x_mask,
-                y_mask=y_mask,
-                pool=self.joint_pool,
+            if all_x is None:
+                x_features = F.relu(self.joint_x[glimpse](self._drop(x)))
+            else:
+                x_features = all_x[:, :, glimpse]
+            y_features = F.relu(self.joint_y[glimpse](self._drop(stream)))
+            # f'_g: (B, K), BAN Eq. 12. The inputs are finite (checked on entry) and the
+            # map is 0 at padded pairs, so padded steps add nothing.
+            joint = bilinear_pooling_of_features(
+                x_features, y_features, attention[:, glimpse], pool=self.joint_pool
             )
             # BAN Eq. 11 (on y, as the reference code): y <- P_g^T f'_g 1^T + y
             stream = stream + self.joint_projections[glimpse](self._drop(joint)).unsqueeze(1)
