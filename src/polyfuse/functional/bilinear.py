@@ -195,13 +195,17 @@ def bilinear_attention_logits(
     y_features = _project(y, y_mask, y_weight, y_bias)  # relu(V^T Y)^T: (B, T_y, K'), Eq. 13
     # BAN Eq. 10: ((1 p_g^T) o relu(X^T U)) relu(V^T Y). The Hadamard product with p_g
     # is put on the shorter sequence, which keeps the (B, G, T, K') intermediate small.
+    # One batched product per sample over all glimpses (no copy of the other side per glimpse).
     weights = glimpse_weight[None, :, None, :]  # (1, G, 1, K')
-    if y.shape[1] <= x.shape[1]:
-        weighted_y = y_features.unsqueeze(1) * weights  # (B, G, T_y, K')
-        logits = x_features.unsqueeze(1) @ weighted_y.transpose(-1, -2)  # (B, G, T_x, T_y)
+    batch, length_x, length_y = x.shape[0], x.shape[1], y.shape[1]
+    if length_y <= length_x:
+        weighted_y = (y_features.unsqueeze(1) * weights).flatten(1, 2)  # (B, G T_y, K')
+        logits = torch.bmm(x_features, weighted_y.transpose(1, 2))  # (B, T_x, G T_y)
+        logits = logits.view(batch, length_x, glimpses, length_y).transpose(1, 2)
     else:
-        weighted_x = x_features.unsqueeze(1) * weights  # (B, G, T_x, K')
-        logits = weighted_x @ y_features.unsqueeze(1).transpose(-1, -2)  # (B, G, T_x, T_y)
+        weighted_x = (x_features.unsqueeze(1) * weights).flatten(1, 2)  # (B, G T_x, K')
+        logits = torch.bmm(weighted_x, y_features.transpose(1, 2))  # (B, G T_x, T_y)
+        logits = logits.view(batch, glimpses, length_x, length_y)
     if glimpse_bias is not None:
         logits = logits + glimpse_bias[None, :, None, None]
     pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
@@ -347,7 +351,8 @@ def bilinear_pooling_of_features(
     if single:
         attention = attention.unsqueeze(1)
     rank = x_features.shape[-1]
-    attended_y = attention @ y_features.unsqueeze(1)  # (B, G, T_x, R)
+    # One product per sample for all glimpses: (B, G T_x, T_y) @ (B, T_y, R).
+    attended_y = torch.bmm(attention.flatten(1, 2), y_features).view(*attention.shape[:3], rank)
     joint = (x_features.unsqueeze(1) * attended_y).sum(dim=-2)  # (B, G, R)
     if pool > 1:
         joint = joint.unflatten(-1, (rank // pool, pool)).sum(dim=-1)  # (B, G, K)
