@@ -75,10 +75,13 @@ def low_rank_fusion(
                 f"low_rank_fusion: factor {j} has shape {tuple(factor.shape)}, expected "
                 f"(rank, {vector.shape[-1] + 1}, out_dim) for a vector of size {vector.shape[-1]}"
             )
-        # [z_j, 1] W_j = z_j W_j[:, :h_j] + W_j[:, h_j]: one matrix product for all ranks.
-        rank, size, out_dim = factor.shape
-        weight = factor[:, :-1].transpose(0, 1).reshape(size - 1, rank * out_dim)
-        projected = torch.addmm(factor[:, -1].reshape(rank * out_dim), vector, weight)  # (B, R O)
+        # [z_j, 1] W_j^{(r)} = z_j W_j^{(r)}[:h_j] + W_j^{(r)}[h_j], all ranks in one batched
+        # product on views of the factor (no copy of it, no padded copy of z_j).
+        rank = factor.shape[0]
+        projected = torch.baddbmm(
+            factor[:, -1:], vector.unsqueeze(0).expand(rank, -1, -1), factor[:, :-1]
+        )  # (R, B, O)
         product = projected if product is None else product * projected
-    fused = torch.matmul(rank_weights, product.view(-1, rank, out_dim))  # sum_r w_r (.)_r: (B, O)
+    rank, batch, out_dim = product.shape
+    fused = (rank_weights @ product.reshape(rank, batch * out_dim)).view(batch, out_dim)  # sum_r w_r
     return fused if bias is None else fused + bias
