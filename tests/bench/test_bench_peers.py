@@ -175,6 +175,9 @@ def test_cli_writes_json_and_table(tmp_path, capsys, monkeypatch):
     assert payload["benchmark"] == "peers" and payload["settings"]["threads"] == [1]
     assert payload["machine"]["torch"] == torch.__version__
     assert "| tensor_fusion | 1 |" in capsys.readouterr().out
+    report = (out / "peers.md").read_text()
+    assert f"--multibench {root} --rows 'tensor_fusion' --thread-counts '1' --repeats 1 --warmup 0" in report
+    assert "| multibench | github.com/pliang279/MultiBench | not a git checkout |" in report
 
 
 # ---------------------------------------------------------------------------

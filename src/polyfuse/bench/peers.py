@@ -35,7 +35,7 @@ from polyfuse.bench.measure import LoadMonitor, paired_ratio, time_interleaved_s
 from polyfuse.bench.peer_rows import ROWS, Pair, RowSpec
 from polyfuse.bench.results import result_header
 
-__all__ = ["PEER_REPOSITORIES", "format_table", "peer_commit", "run_peers"]
+__all__ = ["PEER_REPOSITORIES", "format_table", "markdown_report", "peer_commit", "run_peers"]
 
 PEER_REPOSITORIES = {"man": "wangzih98/MAN", "ban_vqa": "jnhwkim/ban-vqa", "multibench": "pliang279/MultiBench"}
 Progress = Callable[[str], None] | None
@@ -245,3 +245,49 @@ def format_table(payload: dict[str, Any]) -> str:
                 f"| {1e3 * fwd['peer']['median_s']:.3f} | {1e3 * both['polyfuse']['median_s']:.3f} "
                 f"| {1e3 * both['peer']['median_s']:.3f} |")
     return "\n".join(lines + (["", *notes] if notes else []))
+
+
+def _loads(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [passes[name]["load"] for row in payload["rows"] for passes in row.get("timings", {}).values()
+            for name in ("forward", "forward_backward")]
+
+
+def markdown_report(payload: dict[str, Any], command: str) -> str:
+    """The section of docs/BENCHMARKS.md for one run (written as ``peers.md``)."""
+    machine, settings = payload["machine"], payload["settings"]
+    loads = _loads(payload)
+    lines = ["## Peers: polyfuse against the public implementations", "",
+             f"`{command}`", "",
+             "Each row imports the peer's modules unchanged from its checkout, gives both sides the same "
+             "weights and inputs, checks that the outputs agree (largest absolute difference below; a row "
+             "beyond the tolerance is not timed), then times forward (`torch.no_grad`) and "
+             "forward+backward in interleaved rounds, both in eval mode, float32. **Ratio = polyfuse time / "
+             "peer time** per round, median [first, third quartile] over "
+             f"{settings['repeats']} rounds after {settings['warmup']} warm-up rounds: below 1 polyfuse is "
+             "faster. Milliseconds are medians.", "",
+             f"Machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']}, "
+             f"Python {machine['python']}; thread counts {settings['threads']} (intra-op, set in turn), "
+             f"{settings['interop_threads']} inter-op; measured {payload['created']} (polyfuse "
+             f"{payload['polyfuse']}).", ""]
+    if loads:
+        busy = [load["machine_busy"] for load in loads if load.get("machine_busy") is not None]
+        others = [load["others"] for load in loads if load.get("others") is not None]
+        averages = [load["loadavg_1min"] for load in loads]
+        high = max(averages) > machine["logical_cpus"] or (others and max(others) > 0.25)
+        if high:
+            lines += ["**The machine was heavily loaded by other processes during this run** (1-minute load "
+                      f"average {min(averages):.1f} to {max(averages):.1f} on {machine['logical_cpus']} CPUs"
+                      + (f", other processes took up to {100 * max(others):.0f}% of all CPU time" if others else "")
+                      + "): the ratios, taken within rounds under the same load, are indicative only; "
+                      "rerun on a quiet machine for claims.", ""]
+        elif busy:
+            lines += [f"Load: machine busy {100 * min(busy):.0f}% to {100 * max(busy):.0f}% of all CPUs, "
+                      f"1-minute load average up to {max(averages):.1f}.", ""]
+    lines += ["| peer | repository | commit |", "|---|---|---|"]
+    for key, peer in payload["peers"].items():
+        commit = peer["commit"] or ("not a git checkout" if peer["present"] else "not given")
+        lines.append(f"| {key} | github.com/{peer['repository']} | {commit} |")
+    lines += ["", "| row | what |", "|---|---|"]
+    lines += [f"| {row['name']} | {row['description']} |" for row in payload["rows"]]
+    lines += ["", format_table(payload), ""]
+    return "\n".join(lines).rstrip() + "\n"

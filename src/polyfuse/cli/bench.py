@@ -271,7 +271,7 @@ def _maf(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    from polyfuse.bench.peers import format_table, run_peers
+    from polyfuse.bench.peers import format_table, markdown_report, run_peers
 
     if args.threads is not None:
         raise ValueError("bench peers: use --thread-counts (it times every count in turn), not --threads")
@@ -280,6 +280,22 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                         repeats=args.repeats, tolerance=args.tolerance, time_unequal=args.time_unequal,
                         profile=args.profile, progress=_progress(args))
     print(format_table(payload))
+    words = ["polyfuse bench peers"] + [f"--{key.replace('_', '-')} {value}" for key, value in paths.items()
+                                         if value is not None]
+    if args.rows:
+        words.append("--rows '" + " ".join(args.rows) + "'")
+    if tuple(args.thread_counts) != (1, 2):
+        words.append("--thread-counts '" + " ".join(map(str, args.thread_counts)) + "'")
+    for option, default in (("repeats", 15), ("warmup", 3), ("tolerance", 1e-5), ("profile", 0)):
+        if getattr(args, option) != default:
+            words.append(f"--{option} {getattr(args, option)}")
+    if args.time_unequal:
+        words.append("--time-unequal")
+    command = " ".join([*words, f"--output-dir {args.output_dir}"])
+    report = args.output_dir / "peers.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(markdown_report(payload, command), encoding="utf-8")
+    print(f"wrote {report}")
     return payload, None
 
 

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from polyfuse.engine.rundir import (
     safe_run_name,
 )
 from polyfuse.engine.seeding import seed_everything
+from polyfuse.engine.threads import thread_plan_for
 from polyfuse.tasks import FusionTask
 
 __all__ = ["RunInterrupted", "RunResult", "evaluate", "load_model", "predict", "resolve_resume", "train"]
@@ -232,7 +234,9 @@ def _train_in(
     if resume_checkpoint is not None:
         _check_resume_checkpoint(resume_checkpoint, task, config)
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
+    threads = thread_plan_for(config["trainer"])
     if not _is_worker():
+        print(threads.describe(), file=sys.stderr, flush=True)
         atomic_write_text(run_dir / "config.yaml", dump_config(config))
         if devices > 1:
             os.environ[RUN_DIR_ENV] = str(run_dir)
@@ -277,6 +281,8 @@ def _train_in(
             "train_seconds": round(seconds, 3),
             "resumed": resume_checkpoint is not None,
             "samples": {key: len(p) for key, p in data.partitions.items()},
+            "threads": threads.to_dict() | {"torch_intra_op": torch.get_num_threads(),
+                                            "torch_inter_op": torch.get_num_interop_threads()},
         }
         atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
         try:
