@@ -380,7 +380,7 @@ _LMF = {"input_dims": (32, 32, 128), "out_dim": 128, "rank": 32, "batch": 32}
 
 ROWS: dict[str, RowSpec] = {spec.name: spec for spec in [
     RowSpec("man", "man", "MAN layer (had, 3 x 50 steps of 40, 4 heads, H = 24, batch 32) vs wangzih98/MAN, "
-            "its kernel with one max per sample and no eps", {**_MAN, "exact_kernel": True}, _build_man),
+            "its kernel with one max per batch and no eps", {**_MAN, "exact_kernel": True}, _build_man),
     RowSpec("man_published", "man", "the same, the peer's kernel as published (per-step max, eps 1e-4): "
             "outputs differ, not timed", _MAN, _build_man),
     RowSpec("ban_vqa", "ban_vqa", "BAN fusion, VQA size (2048/1024, 8 glimpses, 36 x 14, batch 32) vs ban-vqa",

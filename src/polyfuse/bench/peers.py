@@ -112,16 +112,28 @@ def _time_pair(pair: Pair, threads: Sequence[int], warmup: int, repeats: int) ->
     return timings
 
 
-def _profile(pair: Pair, top: int) -> dict[str, list[dict[str, Any]]]:
-    """Top ``top`` operators by self CPU time of one forward and one forward+backward per side."""
+def _profile(pair: Pair, top: int, threads: int) -> dict[str, list[dict[str, Any]]]:
+    """Top ``top`` operators by self CPU time per pass (mean of 3) of forward and
+    forward+backward per side, at ``threads`` intra-op threads."""
     from polyfuse.bench.measure import _quiet_stderr
 
+    result: dict[str, Any] = {"threads": threads}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        result |= _profile_sides(pair, top, _quiet_stderr)
+    finally:
+        torch.set_num_threads(previous)
+    return result
+
+
+def _profile_sides(pair: Pair, top: int, quiet: Any) -> dict[str, list[dict[str, Any]]]:
     result: dict[str, list[dict[str, Any]]] = {}
     for side, function in (("polyfuse", pair.ours), ("peer", pair.theirs)):
         for name, wrap in (("forward", _forward), ("forward_backward", _forward_backward)):
             call = wrap(function, pair.inputs)
             call()  # warm-up outside the profile
-            with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with quiet(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for _ in range(3):
                     call()
             events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -156,7 +168,7 @@ def _run_row(spec: RowSpec, root: Path, *, threads: Sequence[int], warmup: int, 
     row["status"] = "timed" if row["equal"] else "timed_unequal"
     row["timings"] = _time_pair(pair, threads, warmup, repeats)
     if profile:
-        row["profile"] = _profile(pair, profile)
+        row["profile"] = _profile(pair, profile, min(threads))
     return row
 
 
@@ -283,6 +295,13 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
         elif busy:
             lines += [f"Load: machine busy {100 * min(busy):.0f}% to {100 * max(busy):.0f}% of all CPUs, "
                       f"1-minute load average up to {max(averages):.1f}.", ""]
+    lines += ["The peers are git checkouts given by path; the rows say what of each is run, and "
+              "`src/polyfuse/bench/peer_rows.py` how its weights are mapped and what had to be worked around "
+              "to import it (a missing module stubbed, a global its constructor reads but never defines, "
+              "`.cuda()` on a CPU build). Row `man` calls the peer's own kernel function with one max per "
+              "batch instead of one per step and without its `eps = 1e-4` (same operations, same cost): as "
+              "published (`man_published`) the per-step max reweights the attention, so no exact "
+              "implementation matches it.", ""]
     lines += ["| peer | repository | commit |", "|---|---|---|"]
     for key, peer in payload["peers"].items():
         commit = peer["commit"] or ("not a git checkout" if peer["present"] else "not given")

@@ -183,7 +183,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     peers.add_argument("--time-unequal", action="store_true",
                        help="time rows whose outputs differ too (flagged as such)")
     peers.add_argument("--profile", type=int, default=0, metavar="N",
-                       help="record the top N operators of each side (torch.profiler)")
+                       help="record the top N operators of each side (torch.profiler, at the lowest thread count)")
     common(peers)
 
 
