@@ -36,7 +36,7 @@ def _run(config: str, threads: str, epochs: int, out: Path) -> dict:
     if finished.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{finished.stderr[-2000:]}")
     results = json.loads((out / "results.json").read_text())
-    line = next((text for text in finished.stderr.splitlines() if text.startswith("threads:")), None)
+    line = next((text for text in finished.stdout.splitlines() if text.startswith("threads:")), None)
     return {"config": config, "threads": threads, "wall_s": wall, "train_s": results["train_seconds"],
             "test": results["test"], "validation": results["validation"], "plan": results.get("threads"),
             "printed": line, "load": load.result()}

@@ -10,7 +10,9 @@ import os
 
 import pytest
 import torch
+import yaml
 
+from polyfuse.cli.main import main
 from polyfuse.engine import train
 from polyfuse.engine.threads import apply_thread_plan, free_cores, plan_threads, thread_plan_for
 
@@ -60,10 +62,18 @@ def test_apply_sets_the_intra_op_pool():
 
 def test_run_prints_and_records_its_threads(tiny_config, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    config = tiny_config(trainer={"max_epochs": 1, "num_threads": None})
-    result = train(config, run_dir=tmp_path / "run")
-    recorded = json.loads((result.run_dir / "results.json").read_text())["threads"]
+    config_file = tmp_path / "tiny.yaml"
+    config_file.write_text(yaml.safe_dump(tiny_config(trainer={"max_epochs": 1, "num_threads": None})))
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(config_file), "--out", str(run), "--no-progress", "--quiet"]) == 0
+    recorded = json.loads((run / "results.json").read_text())["threads"]
     assert (recorded["intra_op"], recorded["inter_op"], recorded["cores"]) == (1, 1, 2)
     assert recorded["chosen_by"] == "default" and recorded["torch_intra_op"] == 1
     assert "threads: 1 intra-op + 1 inter-op per process, 1 process, 0 data loader workers, 2 free cores" in (
-        capsys.readouterr().err)
+        capsys.readouterr().out)
+
+
+def test_an_oversubscribing_run_warns(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    with pytest.warns(UserWarning, match="2 busy threads on 1 cores oversubscribe"):
+        train(tiny_config(trainer={"max_epochs": 1, "num_threads": 1}), run_dir=tmp_path / "run")

@@ -21,8 +21,8 @@ import json
 import os
 import re
 import signal
-import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,9 +234,10 @@ def _train_in(
     if resume_checkpoint is not None:
         _check_resume_checkpoint(resume_checkpoint, task, config)
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
-    threads = thread_plan_for(config["trainer"])
+    threads = thread_plan_for(config["trainer"])  # the CLI prints it; results.json records it
+    if threads.oversubscribed and not _is_worker():
+        warnings.warn(threads.describe(), stacklevel=2)
     if not _is_worker():
-        print(threads.describe(), file=sys.stderr, flush=True)
         atomic_write_text(run_dir / "config.yaml", dump_config(config))
         if devices > 1:
             os.environ[RUN_DIR_ENV] = str(run_dir)
