@@ -94,14 +94,21 @@ def _missing(name: str) -> bool:
     return importlib.util.find_spec(name) is None
 
 
+def _inside(module: types.ModuleType | None, root: Path) -> bool:
+    """Whether ``module`` was loaded from a file under ``root``."""
+    path = getattr(module, "__file__", None)
+    return path is not None and Path(path).resolve().is_relative_to(root.resolve())
+
+
 @contextlib.contextmanager
 def peer_modules(root: Path, names: Sequence[str], stubs: dict[str, types.ModuleType] | None = None
                  ) -> Iterator[dict[str, types.ModuleType]]:
     """Import ``names`` from the checkout ``root`` (first on ``sys.path``), with
-    ``stubs`` standing in for modules that are not installed. On exit ``sys.path``
-    and ``sys.modules`` are as before (the peers' generic names, ``fc`` or ``utils``,
-    must not leak into other imports); the imported objects stay usable. No
-    bytecode is written into the checkout."""
+    ``stubs`` standing in for modules that are not installed. On exit ``sys.path`` is
+    as before and ``sys.modules`` holds none of the peer's modules and stubs (the
+    peers' generic names, ``fc`` or ``utils``, must not leak into other imports; what
+    torch imported meanwhile stays); the imported objects stay usable. No bytecode is
+    written into the checkout."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no checkout at {root}")
@@ -119,8 +126,8 @@ def peer_modules(root: Path, names: Sequence[str], stubs: dict[str, types.Module
     finally:
         sys.path[:] = saved_path
         sys.dont_write_bytecode = saved_bytecode
-        for name in list(sys.modules):
-            if name not in saved_modules:
+        for name, module in list(sys.modules.items()):
+            if name not in saved_modules and (name in (stubs or {}) or _inside(module, root)):
                 del sys.modules[name]
         sys.modules.update(saved_modules)
 
