@@ -41,6 +41,7 @@ def format_metrics(title: str, metrics: dict[str, float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.run import is_worker, train
+    from polyfuse.engine.threads import thread_plan_for
 
     if args.resume:
         given = [flag for flag, value in vars(args).items() if flag.startswith("short_") and value is not None]
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             f"best checkpoint: {shown_path(result.best_checkpoint)} "
             f"({result.epochs} epochs, {result.train_seconds:.1f} s)"
         )
+        print(thread_plan_for(result.config["trainer"]).describe())
         print(format_metrics("validation", result.validation))
         if result.test:
             print(format_metrics("test", result.test))

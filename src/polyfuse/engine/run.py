@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ from polyfuse.engine.rundir import (
     safe_run_name,
 )
 from polyfuse.engine.seeding import seed_everything
+from polyfuse.engine.threads import thread_plan_for
 from polyfuse.tasks import FusionTask
 
 __all__ = [
@@ -245,6 +247,9 @@ def _train_in(
     if resume_checkpoint is not None:
         _check_resume_checkpoint(resume_checkpoint, task, config)
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
+    threads = thread_plan_for(config["trainer"])  # the CLI prints it; results.json records it
+    if threads.oversubscribed and not is_worker():
+        warnings.warn(threads.describe(), stacklevel=2)
     if not is_worker():
         atomic_write_text(run_dir / "config.yaml", dump_config(config))
         if devices > 1:
@@ -290,6 +295,8 @@ def _train_in(
             "train_seconds": round(seconds, 3),
             "resumed": resume_checkpoint is not None,
             "samples": {key: len(p) for key, p in data.partitions.items()},
+            "threads": threads.to_dict() | {"torch_intra_op": torch.get_num_threads(),
+                                            "torch_inter_op": torch.get_num_interop_threads()},
         }
         atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
         try:
