@@ -10,8 +10,10 @@ import h5py
 import numpy as np
 import pytest
 import yaml
+from lightning.pytorch.callbacks import Callback
 
 from polyfuse.cli.main import main
+from polyfuse.engine.run import train
 from polyfuse.metrics.vqa import vqa_accuracy
 
 QUESTIONS = [("what color is the shape?", "color"), ("is the shape red?", "yes/no")]
@@ -150,3 +152,22 @@ def test_vqa_input_errors_are_named(vqa_folder, capsys):
     (vqa_folder / "typo.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(vqa_folder / "typo.yaml")]) == 2
     assert "unknown config key 'data.vqa.min_answers' (did you mean 'min_answer_count'?)" in capsys.readouterr().err
+
+
+class _Interrupt(Callback):
+    """Fails at the start of an epoch, as a killed run would."""
+
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.current_epoch == 2:
+            raise RuntimeError("interrupted")
+
+
+def test_vqa_resume_continues_to_the_same_result(vqa_folder):
+    config = _config(vqa_folder, dropout=0.3, classifier_dropout=0.3)
+    config["trainer"]["max_epochs"] = 4
+    whole = train(config, run_dir=vqa_folder / "whole")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        train(config, run_dir=vqa_folder / "cut", callbacks=[_Interrupt()])
+    resumed = train({}, resume=vqa_folder / "cut")
+    assert resumed.test == whole.test and resumed.validation == whole.validation
+    assert resumed.epochs == whole.epochs

@@ -263,6 +263,9 @@ class VQADataModule(L.LightningDataModule):
             batch_size=self.batch_size // world if train else self.eval_batch_size,
             sampler=sampler,
             collate_fn=lambda indices: split.batch(torch.as_tensor(indices, dtype=torch.long)),
+            # A loader without a generator draws its base seed from the global RNG, which
+            # would shift dropout after a resume; this one never touches it.
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
