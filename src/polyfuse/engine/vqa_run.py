@@ -188,6 +188,8 @@ def plot_vqa_checkpoint_attention(
     config = extras["config"]
     if config["model"]["fusion"] != "ban":
         raise ValueError(f"a {config['model']['fusion']} model has no bilinear attention maps; plot a BAN checkpoint")
+    if split == "all":
+        raise ValueError("plot attention takes questions of one split: train, valid or test")
     (key,) = _partitions(split, None, None)
     part = vqa_data_for(extras, [key]).partitions[key]
     position = {q.question_id: i for i, q in enumerate(part.questions)}
