@@ -19,6 +19,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the base config of the compare runs")
     parser.add_argument("runs", nargs="+", type=Path, help="runs.csv files")
+    parser.add_argument("--figure", type=Path, help="task.type vqa: also draw the accuracy bars (PNG) here")
     args = parser.parse_args()
     records = []
     for path in args.runs:
@@ -26,6 +27,13 @@ def main() -> None:
             records += list(csv.DictReader(handle))
     base = resolve_config(load_config(args.config))
     summary = summarise(records, validation_key=monitor_of(base)[0].replace("/", "_"))
+    if base["task"]["type"] == "vqa":  # one table: VQA accuracy overall and per type
+        from polyfuse.engine.vqa_report import format_vqa_summary, plot_vqa_summary
+
+        print(format_vqa_summary(summary))
+        if args.figure:
+            plot_vqa_summary(summary, args.figure)
+        return
     print(format_summary(summary, constant_baseline(base)))
 
 

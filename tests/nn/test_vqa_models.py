@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from polyfuse.data.vqa_data import fit_pca, project_features
 from polyfuse.functional.counting import grid_boxes
 from polyfuse.nn.text import QuestionEncoder
 from polyfuse.nn.vqa import BanVQA, FusionVQA
-from polyfuse.tasks.vqa import fit_pca, project_features, vqa_loss
+from polyfuse.tasks.vqa import vqa_loss
 
 
 def test_grid_boxes_hand_values():

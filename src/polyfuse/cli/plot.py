@@ -1,4 +1,6 @@
-"""``polyfuse plot``: learning curves of a run; attention of MAN or BAN for one sample."""
+"""``polyfuse plot``: learning curves of a run; ``polyfuse plot attention``: attention of
+MAN or BAN for one sample, or of BAN for VQA questions (each glimpse over the image grid
+and the question words)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "BAN's bilinear attention maps."
         ),
     )
+    parser.add_argument(
+        "what", nargs="?", choices=["attention"],
+        help="attention (the default with --checkpoint): MAN / BAN attention of one sample; for a "
+        "VQA checkpoint, each glimpse's bilinear attention over the image grid and the question words",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", dest="run_dir", help="a run directory (learning curves)")
     source.add_argument("--checkpoint", help="a .safetensors checkpoint (attention of one sample)")
@@ -28,7 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"
     )
-    parser.add_argument("--out", required=True, help="PNG file to write")
+    vqa = parser.add_argument_group("VQA checkpoints (task.type vqa)")
+    vqa.add_argument("--question-ids", help="comma-separated question ids of the split (default: the --sample-th)")
+    vqa.add_argument("--images", help="folder of the split's images (<image id>.png|jpg) drawn under the maps "
+                     "(easy-VQA: the installed package's)")
+    parser.add_argument("--out", required=True, help="PNG file to write (several VQA questions: OUT_<id>.png)")
     parser.set_defaults(run=run)
 
 
@@ -37,6 +48,13 @@ def _short(value) -> str:
     values = value.reshape(-1).tolist()
     text = ", ".join(f"{v:.3g}" for v in values)
     return text if len(values) == 1 else f"[{text}]"
+
+
+def _question_ids(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--question-ids takes comma-separated integers, got {text!r}") from None
 
 
 TITLE_WIDTH = 90
@@ -52,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine import plots
 
     if args.run_dir:
+        if args.what == "attention":
+            raise ValueError("plot attention reads a checkpoint: give --checkpoint FILE (--run draws learning curves)")
         path = plots.plot_learning_curves(args.run_dir, args.out)
         print(f"wrote {path}")
         return 0
@@ -61,6 +81,19 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_lightning()
     task, extras = load_model(args.checkpoint)
+    if extras["config"]["task"]["type"] == "vqa":
+        from polyfuse.engine.vqa_run import plot_vqa_checkpoint_attention
+
+        if args.data or args.modalities:
+            raise ValueError("--data and --modalities do not apply to a VQA checkpoint: it reads its data.vqa section")
+        ids = _question_ids(args.question_ids) if args.question_ids else None
+        for path in plot_vqa_checkpoint_attention(
+            task, extras, args.out, question_ids=ids, sample=args.sample, split=args.split, images=args.images
+        ):
+            print(f"wrote {path}")
+        return 0
+    if args.question_ids or args.images:
+        raise ValueError("--question-ids and --images apply to VQA checkpoints only")
     data = data_for(
         extras, args.data, ["all"] if args.split == "all" else None, require_labels=False, modalities=args.modalities
     )

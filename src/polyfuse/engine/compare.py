@@ -123,6 +123,11 @@ def compare(
     if baseline:
         (out_dir / "baseline.json").write_text(json.dumps(baseline, indent=2) + "\n")
     (out_dir / "summary.md").write_text(format_summary(summary, baseline) + "\n")
+    if base["task"]["type"] == "vqa":  # one table: accuracy overall and per type
+        from polyfuse.engine.vqa_report import format_vqa_summary, plot_vqa_summary
+
+        (out_dir / "summary.md").write_text(format_vqa_summary(summary) + "\n")
+        plot_vqa_summary(summary, out_dir / "summary.png")
     (out_dir / "base_config.json").write_text(json.dumps(base, indent=2) + "\n")
     return records
 

@@ -5,7 +5,7 @@ schema (keys, types, ranges) is :mod:`polyfuse.engine.schema`, documented in
 docs/CONFIGURATION.md. A YAML file may start from another with ``base:
 other.yaml`` (a path relative to the file); its keys then override the base's,
 section by section. Paths in a file (``data.source``, ``output_dir``) are
-relative to that file. :func:`resolve_config` fills in the defaults and refuses
+relative to that file (so are those of ``data.vqa`` and ``model.vqa.glove``). :func:`resolve_config` fills in the defaults and refuses
 unknown keys (with a did-you-mean) and wrong values.
 """
 
@@ -33,7 +33,14 @@ __all__ = [
 MAX_CONFIG_BYTES = 1 << 20
 MAX_ALIASES = 64
 MAX_DEPTH = 32
-_PATH_KEYS = (("data", "source"), ("output_dir",))
+_PATH_KEYS = (
+    ("data", "source"),
+    ("output_dir",),
+    *(("data", "vqa", key) for key in (
+        "train_questions", "train_annotations", "test_questions", "test_annotations", "train_features", "test_features",
+    )),
+    ("model", "vqa", "glove"),
+)
 
 
 class _Loader(yaml.SafeLoader):

@@ -223,10 +223,13 @@ def _check_resume_checkpoint(path: Path, task: FusionTask, config: Mapping[str, 
     check_finite_state(state, path)
 
 
-def _train_in(
-    config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
-) -> RunResult:
-    seed_everything(int(config["seed"]))
+def _run_parts(config: dict[str, Any]) -> tuple[Any, Any, dict[str, int], int]:
+    """Data module, task (its checkpoint extras set), partition sizes and training steps
+    per epoch of a run; ``task.type: vqa`` has its own (:mod:`polyfuse.engine.vqa_run`)."""
+    if config["task"]["type"] == "vqa":
+        from polyfuse.engine.vqa_run import vqa_run_parts
+
+        return vqa_run_parts(config)
     data = build_data(config)
     if not len(data.partitions["valid"]):
         raise ValueError("the validation partition is empty")
@@ -242,8 +245,16 @@ def _train_in(
         "label_info": data.label_info,
         "stats": _stats_to_tensors(data.stats),
     }
+    samples = {key: len(p) for key, p in data.partitions.items()}
+    return datamodule, task, samples, -(-len(data.partitions["train"]) // config["data"]["batch_size"])
+
+
+def _train_in(
+    config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
+) -> RunResult:
+    seed_everything(int(config["seed"]))
+    datamodule, task, samples, steps = _run_parts(config)
     devices = int(config["trainer"]["devices"])
-    steps = -(-len(data.partitions["train"]) // config["data"]["batch_size"])
     if resume_checkpoint is not None:
         _check_resume_checkpoint(resume_checkpoint, task, config)
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
@@ -279,7 +290,7 @@ def _train_in(
         raise RuntimeError(f"training produced no best checkpoint in {run_dir / 'checkpoints'}")
     validation = prefixed_metrics(trainer.validate(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "val")
     test: dict[str, float] = {}
-    if len(data.partitions["test"]):
+    if samples.get("test"):
         test = prefixed_metrics(trainer.test(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "test")
     epochs = int(trainer.current_epoch)
     result = RunResult(run_dir, best, validation, test, epochs, seconds, config)
@@ -294,7 +305,7 @@ def _train_in(
             "epochs": epochs,
             "train_seconds": round(seconds, 3),
             "resumed": resume_checkpoint is not None,
-            "samples": {key: len(p) for key, p in data.partitions.items()},
+            "samples": samples,
             "threads": threads.to_dict() | {"torch_intra_op": torch.get_num_threads(),
                                             "torch_inter_op": torch.get_num_interop_threads()},
         }
@@ -313,6 +324,10 @@ def load_model(checkpoint: str | Path) -> tuple[FusionTask, dict[str, Any]]:
     state_dict, extras = load_state(checkpoint)
     config = resolve_config(extras["config"])
     extras = {**extras, "config": config}
+    if config["task"]["type"] == "vqa":
+        from polyfuse.engine.vqa_run import load_vqa_model
+
+        return load_vqa_model(state_dict, extras, checkpoint), extras
     task = build_task(config, extras["input_dims"], extras["modalities"], extras["label_info"])
     try:
         task.load_state_dict(state_dict)
@@ -391,6 +406,10 @@ def evaluate(
     """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
     for every row of a file without a split)."""
     task, extras = load_model(checkpoint)
+    if extras["config"]["task"]["type"] == "vqa":
+        from polyfuse.engine.vqa_run import evaluate_vqa
+
+        return evaluate_vqa(task, extras, split=split, source=source, modalities=modalities)
     partitions = ["all"] if split == "all" else None
     data = data_for(extras, source, partitions, require_labels=True, modalities=modalities)
     key = partition_key(data, split)
@@ -417,6 +436,10 @@ def predict(
     value and ``prob_<class>`` for classification) and ``label`` when known.
     """
     task, extras = load_model(checkpoint)
+    if extras["config"]["task"]["type"] == "vqa":
+        from polyfuse.engine.vqa_run import predict_vqa
+
+        return predict_vqa(task, extras, split=split, out=out, source=source, modalities=modalities)
     data = data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
     key = partition_key(data, split)
     datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])

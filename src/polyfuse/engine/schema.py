@@ -29,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from polyfuse.engine.vqa_schema import VQADataConfig, VQAModelConfig, check_vqa_config
+
 __all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config"]
 
 SEED_MAX = 2**32 - 1  # numpy's seeding range
@@ -54,7 +56,7 @@ class _Section(BaseModel):
 class TaskConfig(_Section):
     """What is predicted and how it is scored."""
 
-    type: str = Field("sentiment", description="sentiment | traits | classification (polyfuse.tasks.TASKS)")
+    type: str = Field("sentiment", description="sentiment | traits | classification | vqa (polyfuse.tasks.TASKS)")
     loss: str = Field("l1", description="regression loss: l1 | mse | smooth_l1")
     target_names: list[str] | None = Field(None, description="traits: one name per target column")
     target_ranges: list[Annotated[list[float], Field(min_length=2, max_length=2)]] | None = Field(
@@ -105,6 +107,7 @@ class DataConfig(_Section):
     nonfinite: Literal["error", "zero", "mean"] = Field("error", description="what to do with NaN / Inf features")
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(32, description="global training batch (all processes)")
     eval_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(256, description="evaluation batch")
+    vqa: VQADataConfig | None = Field(None, description="task.type vqa: questions, answers and image features")
 
     @field_validator("modalities", mode="before")
     @classmethod
@@ -145,6 +148,7 @@ class ModelConfig(_Section):
     input_groups: dict[str, list[list[str] | str]] = Field(
         default_factory=dict, description="{fusion name: [[modality, ...], ...]}: modalities concatenated per input"
     )
+    vqa: VQAModelConfig | None = Field(None, description="task.type vqa: question encoder, BAN glimpses and counter")
 
     @field_validator("backbone")
     @classmethod
@@ -249,6 +253,9 @@ class RunConfig(_Section):
             raise ValueError(
                 f"trainer.min_epochs ({self.trainer.min_epochs}) exceeds trainer.max_epochs ({self.trainer.max_epochs})"
             )
+        check_vqa_config(self)
+        if self.task.type == "vqa" and self.model.vqa is None:
+            self.model.vqa = VQAModelConfig()
         return self
 
 
@@ -378,7 +385,8 @@ def format_errors(error: ValidationError, prefix: tuple[str, ...] = (), model: t
 
 def error_model(error: ValidationError) -> type[BaseModel] | None:
     """The model class a validation error came from (by its title)."""
-    for model in (RunConfig, TaskConfig, DataConfig, ContextConfig, ModelConfig, EncoderConfig, OptimConfig, TrainerConfig):
+    for model in (RunConfig, TaskConfig, DataConfig, ContextConfig, ModelConfig, EncoderConfig, OptimConfig, TrainerConfig,
+                  VQADataConfig, VQAModelConfig):
         if model.__name__ == error.title:
             return model
     return None

@@ -1,69 +1,67 @@
-"""Tables and a figure of a VQA comparison (``polyfuse vqa compare``)."""
+"""A VQA comparison's table and figure (``polyfuse compare`` on a ``task.type: vqa``
+configuration) and the attention figure of ``polyfuse plot attention``."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["format_vqa_summary", "plot_vqa_attention", "write_vqa_summary"]
+__all__ = ["format_vqa_summary", "plot_vqa_attention", "plot_vqa_summary", "vqa_types"]
 
 
-def _mean_std(values: Sequence[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+def vqa_types(summary: Sequence[Mapping]) -> list[str]:
+    """The type names of the breakdown (``acc/<type>`` test keys), in order of appearance."""
+    keys = [k[: -len("_mean")] for row in summary for k in row if k.startswith("acc/") and k.endswith("_mean")]
+    return [k.split("/", 1)[1] for k in dict.fromkeys(keys)]
 
 
-def format_vqa_summary(runs: Sequence[Mapping], *, wall_seconds: float | None = None) -> str:
-    """Markdown table: per model, VQA accuracy (mean ± sample std over seeds) overall and
-    per question type, parameters and mean training time of a run."""
-    models = list(dict.fromkeys(r["model"] for r in runs))
-    types = sorted({t for r in runs for t in r["per_question_type"]})
-    header = ["model", "seeds", "overall", *types, "parameters", "train s / run"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for model in models:
-        mine = [r for r in runs if r["model"] == model]
-        row = [model, str(len(mine)), _mean_std([r["overall"] for r in mine])]
-        row += [_mean_std([r["per_question_type"][t] for r in mine if t in r["per_question_type"]]) for t in types]
-        row += [f"{mine[0]['parameters']:,}", f"{statistics.mean(r['seconds'] for r in mine):.0f}"]
-        lines.append("| " + " | ".join(row) + " |")
-    if wall_seconds is not None:
-        lines.append("")
-        lines.append(f"Wall time of the whole comparison: {wall_seconds / 60:.1f} min.")
+def _cell(row: Mapping, key: str) -> str:
+    mean, std = row.get(f"{key}_mean"), row.get(f"{key}_std", 0.0)
+    return "–" if mean is None else f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def format_vqa_summary(summary: Sequence[Mapping]) -> str:
+    """Markdown: per model (rows of :func:`polyfuse.engine.compare.summarise`), the VQA
+    accuracy in % (mean ± sample std over seeds) on validation (which picked each run's
+    checkpoint) and on test, overall and per type; epochs and seconds per run."""
+    types = vqa_types(summary)
+    header = ["model", "runs", "val acc", "test acc", *types, "epochs", "s / run"]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for row in summary:
+        cells = [str(row["model"]), str(row["runs"]), _cell(row, "val_acc"), _cell(row, "acc")]
+        cells += [_cell(row, f"acc/{t}") for t in types]
+        cells += [f"{row.get('epochs_mean', float('nan')):.1f}", f"{row.get('seconds_mean', float('nan')):.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def write_vqa_summary(runs: Sequence[Mapping], out: str | Path, *, wall_seconds: float | None = None) -> str:
-    """Write ``summary.md`` and ``summary.png`` (accuracy per model and question type) into ``out``."""
+def plot_vqa_summary(summary: Sequence[Mapping], out: str | Path) -> Path:
+    """Bars of test accuracy (%) per model, overall and per type, with ± std error bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out)
-    text = format_vqa_summary(runs, wall_seconds=wall_seconds)
-    (out / "summary.md").write_text(text + "\n")
-    models = list(dict.fromkeys(r["model"] for r in runs))
-    types = ["overall", *sorted({t for r in runs for t in r["per_question_type"]})]
+    models = [str(row["model"]) for row in summary]
+    keys = ["acc", *(f"acc/{t}" for t in vqa_types(summary))]
     figure, axis = plt.subplots(figsize=(1.6 + 1.3 * len(models), 3.2))
-    width = 0.8 / len(types)
-    for offset, kind in enumerate(types):
-        means, errors = [], []
-        for model in models:
-            values = [r["overall"] if kind == "overall" else r["per_question_type"][kind] for r in runs if r["model"] == model]
-            means.append(statistics.mean(values))
-            errors.append(statistics.stdev(values) if len(values) > 1 else 0.0)
-        axis.bar([i + offset * width for i in range(len(models))], means, width, yerr=errors, label=kind, capsize=2)
-    axis.set_xticks([i + width * (len(types) - 1) / 2 for i in range(len(models))], models)
+    width = 0.8 / len(keys)
+    low = 100.0
+    for offset, key in enumerate(keys):
+        means = [100 * row.get(f"{key}_mean", float("nan")) for row in summary]
+        errors = [100 * row.get(f"{key}_std", 0.0) for row in summary]
+        low = min(low, *means)
+        label = "overall" if key == "acc" else key.split("/", 1)[1]
+        axis.bar([i + offset * width for i in range(len(models))], means, width, yerr=errors, label=label, capsize=2)
+    axis.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(models))], models)
     axis.set_ylabel("VQA accuracy (%)")
-    low = min(min(r["overall"] for r in runs), *(min(r["per_question_type"].values()) for r in runs))
     axis.set_ylim(max(0.0, low - 10), 100)
-    axis.legend(fontsize=7, ncol=len(types), loc="lower right")
+    axis.legend(fontsize=7, ncol=len(keys), loc="lower right")
     figure.tight_layout()
-    figure.savefig(out / "summary.png", dpi=120)
+    out = Path(out)
+    figure.savefig(out, dpi=120)
     plt.close(figure)
-    return text
+    return out
 
 
 def plot_vqa_attention(

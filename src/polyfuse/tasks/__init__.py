@@ -10,6 +10,9 @@ from polyfuse.tasks.tasks import (
     TraitsTask,
     task_class,
 )
+from polyfuse.tasks.vqa import VQATask
+
+TASKS["vqa"] = VQATask  # task.type vqa: its own data and model sections (engine/vqa_run.py)
 
 __all__ = [
     "ENCODER_TYPES",
@@ -22,5 +25,6 @@ __all__ = [
     "ModalityEncoder",
     "SentimentTask",
     "TraitsTask",
+    "VQATask",
     "task_class",
 ]

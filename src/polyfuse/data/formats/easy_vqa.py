@@ -10,7 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["QUESTION_TYPES", "import_easy_vqa", "question_type"]
+from polyfuse.data.formats.vqa import VQAQuestion
+
+__all__ = [
+    "QUESTION_TYPES",
+    "easy_vqa_image_folder",
+    "easy_vqa_questions",
+    "easy_vqa_records",
+    "import_easy_vqa",
+    "question_type",
+]
 
 _SHAPES = frozenset({"circle", "rectangle", "triangle"})
 QUESTION_TYPES = ("yes/no", "shape", "color")
@@ -33,6 +42,61 @@ def _package():
     return easy_vqa
 
 
+def easy_vqa_records(split: str, *, limit: int | None = None) -> tuple[list[dict], list[dict], Path]:
+    """The VQA 2.0 question and annotation entries of an easy-VQA split (``train`` or
+    ``test``) and the package's image folder of that split.
+
+    Question ids are the positions of the questions in the package's lists; ``limit``
+    keeps the questions of the first ``limit`` image ids (None keeps all)."""
+    easy_vqa = _package()
+    readers = {
+        "train": (easy_vqa.get_train_questions, easy_vqa.get_train_image_paths),
+        "test": (easy_vqa.get_test_questions, easy_vqa.get_test_image_paths),
+    }
+    if split not in readers:
+        raise ValueError(f"easy-VQA has the splits train and test, not {split!r}")
+    read_questions, read_images = readers[split]
+    texts, answers, image_ids = read_questions()
+    questions, annotations = [], []
+    for number, (text, answer, image_id) in enumerate(zip(texts, answers, image_ids, strict=True)):
+        if limit is not None and image_id >= limit:
+            continue
+        kind = question_type(answer)
+        questions.append({"question_id": number, "image_id": image_id, "question": text})
+        annotations.append(
+            {
+                "question_id": number,
+                "image_id": image_id,
+                "answers": [{"answer": answer, "answer_id": i + 1} for i in range(10)],
+                "answer_type": "yes/no" if kind == "yes/no" else "other",
+                "question_type": kind,
+                "multiple_choice_answer": answer,
+            }
+        )
+    folder = Path(next(iter(read_images().values()))).parent
+    return questions, annotations, folder
+
+
+def easy_vqa_questions(split: str, *, limit: int | None = None) -> list[VQAQuestion]:
+    """An easy-VQA split as :class:`VQAQuestion` records (what :func:`import_easy_vqa`
+    writes and :func:`polyfuse.data.formats.vqa.load_vqa` reads back)."""
+    questions, annotations, _ = easy_vqa_records(split, limit=limit)
+    return [
+        VQAQuestion(
+            q["question_id"], q["image_id"], q["question"], tuple(a["answer"] for a in annotation["answers"]),
+            annotation["answer_type"], annotation["question_type"],
+        )
+        for q, annotation in zip(questions, annotations, strict=True)
+    ]
+
+
+def easy_vqa_image_folder(split: str) -> Path:
+    """The folder of the installed package's images of ``split`` (``<image id>.png``)."""
+    easy_vqa = _package()
+    paths = (easy_vqa.get_train_image_paths if split == "train" else easy_vqa.get_test_image_paths)()
+    return Path(next(iter(paths.values()))).parent
+
+
 def import_easy_vqa(out_dir: str | Path, *, limit: int | None = None) -> dict[str, dict[str, str]]:
     """Write ``{split}_questions.json`` and ``{split}_annotations.json`` for the train and
     test splits into ``out_dir`` and return, per split, the file paths and the image
@@ -43,38 +107,15 @@ def import_easy_vqa(out_dir: str | Path, *, limit: int | None = None) -> dict[st
         limit: keep the questions of the first ``limit`` image ids of each split
             (for tests and quick runs); None keeps all.
     """
-    easy_vqa = _package()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    readers = {
-        "train": (easy_vqa.get_train_questions, easy_vqa.get_train_image_paths),
-        "test": (easy_vqa.get_test_questions, easy_vqa.get_test_image_paths),
-    }
     result = {}
-    for split, (read_questions, read_images) in readers.items():
-        texts, answers, image_ids = read_questions()
-        image_paths = read_images()
-        questions, annotations = [], []
-        for number, (text, answer, image_id) in enumerate(zip(texts, answers, image_ids, strict=True)):
-            if limit is not None and image_id >= limit:
-                continue
-            kind = question_type(answer)
-            questions.append({"question_id": number, "image_id": image_id, "question": text})
-            annotations.append(
-                {
-                    "question_id": number,
-                    "image_id": image_id,
-                    "answers": [{"answer": answer, "answer_id": i + 1} for i in range(10)],
-                    "answer_type": "yes/no" if kind == "yes/no" else "other",
-                    "question_type": kind,
-                    "multiple_choice_answer": answer,
-                }
-            )
+    for split in ("train", "test"):
+        questions, annotations, folder = easy_vqa_records(split, limit=limit)
         questions_path = out_dir / f"{split}_questions.json"
         annotations_path = out_dir / f"{split}_annotations.json"
         questions_path.write_text(json.dumps({"questions": questions}))
         annotations_path.write_text(json.dumps({"annotations": annotations}))
-        folder = Path(next(iter(image_paths.values()))).parent
         result[split] = {
             "questions": str(questions_path),
             "annotations": str(annotations_path),

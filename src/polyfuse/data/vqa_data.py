@@ -1,0 +1,278 @@
+"""VQA data for the engine (``task.type: vqa``): questions, vocabularies, image features,
+the train / valid / test partitions and the Lightning data module that serves them.
+
+Legend for shapes: ``Q`` questions, ``L`` words, ``O`` objects or grid cells, ``d_v``
+image feature size, ``A`` answers, ``K`` distinct human answers of a question that are
+in the answer vocabulary (padded to the largest).
+
+A batch is a dict: ``tokens`` (B, L) long, ``image`` (B, O, d_v), ``boxes`` (B, O, 4),
+``target`` (B, A) soft scores, ``answer_ids`` (B, K) long (-1: padding) and
+``answer_scores`` (B, K), the official VQA accuracy of answering ``answer_ids[k]``,
+``answer_type`` (B,) long (index into the breakdown's type names) and ``row`` (B,), the
+question's position in its partition.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from polyfuse.data.datamodule import ShardedShuffleSampler
+from polyfuse.data.formats.features import ImageFeatures, load_image_features
+from polyfuse.data.formats.vqa import (
+    VQAQuestion,
+    answer_vocabulary,
+    encode_questions,
+    load_vqa,
+    soft_targets,
+    word_vocabulary,
+)
+from polyfuse.metrics.vqa import normalize_answer, vqa_accuracy
+
+__all__ = [
+    "VQAData",
+    "VQADataModule",
+    "VQASplit",
+    "answer_table",
+    "build_vqa_data",
+    "fit_pca",
+    "project_features",
+    "read_vqa_questions",
+    "split_by_image",
+]
+
+
+@dataclass
+class VQASplit:
+    """Tensors of one partition; ``image_rows`` index ``features`` / ``boxes`` per question."""
+
+    questions: list[VQAQuestion]
+    tokens: Tensor  # (Q, L) long
+    targets: Tensor  # (Q, A) soft scores
+    answer_ids: Tensor  # (Q, K) long, -1 padding
+    answer_scores: Tensor  # (Q, K)
+    types: Tensor  # (Q,) long
+    image_rows: Tensor  # (Q,) long
+    features: Tensor  # (N, O, d_v)
+    boxes: Tensor  # (N, O, 4)
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def batch(self, index: Tensor) -> dict[str, Tensor]:
+        rows = self.image_rows[index]
+        return {
+            "tokens": self.tokens[index],
+            "image": self.features[rows],
+            "boxes": self.boxes[rows],
+            "target": self.targets[index],
+            "answer_ids": self.answer_ids[index],
+            "answer_scores": self.answer_scores[index],
+            "answer_type": self.types[index],
+            "row": index,
+        }
+
+
+@dataclass
+class VQAData:
+    """What a VQA run trains and tests on (see :func:`build_vqa_data`)."""
+
+    partitions: dict[str, VQASplit]
+    words: list[str]
+    answers: list[str]
+    type_names: list[str]
+    image_dim: int
+    pca: tuple[Tensor, Tensor] | None = None  # mean (d_v,), directions (d_v, dim)
+    word_vectors: Tensor | None = None  # (V, E) GloVe rows
+    notes: list[str] = field(default_factory=list)
+
+
+def answer_table(questions: Sequence[VQAQuestion], answers: Sequence[str]) -> tuple[Tensor, Tensor]:
+    """Per question, the vocabulary answers that some human gave and the official VQA
+    accuracy of predicting each (:func:`polyfuse.metrics.vqa.vqa_accuracy`): (Q, K) long
+    ids (-1 padding) and (Q, K) accuracies. Predicting any other answer scores 0."""
+    index = {a: i for i, a in enumerate(answers)}
+    rows: list[list[tuple[int, float]]] = []
+    for q in questions:
+        given = dict.fromkeys(normalize_answer(a) for a in q.answers)
+        rows.append([(index[a], vqa_accuracy(a, q.answers)) for a in given if a in index])
+    width = max(1, max((len(r) for r in rows), default=1))
+    ids = torch.full((len(rows), width), -1, dtype=torch.long)
+    scores = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        for k, (answer, score) in enumerate(row):
+            ids[i, k], scores[i, k] = answer, score
+    return ids, scores
+
+
+def fit_pca(features: Tensor, dim: int, *, max_rows: int = 20000, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Mean (d_v,) and the top ``dim`` principal directions (d_v, dim) of the real
+    (not all-zero) feature rows of ``features`` (N, O, d_v), fitted on at most
+    ``max_rows`` rows drawn with ``seed``. Apply with :func:`project_features`."""
+    rows = features.reshape(-1, features.shape[-1])
+    rows = rows[rows.abs().sum(dim=1) != 0]
+    if not 1 <= dim <= min(rows.shape):
+        raise ValueError(f"data.vqa.feature_dim must lie in [1, {min(rows.shape)}], got {dim}")
+    if len(rows) > max_rows:
+        rows = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:max_rows]]
+    mean = rows.mean(dim=0)
+    centred = (rows - mean).double()
+    # Eigenvectors of the (d_v, d_v) scatter matrix: the right singular vectors of the
+    # centred rows, at a fraction of an SVD's cost when rows >> d_v.
+    _, vectors = torch.linalg.eigh(centred.T @ centred)  # ascending eigenvalues
+    return mean, vectors[:, -dim:].flip(1).to(features.dtype).contiguous()
+
+
+def project_features(features: Tensor, mean: Tensor, directions: Tensor) -> Tensor:
+    """(N, O, d_v) -> (N, O, dim): centred and projected; all-zero (padding) rows stay zero."""
+    real = (features.abs().sum(dim=-1, keepdim=True) != 0).to(features.dtype)
+    return ((features - mean) @ directions) * real
+
+
+def read_vqa_questions(section: Mapping[str, Any], split: str) -> list[VQAQuestion]:
+    """The questions of ``split`` (train / test) named by a ``data.vqa`` section."""
+    if section["easy_vqa"]:
+        from polyfuse.data.formats.easy_vqa import easy_vqa_questions
+
+        return easy_vqa_questions(split)
+    return load_vqa(section[f"{split}_questions"], section[f"{split}_annotations"])
+
+
+def split_by_image(
+    questions: Sequence[VQAQuestion], fraction: float, seed: int
+) -> tuple[list[VQAQuestion], list[VQAQuestion]]:
+    """(train, valid): the questions of a share ``fraction`` of the images (drawn with
+    ``seed``, at least one image) go to validation, so that no image is in both."""
+    images = sorted({q.image_id for q in questions})
+    if len(images) < 2:
+        raise ValueError(f"the training questions show {len(images)} image(s); a validation share needs at least 2")
+    chosen = max(1, min(len(images) - 1, round(fraction * len(images))))
+    held = set(random.Random(seed).sample(images, chosen))
+    return [q for q in questions if q.image_id not in held], [q for q in questions if q.image_id in held]
+
+
+def _type_of(question: VQAQuestion, breakdown: str) -> str:
+    return question.answer_type if breakdown == "answer_type" else question.question_type
+
+
+def _split(
+    questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, max_length: int, breakdown: str, what: str
+) -> VQASplit:
+    image_ids = [q.image_id for q in questions]
+    features.select(image_ids, what=what)  # names every image id without features
+    ids, scores = answer_table(questions, data.answers)
+    type_index = {name: i for i, name in enumerate(data.type_names)}
+    return VQASplit(
+        list(questions),
+        encode_questions(questions, data.words, max_length=max_length),
+        soft_targets(questions, data.answers),
+        ids,
+        scores,
+        torch.tensor([type_index.get(_type_of(q, breakdown), -1) for q in questions], dtype=torch.long),
+        torch.tensor([features.rows[i] for i in image_ids], dtype=torch.long),
+        features.features,
+        features.boxes,
+    )
+
+
+def build_vqa_data(
+    config: Mapping[str, Any],
+    *,
+    vocabulary: Mapping[str, Any] | None = None,
+    partitions: Sequence[str] = ("train", "valid", "test"),
+) -> VQAData:
+    """The partitions of a resolved ``task.type: vqa`` configuration.
+
+    ``vocabulary`` (stored in a checkpoint: ``words``, ``answers``, ``type_names`` and
+    optionally ``pca_mean`` / ``pca_directions``) replaces what would be built from the
+    training questions, so that a checkpoint sees its own encoding."""
+    section = config["data"]["vqa"]
+    train_questions, valid_questions = split_by_image(
+        read_vqa_questions(section, "train"), float(config["data"]["validation_fraction"]), int(config["data"]["split_seed"])
+    )
+    test_questions = read_vqa_questions(section, "test") if "test" in partitions else []
+    train_features = load_image_features(section["train_features"])
+    test_features = load_image_features(section["test_features"]) if "test" in partitions else None
+    breakdown = section["breakdown"]
+    if vocabulary is None:
+        words = word_vocabulary(train_questions, min_count=int(section["min_word_count"]))
+        answers = answer_vocabulary(train_questions, min_count=int(section["min_answer_count"]))
+        if not answers:
+            raise ValueError(
+                f"no answer occurs data.vqa.min_answer_count = {section['min_answer_count']} times in the training annotations"
+            )
+        type_names = sorted({_type_of(q, breakdown) for q in train_questions})
+        pca = None
+        if section["feature_dim"]:
+            train_images, _ = train_features.select(sorted({q.image_id for q in train_questions}), what="training questions")
+            pca = fit_pca(train_images, int(section["feature_dim"]), seed=int(config["data"]["split_seed"]))
+    else:
+        words, answers, type_names = list(vocabulary["words"]), list(vocabulary["answers"]), list(vocabulary["type_names"])
+        pca = (vocabulary["pca_mean"], vocabulary["pca_directions"]) if "pca_mean" in vocabulary else None
+    for features in (train_features, test_features):
+        if features is not None and pca is not None:
+            features.features = project_features(features.features, *pca)
+    data = VQAData({}, words, answers, type_names, int(train_features.features.shape[-1]), pca)
+    sources = {
+        "train": (train_questions, train_features, "training questions"),
+        "valid": (valid_questions, train_features, "validation questions"),
+        "test": (test_questions, test_features, "test questions"),
+    }
+    for key in partitions:
+        questions, features, what = sources[key]
+        data.partitions[key] = _split(questions, features, data, int(section["max_length"]), breakdown, what)
+    glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
+    if glove and vocabulary is None:
+        from polyfuse.data.formats.glove import load_glove
+
+        data.word_vectors, found = load_glove(glove, words)
+        data.notes.append(f"{found} of {len(words)} words found in {Path(glove).name}")
+    return data
+
+
+class VQADataModule(L.LightningDataModule):
+    """Serves the partitions of a :class:`VQAData` as batches of the module docstring;
+    training batches in a fresh order per epoch drawn from ``seed`` and the epoch
+    (:class:`~polyfuse.data.datamodule.ShardedShuffleSampler`)."""
+
+    def __init__(self, data: VQAData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0) -> None:
+        super().__init__()
+        self.data = data
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size)
+        self.seed = int(seed)
+
+    def loader(self, key: str, *, train: bool = False) -> DataLoader:
+        if key not in self.data.partitions:
+            raise ValueError(f"no {key!r} partition; have {', '.join(self.data.partitions)}")
+        split = self.data.partitions[key]
+        rank, world = (0, 1) if self.trainer is None else (self.trainer.global_rank, self.trainer.world_size)
+        if train and self.batch_size % world:
+            raise ValueError(f"data.batch_size {self.batch_size} must be divisible by the {world} processes")
+        sampler = ShardedShuffleSampler(len(split), seed=self.seed, rank=rank, world=world, shuffle=train)
+        return DataLoader(
+            list(range(len(split))),
+            batch_size=self.batch_size // world if train else self.eval_batch_size,
+            sampler=sampler,
+            collate_fn=lambda indices: split.batch(torch.as_tensor(indices, dtype=torch.long)),
+            # A loader without a generator draws its base seed from the global RNG, which
+            # would shift dropout after a resume; this one never touches it.
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")
