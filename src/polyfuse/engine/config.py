@@ -34,6 +34,9 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_ALIASES = 64
 MAX_DEPTH = 32
 _PATH_KEYS = (("data", "source"), ("output_dir",))
+# Captioning: caption and split files, and a mapping modality -> feature file (each value a path).
+_PATH_KEYS += (("captioning", "captions"), ("captioning", "splits"))
+_PATH_MAPPINGS = (("captioning", "features"),)
 
 
 class _Loader(yaml.SafeLoader):
@@ -146,6 +149,14 @@ def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
             continue
         path = Path(value).expanduser()
         node[keys[-1]] = str(path if path.is_absolute() else (folder / path).resolve())
+    for keys in _PATH_MAPPINGS:
+        node = content
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            for name, value in node.items():
+                if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                    node[name] = str((folder / Path(value).expanduser()).resolve())
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

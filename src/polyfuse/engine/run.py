@@ -211,6 +211,10 @@ def _check_resume_checkpoint(path: Path, task: FusionTask, config: Mapping[str, 
 def _train_in(
     config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
 ) -> RunResult:
+    if config["task"]["type"] == "captioning":  # its own data and task: engine/captioning_runs.py
+        from polyfuse.engine.captioning_runs import train_captioning
+
+        return train_captioning(config, run_dir, resume_checkpoint, callbacks)
     seed_everything(int(config["seed"]))
     data = build_data(config)
     if not len(data.partitions["valid"]):
@@ -347,6 +351,17 @@ def _data_for(
     return data
 
 
+def _captioning(checkpoint: str | Path, source: str | None, modalities: Sequence[str] | None) -> bool:
+    """Whether a checkpoint is of task.type captioning (which reads its own feature files)."""
+    from polyfuse.engine.captioning_runs import is_captioning_checkpoint
+
+    if not is_captioning_checkpoint(checkpoint):
+        return False
+    if source is not None or modalities is not None:
+        raise ValueError("a captioning checkpoint reads the feature files of its configuration: drop --data / --modalities")
+    return True
+
+
 def _partition_key(data: PreparedData, split: str) -> str:
     if split not in data.partitions:
         raise ValueError(f"no {split!r} split; have {', '.join(data.partitions)}")
@@ -370,6 +385,10 @@ def evaluate(
 ) -> dict[str, float]:
     """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
     for every row of a file without a split)."""
+    if _captioning(checkpoint, source, modalities):
+        from polyfuse.engine.captioning_runs import evaluate_captioning
+
+        return evaluate_captioning(checkpoint, split=split)
     task, extras = load_model(checkpoint)
     partitions = ["all"] if split == "all" else None
     data = _data_for(extras, source, partitions, require_labels=True, modalities=modalities)
@@ -395,7 +414,14 @@ def predict(
     record holds ``row``, ``id`` (when ``data.id`` names an array), the prediction
     (``prediction``; ``prediction_<target>`` for traits; ``prediction`` as the class
     value and ``prob_<class>`` for classification) and ``label`` when known.
+    Captioning checkpoints: records ``id`` and ``caption``, written as JSON
+    ``{video_id: caption}``.
     """
+    if _captioning(checkpoint, source, modalities):
+        from polyfuse.engine.captioning_runs import predict_captioning
+
+        captions = predict_captioning(checkpoint, split=split, out=out)
+        return [{"id": video, "caption": caption} for video, caption in captions.items()]
     task, extras = load_model(checkpoint)
     data = _data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
     key = _partition_key(data, split)

@@ -23,7 +23,8 @@ fused context (:class:`MeanPoolContext`).
 What the paper leaves open, chosen here: the LSTM's initial state is
 ``tanh(linear(mean-pooled features))`` (h_0 and c_0 each from the concatenated
 masked means of the modalities); the LSTM input is the previous word's embedding
-only; dropout (default 0) applies to h_t before Eq. 22's state term.
+only; dropout (default 0; the paper: 0.5) applies to the LSTM's input (the word
+embedding) and to h_t before Eq. 22's state term.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class CaptionDecoder(nn.Module):
         low_rank: Low-Rank HOCA (L-HOCA-*) instead of exact HOCA.
         attention_dim, rank, max_lengths, combination: passed to
             :class:`~polyfuse.nn.maf.MAF` (``combination`` is the form of Eq. 19).
-        dropout: dropout on h_t before the output layer.
+        dropout: dropout on the word embedding (LSTM input) and on h_t before the
+            output layer.
         padding_index: token id of padding (its embedding stays zero).
 
     ``forward(captions (B, L), inputs [(B, T_i, d_i)], masks)`` gives the teacher-forced
@@ -212,7 +214,8 @@ class CaptionDecoder(nn.Module):
             state: the LSTM state after step t - 1.
             inputs, masks: prepared modalities (B, T_i, d_i) and (B, T_i) bool masks.
         """
-        hidden, cell = self.lstm(self.embedding(words), tuple(state))  # h_t, Fig. 3
+        # h_t, Fig. 3; dropout on the LSTM's input and output (HOCA section 5.2)
+        hidden, cell = self.lstm(self.dropout(self.embedding(words)), tuple(state))
         fusion = self.maf.fuse_prepared(hidden, inputs, masks)  # Eq. 18 to 23
         logits = self.state_output(self.dropout(hidden)) + fusion.fused  # Eq. 22
         return DecoderStep(

@@ -10,8 +10,12 @@ from polyfuse.tasks.tasks import (
     TraitsTask,
     task_class,
 )
+from polyfuse.tasks.captioning import CaptioningTask
+
+TASKS["captioning"] = CaptioningTask  # type: ignore[assignment]  # its own engine path (engine/captioning_runs.py)
 
 __all__ = [
+    "CaptioningTask",
     "ENCODER_TYPES",
     "LOSSES",
     "SCHEDULERS",
