@@ -14,7 +14,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e ".[train,dev,text,vqa]"
+	$(BIN)/pip install --quiet -e ".[train,dev,text,vqa,video]"
 	@touch $(STAMP)
 
 install: $(STAMP)

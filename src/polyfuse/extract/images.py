@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
@@ -30,7 +31,18 @@ import torch
 
 from polyfuse.functional.counting import grid_boxes
 
-__all__ = ["ExtractionReport", "extract_image_features", "image_ids_of_folder", "load_backbone"]
+if TYPE_CHECKING:
+    import PIL.Image
+
+__all__ = [
+    "ExtractionReport",
+    "extract_image_features",
+    "grid_side",
+    "image_ids_of_folder",
+    "image_to_tensor",
+    "load_backbone",
+    "normalise",
+]
 
 FEATURE_DIM = 1280
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)  # ImageNet statistics
@@ -78,17 +90,37 @@ def image_ids_of_folder(folder: str | Path) -> dict[int, Path]:
     return result
 
 
+def grid_side(image_size: int) -> int:
+    """The side of the feature grid for ``image_size`` pixels (a multiple of 32, >= 32)."""
+    if image_size < 32 or image_size % 32:
+        raise ValueError(f"image_size must be a multiple of 32 (>= 32), got {image_size}")
+    return image_size // 32
+
+
+def image_to_tensor(image: PIL.Image.Image, size: int) -> torch.Tensor:
+    """The network's input before normalisation: the image in RGB resized bilinearly to
+    ``size x size``, ``(3, size, size)`` float32 in [0, 1]."""
+    from PIL import Image
+
+    resized = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+    array = np.asarray(resized, dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def normalise(batch: torch.Tensor) -> torch.Tensor:
+    """``(B, 3, S, S)`` in [0, 1] -> standardised with the ImageNet mean and std per channel."""
+    return (batch - _MEAN) / _STD
+
+
 def _read(path: Path, size: int) -> torch.Tensor | None:
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as image:
-            image = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
-            array = np.asarray(image, dtype=np.float32) / 255.0
+            return image_to_tensor(image, size)
     except (UnidentifiedImageError, OSError, ValueError) as error:
         warnings.warn(f"skipping {path}: cannot decode the image ({error})", stacklevel=3)
         return None
-    return torch.from_numpy(array).permute(2, 0, 1)
 
 
 def _open(out: Path, cells: int) -> h5py.File:
@@ -126,9 +158,7 @@ def extract_image_features(
     """
     from tqdm import tqdm
 
-    if image_size < 32 or image_size % 32:
-        raise ValueError(f"image_size must be a multiple of 32 (>= 32), got {image_size}")
-    side = image_size // 32
+    side = grid_side(image_size)
     cells = side * side
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +174,7 @@ def extract_image_features(
         def flush() -> None:
             if not pending:
                 return
-            batch = (torch.stack([t for _, _, t in pending]) - _MEAN) / _STD
+            batch = normalise(torch.stack([t for _, _, t in pending]))
             with torch.no_grad():
                 grid = model.extract_features(batch)  # (b, 1280, side, side)
             features = grid.flatten(2).transpose(1, 2).to(torch.float16).numpy()
