@@ -65,10 +65,22 @@ def test_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["evaluate", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "m.json")]) == 0
     evaluated = json.loads((tmp_path / "m.json").read_text())
     assert evaluated["CIDEr-D"] == pytest.approx(results["test"]["CIDEr-D"], abs=1e-6)
-    out = tmp_path / "captions.json"
+    out = tmp_path / "predicted.json"
     assert main(["predict", "--checkpoint", str(checkpoint), "--split", "test", "--out", str(out)]) == 0
     predicted = json.loads(out.read_text())
     assert predicted == {v: g["generated"] for v, g in generated.items()}
+    # The figure's data: the generated words (and <eos>), attention summing to one per word.
+    from polyfuse.engine.captioning_plot import caption_attention
+
+    found = caption_attention(run, "vid10")
+    assert found["caption"] == predicted["vid10"] and found["split"] == "test"
+    assert " ".join(w for w in found["words"] if w != "<eos>") == predicted["vid10"]
+    for attention in found["attention"]:
+        assert attention.shape[0] == len(found["words"])
+        np.testing.assert_allclose(attention.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(found["modality_weights"].sum(axis=1), 1.0, atol=1e-5)
+    assert main(["plot", "--captions", str(run), "--video", "vid10", "--out", str(tmp_path / "f.png")]) == 0
+    assert (tmp_path / "f.png").stat().st_size > 10_000
 
 
 def test_missing_features_error_or_skip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
