@@ -54,7 +54,7 @@ def test_beam_of_one_is_greedy(seed: int) -> None:
 @pytest.mark.parametrize("penalty", [0.0, 1.0])
 def test_beam_never_scores_below_greedy(seed: int, penalty: float) -> None:
     decoder, inputs = _decoder(seed, orders=None if seed % 3 == 2 else "UB")
-    options = dict(begin_index=BOS, end_index=EOS, max_length=6, length_penalty=penalty)
+    options = {"begin_index": BOS, "end_index": EOS, "max_length": 6, "length_penalty": penalty}
     greedy = greedy_search(decoder, inputs, **options)
     beam = beam_search(decoder, inputs, beam_size=5, **options)
     # Rescore both with the oracle loop: the search's own bookkeeping is not trusted.

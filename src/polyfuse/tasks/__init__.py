@@ -2,6 +2,7 @@
 
 from polyfuse.tasks.backbone import ENCODER_TYPES, FusionBackbone, ModalityEncoder
 from polyfuse.tasks.base import SCHEDULERS, FusionTask
+from polyfuse.tasks.captioning import CaptioningTask
 from polyfuse.tasks.tasks import (
     LOSSES,
     TASKS,
@@ -10,16 +11,15 @@ from polyfuse.tasks.tasks import (
     TraitsTask,
     task_class,
 )
-from polyfuse.tasks.captioning import CaptioningTask
 
 TASKS["captioning"] = CaptioningTask  # type: ignore[assignment]  # its own engine path (engine/captioning_runs.py)
 
 __all__ = [
-    "CaptioningTask",
     "ENCODER_TYPES",
     "LOSSES",
     "SCHEDULERS",
     "TASKS",
+    "CaptioningTask",
     "ClassificationTask",
     "FusionBackbone",
     "FusionTask",
