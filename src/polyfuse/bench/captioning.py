@@ -144,8 +144,8 @@ def captioning_markdown(payload: dict[str, Any], image: str = "captioning_decode
     lines = [
         "## Video captioning: one decoder step, HOCA vs Low-Rank HOCA",
         "",
-        "`polyfuse bench captioning --output-dir docs/benchmarks --threads 1` then "
-        "`python -c \"from polyfuse.bench.captioning import write_markdown; write_markdown('docs/benchmarks')\"`",
+        "`polyfuse bench captioning --output-dir docs/benchmarks --threads 1` (writes captioning.json, "
+        "the plot and this section, docs/benchmarks/captioning.md), then `python scripts/write_benchmarks_md.py`.",
         "",
         f"One step of the caption decoder (LSTM cell, MAF, output layer; eval mode, no gradients), "
         f"T = {settings['length']} steps per modality, batch {settings['batch']}, features {settings['feature_dim']}, "
