@@ -238,7 +238,7 @@ def approximation_section(payload: dict[str, Any], folder: Path) -> list[str]:
              f"a_j[t] ~ N(0, s^2 I_{settings['feature_dim']}), values N(0, I_{settings['value_dim']}), "
              "lengths (20, 30) for m = 2, (20, 30, 25) for m = 3, (12, 15, 10, 12) for m = 4, "
              "(6, 8, 5, 6, 8, 5) for m = 6; W a standard orthogonal Gaussian (H, 8) passed to "
-             "`multilinear_attention(..., mode=\"had\", random_features=W)`; |had - exact| / |exact|, "
+             "`multilinear_attention(..., mode=\"had\", random_matrix=W)`; |had - exact| / |exact|, "
              f"median over {settings['seeds']} draws of data and W, for MAN's ARF "
              "(`estimator=\"arf\"`) and the default centred generalised features "
              "(`estimator=\"gerf\"`) on the same draws. The last two columns are the "

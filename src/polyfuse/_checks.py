@@ -7,18 +7,98 @@ reported where it enters the library instead of deep inside a kernel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "VALIDATION_LEVELS",
+    "check_dropout",
     "check_finite",
+    "check_float_tensor",
+    "check_hyperboloid_points",
     "check_mask",
     "check_masks",
     "check_modality_list",
+    "check_values",
+    "get_validation",
+    "inputs_checked",
     "prepare_fusion_inputs",
+    "set_validation",
+    "validation",
 ]
+
+
+#: ``"full"``: shapes, dtypes and values (NaN / Inf at real steps, all-padding samples,
+#: out-of-range entries) are checked on every call; reading values back makes the host
+#: wait for the device. ``"shapes"``: only what is known without reading a tensor
+#: (shapes, dtypes, sizes), so a forward never synchronises; values are then the
+#: caller's responsibility (the data pipeline checks its files once).
+VALIDATION_LEVELS = ("full", "shapes")
+_validation = "full"
+# True inside a fusion module's forward once its inputs passed the value checks: the
+# functional calls it makes then check shapes only (see inputs_checked).
+# (Thread-local: another thread's forward must not switch this thread's checks off.)
+_state = threading.local()
+
+
+def set_validation(level: str) -> None:
+    """Choose how much every polyfuse call checks: ``"full"`` (default) or ``"shapes"``.
+
+    Under ``torch.compile`` value checks are skipped whatever the level (they would
+    break the graph); eager calls follow the level.
+    """
+    global _validation
+    if level not in VALIDATION_LEVELS:
+        raise ValueError(f"unknown validation level {level!r}; expected one of {', '.join(VALIDATION_LEVELS)}")
+    _validation = level
+
+
+def get_validation() -> str:
+    """The current validation level (see :func:`set_validation`)."""
+    return _validation
+
+
+@contextlib.contextmanager
+def validation(level: str) -> Iterator[None]:
+    """:func:`set_validation` for a ``with`` block; the previous level comes back after it."""
+    previous = get_validation()
+    set_validation(level)
+    try:
+        yield
+    finally:
+        set_validation(previous)
+
+
+def check_values() -> bool:
+    """True when value checks (which read tensors back to the host) should run."""
+    return _validation == "full" and not torch.compiler.is_compiling()
+
+
+def _check_inputs() -> bool:
+    """:func:`check_values`, except inside a module whose inputs were checked on entry
+    (:class:`inputs_checked`): there the functions it calls do not check their inputs
+    again; checks of intermediate values (overflowing logits) still run."""
+    return check_values() and not getattr(_state, "inputs_checked", False)
+
+
+class inputs_checked:
+    """For the body of a module's forward whose inputs were checked on entry: the
+    functional calls inside check shapes only, so values are read once per call of
+    the module, not again by every function it calls. Does
+    nothing under ``torch.compile``, where no value is checked."""
+
+    def __enter__(self) -> None:
+        if not torch.compiler.is_compiling():
+            self.previous = getattr(_state, "inputs_checked", False)
+            _state.inputs_checked = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not torch.compiler.is_compiling():
+            _state.inputs_checked = self.previous
 
 
 def check_modality_list(
@@ -47,7 +127,10 @@ def check_finite(tensor: Tensor, what: str, mask: Tensor | None = None) -> None:
     """Raise if ``tensor`` holds NaN or Inf at a real (unmasked) position.
 
     ``tensor`` has shape (..., T, d) and ``mask`` (..., T) with True at real steps.
+    Skipped unless :func:`check_values`, and for the already checked inputs of a module.
     """
+    if not _check_inputs():
+        return
     if bool(torch.isfinite(tensor.detach().sum())):
         return  # one pass: a sum is finite only if every term is (NaN and Inf propagate)
     bad = ~torch.isfinite(tensor)
@@ -72,6 +155,8 @@ def check_mask(mask: object, shape: torch.Size | tuple[int, ...], what: str) -> 
         mask = mask.expand(shape)
     except RuntimeError:
         raise ValueError(f"{what} has shape {tuple(mask.shape)}, expected {tuple(shape)}") from None
+    if not _check_inputs():
+        return mask
     empty = ~mask.any(dim=-1)
     if bool(empty.any()):
         rows = [tuple(row) if len(row) > 1 else row[0] for row in empty.nonzero().tolist()[:10]]
@@ -156,7 +241,39 @@ def prepare_fusion_inputs(
         f"{owner} masks",
     )
     cleaned = []
-    for j, (x, mask) in enumerate(zip(sequences, full_masks, strict=True)):
+    given = [None] * count if masks is None else masks
+    for j, (x, mask, mask_given) in enumerate(zip(sequences, full_masks, given, strict=True)):
         check_finite(x, f"{owner}: modality {j}", mask)
-        cleaned.append(x.masked_fill(~mask.unsqueeze(-1), 0.0))
+        # Zero the padded steps; a modality without a mask has none (no copy).
+        cleaned.append(x if mask_given is None else x.masked_fill(~mask.unsqueeze(-1), 0.0))
     return cleaned, full_masks
+
+
+def check_dropout(dropout: float, owner: str, name: str = "dropout") -> float:
+    """A dropout probability in [0, 1), as a float; ``name`` is the option in messages."""
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{owner}: {name} must lie in [0, 1), got {dropout}")
+    return float(dropout)
+
+
+def check_float_tensor(tensor: object, name: str, *, min_dim: int = 1) -> None:
+    """A floating-point tensor with at least ``min_dim`` dimensions."""
+    if not isinstance(tensor, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor, got dtype {tensor.dtype}")
+    if tensor.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dims, got shape {tuple(tensor.shape)}")
+
+
+def check_hyperboloid_points(
+    points: object, name: str, *, mask: Tensor | None = None, min_dim: int = 1
+) -> None:
+    """Points of the Lorentz model: (..., n + 1) with n >= 1, finite at real positions."""
+    check_float_tensor(points, name, min_dim=min_dim)
+    if points.shape[-1] < 2:
+        raise ValueError(
+            f"{name} must have n + 1 >= 2 coordinates in its last dim (time first), "
+            f"got shape {tuple(points.shape)}"
+        )
+    check_finite(points, name, mask)

@@ -13,15 +13,19 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from polyfuse._checks import check_values
+
 __all__ = ["FLOAT16_MAX", "empty_output", "float32_call", "guarded_fuse", "needs_float32"]
 
 FLOAT16_MAX = float(torch.finfo(torch.float16).max)
+_state = threading.local()  # widened: inside float32_call (weights and inputs float32)
 
 
 def _advice(owner: str, what: str) -> str:
@@ -42,7 +46,7 @@ class _CheckedCast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         cast = grad.to(ctx.source)
-        if bool(torch.isfinite(grad).all()) and not bool(torch.isfinite(cast).all()):
+        if check_values() and bool(torch.isfinite(grad).all()) and not bool(torch.isfinite(cast).all()):
             raise ValueError(_advice(ctx.owner, "a gradient"))
         return cast, None, None
 
@@ -68,22 +72,36 @@ def guarded_fuse(
     fuse: Callable[[list[Tensor], list[Tensor]], Tensor],
     sequences: list[Tensor],
     masks: list[Tensor],
-) -> Tensor:
+    options: dict[str, Any] | None = None,
+) -> Any:
     """``fuse(sequences, masks)`` -> (B, out_dim), safe for B = 0 and float16 (see module docstring).
 
-    ``sequences``: validated (B, T_j, d_j) inputs; ``masks``: (B, T_j) bool.
+    ``sequences``: validated (B, T_j, d_j) inputs; ``masks``: (B, T_j) bool; ``options``:
+    the keyword arguments of ``module.forward`` that select ``fuse`` (for the float32 call).
     """
     if sequences[0].shape[0] == 0:
         return empty_output(module, sequences)
     if not needs_float32(module, *sequences):
         return fuse(sequences, masks)
-    return float32_call(module, (sequences, masks))
+    return float32_call(module, (sequences, masks), options)
 
 
 def needs_float32(module: nn.Module, *tensors: Tensor) -> bool:
-    """True when an input or a weight is float16 (computed in float32 by :func:`float32_call`)."""
+    """True when an input or a weight is float16 (computed in float32 by :func:`float32_call`).
+
+    A module may cache whether its weights are float16 in ``float16_weights`` (a
+    :class:`~polyfuse.nn.FusionModule` does, refreshed whenever ``.to()`` / ``.half()``
+    changes its weights): walking all parameters costs more than a small fusion.
+    """
     half = torch.float16
-    return any(x.dtype == half for x in tensors) or any(p.dtype == half for p in module.parameters())
+    if getattr(_state, "widened", False):  # inside float32_call: weights are float32
+        return False
+    if any(x.dtype == half for x in tensors):
+        return True
+    cached = getattr(module, "float16_weights", None)
+    if cached is not None:
+        return cached
+    return any(p.dtype == half for p in module.parameters())
 
 
 def _map(value: Any, function: Callable[[Tensor], Tensor]) -> Any:
@@ -106,12 +124,17 @@ def float32_call(module: nn.Module, args: tuple[Any, ...], options: dict[str, An
     state = {name: _checked_cast(p, torch.float32, owner) for name, p in module.named_parameters()}
     state.update({name: b.float() if b.is_floating_point() else b for name, b in module.named_buffers()})
     wide = _map(args, lambda x: _checked_cast(x, torch.float32, owner))
-    result = torch.func.functional_call(module, state, wide, options or {}, strict=False)
+    previous = getattr(_state, "widened", False)
+    _state.widened = True
+    try:
+        result = torch.func.functional_call(module, state, wide, options or {}, strict=False)
+    finally:
+        _state.widened = previous
 
     def narrow(x: Tensor) -> Tensor:
         if not x.is_floating_point() or x.dtype == dtype:
             return x
-        if dtype == torch.float16 and bool(torch.isfinite(x).all()) and not bool(torch.isfinite(x.to(dtype)).all()):
+        if dtype == torch.float16 and check_values() and bool(torch.isfinite(x).all()) and not bool(torch.isfinite(x.to(dtype)).all()):
             raise ValueError(_advice(owner, "the output"))
         return _checked_cast(x, dtype, owner)
 

@@ -31,7 +31,7 @@ def test_had_flops_match_a_hand_count(grad):
 
     def run():
         with torch.set_grad_enabled(grad):
-            return F.multilinear_attention(features, values, mode="had", random_features=matrix)
+            return F.multilinear_attention(features, values, mode="had", random_matrix=matrix)
 
     assert count_flops(run) == 11340
     method = had_flops_by_hand(batch=2, heads=heads, lengths=list(lengths), feature_dim=feature_dim,

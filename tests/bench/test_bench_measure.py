@@ -105,7 +105,7 @@ def test_had_backward_memory_does_not_grow_with_the_length(monkeypatch):
         matrix = torch.randn(2, 64, 8, generator=generator)
 
         def step(features=features, values=values, matrix=matrix):
-            F.multilinear_attention(features, values, mode="had", random_features=matrix).sum().backward()
+            F.multilinear_attention(features, values, mode="had", random_matrix=matrix).sum().backward()
 
         step()
         for t in (*features, *values):

@@ -75,7 +75,7 @@ def error_line(capsys):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--model", "nope"], "model.fusion: unknown fusion module 'nope'; known: ban, concat, hoca, lmf, lowrank_hoca, man, tfn"),
+        (["--model", "nope"], "model.fusion: unknown fusion module 'nope'; known: ban, concat, hoca, lmf, lowrank_hoca, maf, man, tfn"),
         (["--set", "trainer.max_epoch=3"], "unknown config key 'trainer.max_epoch' (did you mean 'max_epochs'?); known keys under 'trainer':"),
         (["--data", "missing.npz"], "data file not found: missing.npz"),
         (["--set", "model.options.man.size=3"], "unknown config key 'model.options.man.size'; known keys under 'model.options.man': attention_dim"),

@@ -101,7 +101,7 @@ def test_early_stopping(tiny_config, tmp_path):
 def test_bf16_autocast(tiny_config, tmp_path):
     result = train(tiny_config(trainer={"max_epochs": 1, "precision": "bf16-mixed"}), run_dir=tmp_path / "r")
     assert all(np.isfinite(v) for v in result.test.values())
-    assert all(t.dtype == torch.float32 for k, t in weights(result.best_checkpoint).items() if "random_features" not in k)
+    assert all(t.dtype == torch.float32 for k, t in weights(result.best_checkpoint).items() if "random_matrix" not in k)
 
 
 def test_evaluate_and_predict_agree_with_the_run(tiny_config, tmp_path):

@@ -26,7 +26,7 @@ def write_clip(
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv444p" if codec == "libx264" else "yuv420p" if codec != "ffv1" else "bgr0"
+        stream.pix_fmt = {"libx264": "yuv444p", "ffv1": "bgr0"}.get(codec, "yuv420p")  # bgr0: lossless RGB
         if codec == "libx264":
             stream.options = {"crf": "0", "preset": "ultrafast"}
         sound = None

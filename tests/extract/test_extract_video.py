@@ -158,6 +158,17 @@ def test_resume_after_an_interruption_and_the_content_cache(tmp_path, folder, ba
         np.testing.assert_array_equal(handle["appearance/again"][...], first)
         np.testing.assert_array_equal(handle["motion/again"][...], handle["motion/moving"][...])
         assert handle["motion/again"].attrs["source"] == "again.mkv"
+        motion = handle["motion/static"][...]
+
+    with h5py.File(out, "a") as handle:  # a dataset written but not yet marked when a run stopped
+        for key in list(handle["motion/static"].attrs):
+            del handle["motion/static"].attrs[key]
+    counting = CountingBackbone(backbone)
+    report = extract_video_features(video_paths_of_folder(folder), out, settings=SETTINGS, backbone=counting, progress=False)
+    assert (report.computed, counting.calls) == (["static"], 0)  # the motion stream only
+    with h5py.File(out) as handle:
+        np.testing.assert_array_equal(handle["motion/static"][...], motion)
+        assert handle["motion/static"].attrs["sha256"] == handle["appearance/static"].attrs["sha256"]
 
 
 def test_changed_file_is_recomputed(tmp_path, folder, clips, backbone):

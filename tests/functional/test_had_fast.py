@@ -238,7 +238,7 @@ def test_the_man_shapes_large_enough_for_several_chunks(monkeypatch):
     expected = oracle(zeroed_features, zeroed_values, full_masks, matrix, 0.35)
     with torch.no_grad():
         output, marginals = F.multilinear_attention(
-            features, values, masks, mode="had", random_features=matrix, temperature=0.35,
+            features, values, masks, mode="had", random_matrix=matrix, temperature=0.35,
             return_attention=True,
         )
     assert_same((output, marginals), expected)
@@ -252,7 +252,7 @@ def test_padded_content_never_reaches_the_output_or_the_gradients():
     for grad in (False, True):  # the chunked path, then the custom backward
         with torch.set_grad_enabled(grad):
             inputs = [t.clone().requires_grad_(grad) for t in noisy_features]
-            noisy = F.multilinear_attention(inputs, noisy_values, masks, mode="had", random_features=matrix)
+            noisy = F.multilinear_attention(inputs, noisy_values, masks, mode="had", random_matrix=matrix)
         torch.testing.assert_close(noisy.detach(), expected, rtol=1e-10, atol=1e-10)
         if grad:
             noisy.sum().backward()
@@ -325,4 +325,4 @@ def test_finite_check_reports_nan_inf_but_not_an_overflowing_sum():
 def test_unknown_estimator_is_a_clear_error():
     features, values, masks, matrix = make_case((3, 4), lead=(2,))
     with pytest.raises(ValueError, match="unknown estimator 'favor'; expected one of gerf, arf"):
-        F.multilinear_attention(features, values, masks, mode="had", random_features=matrix, estimator="favor")
+        F.multilinear_attention(features, values, masks, mode="had", random_matrix=matrix, estimator="favor")

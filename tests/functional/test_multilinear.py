@@ -167,7 +167,7 @@ def test_had_equals_brute_force_tuple_tensor(lengths, with_masks):
     random_features = F.gaussian_random_matrix(7, 4, orthogonal=False, generator=generator, dtype=DOUBLE)
     expected, expected_marginals = brute_force_had(features, values, masks, random_features, 0.5)
     actual, marginals = F.multilinear_attention(
-        features, values, masks, mode="had", random_features=random_features,
+        features, values, masks, mode="had", random_matrix=random_features,
         temperature=0.5, return_attention=True, estimator="arf",
     )
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
@@ -180,7 +180,7 @@ def had_error(features, values, exact, num_features, orthogonal, seed, estimator
     random_features = F.gaussian_random_matrix(
         num_features, features[0].shape[-1], orthogonal=orthogonal, generator=generator, dtype=DOUBLE
     )
-    estimate = F.multilinear_attention(features, values, mode="had", random_features=random_features,
+    estimate = F.multilinear_attention(features, values, mode="had", random_matrix=random_features,
                                        estimator=estimator)
     return (estimate - exact).pow(2).sum().item()
 
@@ -275,17 +275,17 @@ def test_large_inputs_stay_finite_and_match_the_unstabilised_formula():
     assert torch.isfinite(reference).all()
     single = [a.float() for a in features], [v.float() for v in values]
     assert not torch.isfinite(unstabilised_had(*single, random_features.float())).all()
-    stable32 = F.multilinear_attention(*single, mode="had", random_features=random_features.float(),
+    stable32 = F.multilinear_attention(*single, mode="had", random_matrix=random_features.float(),
                                        estimator="arf")
     torch.testing.assert_close(stable32.double(), reference, rtol=1e-3, atol=1e-4)
     # Inputs scaled by 100: finite in both precisions, and equal to the literal
     # formula wherever that is finite.
     features, values = make_inputs((3, 4, 5), scale=0.4 * 100)
-    stable64 = F.multilinear_attention(features, values, mode="had", random_features=random_features,
+    stable64 = F.multilinear_attention(features, values, mode="had", random_matrix=random_features,
                                        estimator="arf")
     stable32 = F.multilinear_attention(
         [a.float() for a in features], [v.float() for v in values], mode="had",
-        random_features=random_features.float(), estimator="arf",
+        random_matrix=random_features.float(), estimator="arf",
     )
     assert torch.isfinite(stable64).all() and torch.isfinite(stable32).all()
     literal = unstabilised_had(features, values, random_features)
@@ -303,10 +303,10 @@ def test_padded_content_changes_nothing(mode):
     features, values = make_inputs(lengths)
     masks = make_masks(lengths)
     random_features = torch.randn(9, 4, dtype=DOUBLE, generator=torch.Generator().manual_seed(0))
-    out = F.multilinear_attention(features, values, masks, mode=mode, random_features=random_features)
+    out = F.multilinear_attention(features, values, masks, mode=mode, random_matrix=random_features)
     noisy_features = [a.masked_fill(~m.unsqueeze(-1), float("nan")) for a, m in zip(features, masks, strict=True)]
     noisy_values = [v + 1e6 * (~m).unsqueeze(-1) for v, m in zip(values, masks, strict=True)]
-    noisy = F.multilinear_attention(noisy_features, noisy_values, masks, mode=mode, random_features=random_features)
+    noisy = F.multilinear_attention(noisy_features, noisy_values, masks, mode=mode, random_matrix=random_features)
     torch.testing.assert_close(noisy, out, rtol=0, atol=0)
 
 
@@ -336,8 +336,8 @@ def test_bad_input_errors_name_the_modality():
     bad = [values[0].clone(), values[1], values[2]]
     bad[0][0, 0, 1] = float("inf")
     with pytest.raises(ValueError, match=r"values\[0\] \(modality 0\) contains Inf"):
-        F.multilinear_attention(features, bad, mode="had", random_features=torch.randn(4, 4, dtype=DOUBLE))
-    with pytest.raises(ValueError, match="needs random_features"):
+        F.multilinear_attention(features, bad, mode="had", random_matrix=torch.randn(4, 4, dtype=DOUBLE))
+    with pytest.raises(ValueError, match="needs random_matrix"):
         F.multilinear_attention(features, values, mode="had")
     with pytest.raises(ValueError, match="batch dims"):
         F.multilinear_attention(
@@ -358,7 +358,7 @@ def test_gradcheck_multilinear_attention(mode):
 
     def function(*tensors):
         return F.multilinear_attention(
-            list(tensors[:3]), list(tensors[3:]), masks, mode=mode, random_features=random_features
+            list(tensors[:3]), list(tensors[3:]), masks, mode=mode, random_matrix=random_features
         )
 
     assert torch.autograd.gradcheck(function, inputs)

@@ -117,3 +117,159 @@ def test_bad_input_is_a_clear_error(name):
     empty[count - 1][0] = False
     with pytest.raises(ValueError, match=rf"modality {count - 1}\) is all padding for sample\(s\) \[0\]"):
         module(inputs, empty)
+
+
+# ---- the one output type (FusionOutput) ------------------------------------------------
+
+WITH_ATTENTION = {"man", "ban", "hoca", "lowrank_hoca", "maf"}
+WITH_SEQUENCES = {"man", "ban"}
+
+
+def test_every_module_is_listed_for_its_attention():
+    """A newly registered module must say here whether it has attention (and the test
+    below then checks it), so that no module escapes the attention contract."""
+    known = {"man", "ban", "hoca", "lowrank_hoca", "maf", "concat", "tfn", "lmf"}
+    assert set(NAMES) == known
+
+
+def distributions(attention):
+    """Flatten a FusionOutput.attention into its tensors."""
+    if isinstance(attention, torch.Tensor):
+        return [attention]
+    return [t for item in attention for t in distributions(item)]
+
+
+def joint_mask(tensor, masks, modalities):
+    """The real-position mask of an attention tensor (B, [G,] T_a, T_b, ...) whose trailing
+    axes are the time axes of ``modalities``, in order; returns it and those axes."""
+    batch, time_axes = tensor.shape[0], list(range(tensor.dim() - len(modalities), tensor.dim()))
+    mask = torch.ones((batch,) + (1,) * (tensor.dim() - 1), dtype=torch.bool)
+    for axis, modality in zip(time_axes, modalities, strict=True):
+        assert tensor.shape[axis] == LENGTHS[modality]
+        shape = [batch] + [1] * (tensor.dim() - 1)
+        shape[axis] = tensor.shape[axis]
+        mask = mask & masks[modality].view(shape)
+    return mask, time_axes
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_details_give_the_same_fused_output_and_valid_attention(name):
+    module, count = build(name, torch.float64)
+    module.eval()
+    inputs, masks = batch(count, torch.float64)
+    details = module(inputs, masks, return_details=True)
+    assert isinstance(details, polyfuse.nn.FusionOutput)
+    torch.testing.assert_close(details.fused, module(inputs, masks), rtol=1e-12, atol=1e-12)
+    if name not in WITH_ATTENTION:
+        assert details.attention is None
+    else:
+        tensors = distributions(details.attention)
+        heads = 1 if name in ("man", "ban") else 0  # a head / glimpse axis after the batch
+        for index, tensor in enumerate(tensors):
+            # one marginal per modality, in order, or the joint distribution over all steps
+            modalities = [index % count] if tensor.dim() == 2 + heads else list(range(count))
+            mask, time_axes = joint_mask(tensor, masks, modalities)
+            assert (tensor.masked_fill(mask, 0) == 0).all(), f"{name}: attention on padding"
+            total = tensor.sum(dim=time_axes)
+            torch.testing.assert_close(total, torch.ones_like(total))
+    if name not in WITH_SEQUENCES:
+        assert details.sequences is None
+    else:
+        assert len(details.sequences) == count
+        for sequence, mask in zip(details.sequences, masks, strict=True):
+            assert sequence.shape[:2] == mask.shape
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dict_round_trip_reproduces_the_output(name):
+    module, count = build(name, torch.float64)
+    module.eval()
+    cls = polyfuse.nn.get(name)
+    torch.manual_seed(123)  # another initialisation (and another random matrix for MAN)
+    other = cls(input_dims=list(DIMS[:count]), out_dim=4, **({"seed": 7} if name == "man" else {}))
+    other = other.to(torch.float64).eval()
+    inputs, masks = batch(count, torch.float64)
+    assert not torch.allclose(other(inputs, masks), module(inputs, masks))
+    other.load_state_dict(module.state_dict())
+    torch.testing.assert_close(other(inputs, masks), module(inputs, masks), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_empty_batch_with_details(name):
+    module, count = build(name, torch.float64)
+    inputs = [torch.zeros(0, t, d, dtype=torch.float64) for t, d in zip(LENGTHS[:count], DIMS[:count], strict=True)]
+    details = module(inputs, return_details=True)
+    assert details.fused.shape == (0, 4) and details.attention is None and details.sequences is None
+
+
+# ---- torch.compile ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dynamo_with_rnns():
+    """TFN and LMF encode text with an LSTM, which dynamo traces only with ``allow_rnn``."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_and_backward_trace_as_one_graph(name, dynamo_with_rnns):
+    """``fullgraph=True`` fails on any graph break, e.g. a value read back to the host
+    by an input check or a packed sequence. The eager backend traces exactly as the
+    default one but skips code generation (minutes on 2 cores for all modules)."""
+    module, count = build(name, torch.float32)
+    module.eval()
+    inputs, masks = batch(count, torch.float32)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(inputs, masks), module(inputs, masks))
+    leaves = [x.detach().requires_grad_(True) for x in inputs]
+    compiled(leaves, masks).sum().backward()
+    copies = [x.detach().requires_grad_(True) for x in inputs]
+    expected = torch.autograd.grad(module(copies, masks).sum(), copies)
+    for leaf, grad in zip(leaves, expected, strict=True):
+        torch.testing.assert_close(leaf.grad, grad)
+
+
+def forward_without_host_reads(module, inputs, masks):
+    """``module(inputs, masks)`` with every way of reading a tensor's value back to
+    Python (bool, int, float, item, tolist, cpu, numpy) made to raise."""
+
+    def forbidden(self, *args, **kwargs):
+        raise HostRead("a tensor value was read back to the host")
+
+    with pytest.MonkeyPatch.context() as patcher:
+        for method in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"):
+            patcher.setattr(torch.Tensor, method, forbidden)
+        return module(inputs, masks)
+
+
+class HostRead(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shapes_validation_reads_no_value_in_forward(name):
+    module, count = build(name, torch.float32)
+    module.eval()
+    inputs, masks = batch(count, torch.float32)
+    expected = module(inputs, masks)
+    with pytest.raises(HostRead):  # the default level reads values (the harness works)
+        forward_without_host_reads(module, inputs, masks)
+    with polyfuse.validation("shapes"):
+        output = forward_without_host_reads(module, inputs, masks)
+    torch.testing.assert_close(output, expected)
+    # and "full" reads values: it finds the NaN that "shapes" lets through
+    bad = [x.clone() for x in inputs]
+    bad[0][0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        module(bad, masks)
+    with polyfuse.validation("shapes"):
+        module(bad, masks)  # no error: the caller vouches for the values
+
+
+def test_validation_levels_are_checked():
+    with pytest.raises(ValueError, match="unknown validation level 'some'"):
+        polyfuse.set_validation("some")
+    assert polyfuse.get_validation() == "full"

@@ -63,7 +63,7 @@ def test_had_approaches_exact_with_many_random_features():
     errors = []
     for num_features in (16, 4096):
         had = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=num_features, mode="had").double().eval()
-        state = {k: v for k, v in exact.state_dict().items() if "random_features" not in k}
+        state = {k: v for k, v in exact.state_dict().items() if "random_matrix" not in k}
         had.load_state_dict(state, strict=False)
         errors.append((had(inputs, masks) - reference).pow(2).mean().item())
     assert errors[1] < errors[0] / 5
@@ -87,18 +87,18 @@ def test_single_layer_had_module_equals_the_random_feature_estimate_by_loops():
 def test_random_features_change_only_through_redraw():
     module = make()
     inputs, masks = inputs_and_masks()
-    before = module.layers[0].random_features.clone()
+    before = module.layers[0].random_matrix.clone()
     first = module(inputs, masks)
     module.train()
     module(inputs, masks)
     module.eval()
     torch.testing.assert_close(module(inputs, masks), first, rtol=0, atol=0)  # eval is deterministic
-    assert torch.equal(module.layers[0].random_features, before)
+    assert torch.equal(module.layers[0].random_matrix, before)
     module.redraw_random_features()
-    assert not torch.equal(module.layers[0].random_features, before)
+    assert not torch.equal(module.layers[0].random_matrix, before)
     assert not torch.allclose(module(inputs, masks), first)
     # Same seed, same features; and the features travel with the state dict.
-    assert torch.equal(make().layers[0].random_features, before)
+    assert torch.equal(make().layers[0].random_matrix, before)
     restored = make(seed=7)
     restored.load_state_dict(module.state_dict())
     torch.testing.assert_close(restored(inputs, masks), module(inputs, masks), rtol=0, atol=0)
@@ -106,12 +106,12 @@ def test_random_features_change_only_through_redraw():
 
 def test_random_features_are_orthogonal_by_default_and_shared_by_modalities():
     module = make()
-    features = module.layers[0].random_features  # (G, H, K' + C)
+    features = module.layers[0].random_matrix  # (G, H, K' + C)
     assert features.shape == (3, 16, 4 + 4)
     block = features[0, :8]
     gram = block @ block.T
     assert (gram - torch.diag(torch.diagonal(gram))).abs().max() < 1e-5  # drawn in float32
-    iid = make(orthogonal=False).layers[0].random_features[0, :8]
+    iid = make(orthogonal=False).layers[0].random_matrix[0, :8]
     gram = iid @ iid.T
     assert (gram - torch.diag(torch.diagonal(gram))).abs().max() > 1e-3
 
@@ -151,7 +151,7 @@ def man_pass_by_brute_force(layer, sequences, masks, *, temperature, chunks, sca
                     for j, t in enumerate(steps)
                 ]
                 if had:
-                    w = layer.random_features[g].to(DOUBLE)  # (H, K' + C)
+                    w = layer.random_matrix[g].to(DOUBLE)  # (H, K' + C)
                     a = [math.sqrt(temperature) * vector for vector in a]
                     kernels.append(math.prod(torch.exp(w @ v - v @ v / 2) for v in a).mean())
                 else:
@@ -172,7 +172,7 @@ def test_stacked_layers_follow_eq_13_against_a_brute_force_reference():
     ORIGINAL sequences of the others (m = 3, 2 layers, unequal lengths, padded steps)."""
     module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
     inputs, masks = inputs_and_masks()
-    result = module(inputs, masks, return_sequences=True)
+    result = module(inputs, masks, return_details=True)
 
     with torch.no_grad():
         originals = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
@@ -193,7 +193,6 @@ def test_stacked_layers_follow_eq_13_against_a_brute_force_reference():
         expected_fused = module.output(sum(passes) / 3)  # read-out: mean of the last layer's passes
 
     torch.testing.assert_close(result.fused, expected_fused)
-    assert result.attention is None  # only what was asked for
     for actual, expected, mask in zip(result.sequences, current, masks, strict=True):
         torch.testing.assert_close(actual[mask], expected[mask])  # real steps: Eq. 13
         assert torch.all(actual[~mask] == 0)  # padded steps stay empty
@@ -204,7 +203,7 @@ def test_shared_stacking_variant_adds_one_pass_over_the_updated_sequences():
     vector added to every modality (brute-force reference as above)."""
     module = make(mode="exact", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3, stacking="shared")
     inputs, masks = inputs_and_masks()
-    result = module(inputs, masks, return_sequences=True)
+    result = module(inputs, masks, return_details=True)
     with torch.no_grad():
         current = [project(x) for project, x in zip(module.input_projections, inputs, strict=True)]
         for layer in module.layers:
@@ -227,7 +226,7 @@ def test_stacked_attention_is_the_mean_over_the_passes(mode):
     # had mode with the paper's ARF, whose per-tuple weights the oracle writes out
     module = make(mode=mode, estimator="arf", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
     inputs, masks = inputs_and_masks()
-    result = module(inputs, masks, return_attention=True)
+    result = module(inputs, masks, return_details=True)
     had = mode == "had"
     options = {"temperature": 0.3, "chunks": 2, "scale": 0.4, "had": had}
 
@@ -268,13 +267,15 @@ def attention_tensor(weights, batch, heads, lengths):
 def test_exact_mode_returns_the_full_attention_tensor():
     module = make(mode="exact", chunks=3, lsc_scale=0.5, temperature=0.7)
     inputs, masks = inputs_and_masks()
-    result = module(inputs, masks, return_attention=True)
+    result = module(inputs, masks, return_details=True)
     with torch.no_grad():
         _, weights = man_pass_by_brute_force(
             module.layers[0], inputs, masks, temperature=0.7, chunks=3, scale=0.5
         )
     torch.testing.assert_close(result.attention[0], attention_tensor(weights, 3, 3, LENGTHS))
-    assert result.sequences is None  # only what was asked for
+    # A one-layer MAN without residual updates returns its inputs, zero at padded steps.
+    for sequence, x, mask in zip(result.sequences, inputs, masks, strict=True):
+        torch.testing.assert_close(sequence, x * mask.unsqueeze(-1))
 
 
 def test_configuration_errors_are_clear():

@@ -184,8 +184,8 @@ def test_man_float16_sequences_and_attention_are_computed_in_float32():
     reference.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in reference.state_dict().items()})
     generator = torch.Generator().manual_seed(2)
     xs = [(torch.randn(2, t, d, generator=generator) * 20).half() for t, d in ((7, 4), (5, 3), (6, 5))]
-    out = half(xs, return_sequences=True, return_attention=True)
-    expected = reference([x.float() for x in xs], return_sequences=True, return_attention=True)
+    out = half(xs, return_details=True)
+    expected = reference([x.float() for x in xs], return_details=True)
     assert out.fused.dtype == torch.float16 and all(s.dtype == torch.float16 for s in out.sequences)
     torch.testing.assert_close(out.fused.float(), expected.fused, rtol=2e-3, atol=2e-3 * expected.fused.abs().max().item())
     for got, want in zip(out.sequences, expected.sequences, strict=True):

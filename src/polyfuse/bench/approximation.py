@@ -174,7 +174,7 @@ def attention_errors(settings: ApproximationSettings) -> list[dict[str, Any]]:
             features, values, matrix = _draw_case(modalities, scale, num_features, seed, settings)
             exact = multilinear_attention(features, values, mode="exact")
             for estimator in errors:
-                estimate = multilinear_attention(features, values, mode="had", random_features=matrix,
+                estimate = multilinear_attention(features, values, mode="had", random_matrix=matrix,
                                                  estimator=estimator)
                 errors[estimator].append(float((estimate - exact).norm() / exact.norm()))
             z2 = _mean_squared_sums(features, centred=False)
@@ -243,21 +243,27 @@ def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | 
     the task metrics of each and the relative error |had - exact| / |exact| of the MAN
     fusion output over the split (Frobenius norm over all its samples)."""
     from polyfuse.data.datamodule import FusionDataModule
-    from polyfuse.engine.run import _data_for, _metrics, _partition_key, _quiet_trainer, load_model
+    from polyfuse.engine.run import (
+        data_for,
+        load_model,
+        partition_key,
+        prefixed_metrics,
+        quiet_trainer,
+    )
     from polyfuse.nn.man import MultiLinearAttentionLayer
 
     task, extras = load_model(checkpoint)
     layers = [module for module in task.modules() if isinstance(module, MultiLinearAttentionLayer)]
     if not layers:
         raise ValueError(f"{checkpoint}: no MAN layer in this model")
-    data = _data_for(extras, source, None, require_labels=True)
-    loader = FusionDataModule(data, batch_size=1, eval_batch_size=256).loader(_partition_key(data, split))
+    data = data_for(extras, source, None, require_labels=True)
+    loader = FusionDataModule(data, batch_size=1, eval_batch_size=256).loader(partition_key(data, split))
     fusion = layers[-1]  # the last MAN layer's fused output (B, G c)
-    trainer = _quiet_trainer(extras["config"])
+    trainer = quiet_trainer(extras["config"])
 
     def metrics() -> dict[str, float]:
         task.stage_metrics["test"].reset()
-        return _metrics(trainer.test(task, dataloaders=loader, verbose=False), "test")
+        return prefixed_metrics(trainer.test(task, dataloaders=loader, verbose=False), "test")
 
     def fused_outputs() -> torch.Tensor:
         captured: list[torch.Tensor] = []

@@ -66,7 +66,7 @@ class Timing:
         return asdict(self)
 
 
-def _summary(samples: list[float]) -> Timing:
+def summary(samples: list[float]) -> Timing:
     first, third = _quartiles(samples)
     return Timing(statistics.median(samples), min(samples), max(samples), len(samples), first, third)
 
@@ -98,7 +98,7 @@ def time_interleaved(
 ) -> dict[str, Timing]:
     """Time several callables in turns, so that load changes hit them alike."""
     samples = time_interleaved_samples(fns, warmup=warmup, repeats=repeats)
-    return {name: _summary(values) for name, values in samples.items()}
+    return {name: summary(values) for name, values in samples.items()}
 
 
 def time_interleaved_samples(

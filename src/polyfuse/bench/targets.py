@@ -32,9 +32,9 @@ import torch
 
 from polyfuse.bench.measure import (
     LoadMonitor,
-    _summary,
     count_flops,
     paired_ratio,
+    summary,
     time_interleaved_samples,
 )
 from polyfuse.bench.results import result_header
@@ -157,7 +157,7 @@ def run_targets(
 
 def _timed(calls: dict[str, Callable[[], None]], warmup: int, repeats: int) -> tuple[dict[str, Any], dict[str, list[float]]]:
     samples = time_interleaved_samples(calls, warmup=warmup, repeats=repeats)
-    return {name: _summary(values) for name, values in samples.items()}, samples
+    return {name: summary(values) for name, values in samples.items()}, samples
 
 
 def _run_targets(
@@ -228,7 +228,7 @@ def _run_targets(
         with torch.no_grad():
             multilinear_attention(
                 attention["features"], attention["values"], attention["masks"], mode="had",
-                random_features=attention["random_features"], temperature=attention["temperature"],
+                random_matrix=attention["random_features"], temperature=attention["temperature"],
             )
 
     counted = count_flops(had_attention)

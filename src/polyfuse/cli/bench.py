@@ -1,4 +1,4 @@
-"""``polyfuse bench``: cost, paper figures, approximation error and speed targets.
+"""``polyfuse bench``: cost, paper figures, approximation error, speed targets and peers.
 
 Each sub-command writes ``<output-dir>/<name>.json`` and, unless ``--no-plots``,
 PNG plots beside it; ``scripts/write_benchmarks_md.py`` turns a folder of results
@@ -31,7 +31,7 @@ def _words(text: str) -> tuple[str, ...]:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: complexity, the MAN paper's figures, approximation error, speed targets",
+        help="benchmarks: complexity, the MAN paper's figures, approximation error, speed targets, peers",
         description=__doc__.split("\n\n")[0].removeprefix("``polyfuse bench``: "),
     )
     commands = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
@@ -136,6 +136,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                          help="tiny sizes that exercise the code (not the issue's targets)")
     common(targets)
 
+    compiled = commands.add_parser(
+        "compile",
+        help="eager vs torch.compile(fullgraph=True) time of every registered fusion module",
+        description=(
+            "Forward and forward+backward of each registered module (batch 32, lengths "
+            "20/30/25, sizes 64/48/32), eager and compiled with inductor, timed in turns; "
+            "prints the speed-ups (eager / compiled) with quartiles and the compile time. "
+            "Compiling takes tens of seconds per module on 2 cores."
+        ),
+    )
+    compiled.add_argument("--modules", type=_words, default=None, help="default: every registered one")
+    compiled.add_argument("--batch", type=int, default=32)
+    compiled.add_argument("--repeats", type=int, default=15)
+    compiled.add_argument("--warmup", type=int, default=2)
+    common(compiled)
+
     maf = commands.add_parser(
         "maf",
         help="HOCA Eq. 19 literal vs learnable: attention entropy and captioning metrics",
@@ -155,6 +171,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     maf.add_argument("--seed", type=int, default=None)
     maf.add_argument("--no-meteor", action="store_true", help="skip METEOR (slow Java start)")
     common(maf)
+
+    peers = commands.add_parser(
+        "peers",
+        help="polyfuse / peer time, side by side, same weights, outputs checked",
+        description=(
+            "MAN vs wangzih98/MAN, BAN vs jnhwkim/ban-vqa (VQA and small size), TFN, "
+            "tensor_fusion, LMF and low_rank_fusion vs pliang279/MultiBench. The peers' "
+            "modules are imported unchanged from the checkouts given; each side gets the "
+            "same weights; a row whose outputs differ beyond --tolerance is not timed. "
+            "Forward and forward+backward are timed in interleaved rounds at each thread "
+            "count; the ratio polyfuse / peer (below 1: polyfuse faster) is the median over "
+            "rounds with its quartiles. A row whose checkout is missing is skipped."
+        ),
+    )
+    peers.add_argument("--man", type=Path, default=None, help="checkout of github.com/wangzih98/MAN")
+    peers.add_argument("--ban-vqa", type=Path, default=None, help="checkout of github.com/jnhwkim/ban-vqa")
+    peers.add_argument("--multibench", type=Path, default=None,
+                       help="checkout of github.com/pliang279/MultiBench")
+    peers.add_argument("--rows", type=_words, default=None,
+                       help="of: man man_published ban_vqa ban_small tfn tensor_fusion lmf low_rank_fusion")
+    peers.add_argument("--thread-counts", type=_ints, default=(1, 2), help="default '1 2'")
+    peers.add_argument("--repeats", type=int, default=15, help="timed rounds (default 15)")
+    peers.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
+    peers.add_argument("--tolerance", type=float, default=1e-5,
+                       help="largest |difference| / max(1, max |peer output|) (default 1e-5)")
+    peers.add_argument("--time-unequal", action="store_true",
+                       help="time rows whose outputs differ too (flagged as such)")
+    peers.add_argument("--profile", type=int, default=0, metavar="N",
+                       help="record the top N operators of each side (torch.profiler, at the lowest thread count)")
+    common(peers)
     _add_captioning(commands, common)
 
 
@@ -273,8 +319,47 @@ def _maf(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                              progress=_progress(args)), None
 
 
+def _compile(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench.compile import run_compile_bench
+
+    payload = run_compile_bench(args.modules, batch=args.batch, repeats=args.repeats,
+                                warmup=args.warmup, progress=_progress(args))
+    print(payload["table"])
+    return payload, None
+
+
+def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench.peers import format_table, markdown_report, run_peers
+
+    if args.threads is not None:
+        raise ValueError("bench peers: use --thread-counts (it times every count in turn), not --threads")
+    paths = {"man": args.man, "ban_vqa": args.ban_vqa, "multibench": args.multibench}
+    payload = run_peers(paths, rows=args.rows, threads=args.thread_counts, warmup=args.warmup,
+                        repeats=args.repeats, tolerance=args.tolerance, time_unequal=args.time_unequal,
+                        profile=args.profile, progress=_progress(args))
+    print(format_table(payload))
+    words = ["polyfuse bench peers"] + [f"--{key.replace('_', '-')} {value}" for key, value in paths.items()
+                                         if value is not None]
+    if args.rows:
+        words.append("--rows '" + " ".join(args.rows) + "'")
+    if tuple(args.thread_counts) != (1, 2):
+        words.append("--thread-counts '" + " ".join(map(str, args.thread_counts)) + "'")
+    for option, default in (("repeats", 15), ("warmup", 3), ("tolerance", 1e-5), ("profile", 0)):
+        if getattr(args, option) != default:
+            words.append(f"--{option} {getattr(args, option)}")
+    if args.time_unequal:
+        words.append("--time-unequal")
+    command = " ".join([*words, f"--output-dir {args.output_dir}"])
+    report = args.output_dir / "peers.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(markdown_report(payload, command), encoding="utf-8")
+    print(f"wrote {report}")
+    return payload, None
+
+
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
-            "targets": _targets, "maf": _maf, "captioning": _captioning}
+            "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers,
+            "captioning": _captioning}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -67,14 +67,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from polyfuse.data.datamodule import FusionDataModule
     from polyfuse.engine.build import quiet_lightning
-    from polyfuse.engine.run import _data_for, _partition_key, load_model
+    from polyfuse.engine.run import data_for, load_model, partition_key
 
     quiet_lightning()
     task, extras = load_model(args.checkpoint)
-    data = _data_for(
+    data = data_for(
         extras, args.data, ["all"] if args.split == "all" else None, require_labels=False, modalities=args.modalities
     )
-    _partition_key(data, args.split)
+    partition_key(data, args.split)
     batch = FusionDataModule(data, batch_size=1).sample(args.split, args.sample)
     attention = plots.attention_for_sample(task, batch)
     row = int(batch["row"][0])

@@ -40,7 +40,8 @@ def format_metrics(title: str, metrics: dict[str, float]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyfuse.engine.run import _is_worker, train
+    from polyfuse.engine.run import is_worker, train
+    from polyfuse.engine.threads import thread_plan_for
 
     if args.resume:
         given = [flag for flag, value in vars(args).items() if flag.startswith("short_") and value is not None]
@@ -58,12 +59,13 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     with lightning_errors():
         result = train(config, resume=args.resume, run_dir=None if args.resume else args.out)
-    if not _is_worker():
+    if not is_worker():
         print(f"run directory: {shown_path(result.run_dir)}")
         print(
             f"best checkpoint: {shown_path(result.best_checkpoint)} "
             f"({result.epochs} epochs, {result.train_seconds:.1f} s)"
         )
+        print(thread_plan_for(result.config["trainer"]).describe())
         print(format_metrics("validation", result.validation))
         if result.test:
             print(format_metrics("test", result.test))

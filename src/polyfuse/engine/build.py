@@ -23,6 +23,7 @@ from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsMode
 from polyfuse.engine.divergence import DivergenceGuard
 from polyfuse.engine.logs import AtomicCSVLogger
 from polyfuse.engine.seeding import ReseedEachEpoch
+from polyfuse.engine.threads import apply_thread_plan, thread_plan_for
 from polyfuse.tasks import FusionBackbone, FusionTask, ModalityEncoder, task_class
 
 __all__ = [
@@ -225,8 +226,7 @@ def build_trainer(
     if trainer_config["quiet"]:
         quiet_lightning()
     _filter_warnings()
-    if trainer_config["num_threads"]:
-        torch.set_num_threads(int(trainer_config["num_threads"]))
+    apply_thread_plan(thread_plan_for(trainer_config))  # never more threads than free cores by default
     all_callbacks: list[Callback] = [ReseedEachEpoch(int(config["seed"]))]
     if for_training:
         all_callbacks.append(DivergenceGuard())

@@ -115,11 +115,11 @@ def attention_for_sample(task: Any, batch: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(
                 f"attention over time is plotted from the had-mode marginals; this MAN runs in {fusion.mode!r} mode"
             )
-        output = fusion(inputs, masks, return_attention=True)
+        output = fusion(inputs, masks, return_details=True)
         layers = [[a[0, :, :length].float().numpy() for a, length in zip(layer, lengths, strict=True)] for layer in output.attention]
         return {"kind": "man", "layers": layers, "names": names, "lengths": lengths}
     if isinstance(fusion, BAN):
-        maps = fusion.attention_maps(inputs[0], inputs[1], masks[0], masks[1])
+        maps = fusion(inputs, masks, return_details=True).attention
         return {"kind": "ban", "maps": maps[0, :, : lengths[0], : lengths[1]].float().numpy(), "names": names, "lengths": lengths}
     raise ValueError(f"no attention plot for fusion {type(fusion).__name__}; MAN (had mode) and BAN have one")
 

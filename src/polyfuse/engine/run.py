@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,9 +52,23 @@ from polyfuse.engine.rundir import (
     safe_run_name,
 )
 from polyfuse.engine.seeding import seed_everything
+from polyfuse.engine.threads import thread_plan_for
 from polyfuse.tasks import FusionTask
 
-__all__ = ["RunInterrupted", "RunResult", "evaluate", "load_model", "predict", "resolve_resume", "train"]
+__all__ = [
+    "RunInterrupted",
+    "RunResult",
+    "data_for",
+    "evaluate",
+    "is_worker",
+    "load_model",
+    "partition_key",
+    "predict",
+    "prefixed_metrics",
+    "quiet_trainer",
+    "resolve_resume",
+    "train",
+]
 
 DISPLAY_KEYS = ("progress_bar", "quiet")
 RUN_DIR_ENV = "POLYFUSE_RUN_DIR"  # hands the run directory to DDP worker processes
@@ -72,7 +87,7 @@ class RunResult:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-def _is_worker() -> bool:
+def is_worker() -> bool:
     """True in a DDP process other than the launching one (it re-runs the command)."""
     return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
 
@@ -85,7 +100,7 @@ def _run_dir_path(config: Mapping[str, Any]) -> Path:
 
 def _claim(config: Mapping[str, Any], run_dir: str | Path | None, resuming: bool) -> tuple[Path, RunDirLock | None]:
     inherited = os.environ.get(RUN_DIR_ENV)
-    if inherited and _is_worker():
+    if inherited and is_worker():
         return Path(inherited), None
     if run_dir is None:
         return claim_run_dir(_run_dir_path(config), generated=True)
@@ -116,7 +131,7 @@ def _stats_from_tensors(stored: Mapping[str, Mapping[str, torch.Tensor]]) -> dic
     return {name: FeatureStats(s["mean"].numpy(), s["std"].numpy()) for name, s in stored.items()}
 
 
-def _metrics(results: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
+def prefixed_metrics(results: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
     values = results[0] if results else {}
     return {key[len(prefix) + 1 :]: float(value) for key, value in values.items() if key.startswith(prefix + "/")}
 
@@ -236,7 +251,10 @@ def _train_in(
     if resume_checkpoint is not None:
         _check_resume_checkpoint(resume_checkpoint, task, config)
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
-    if not _is_worker():
+    threads = thread_plan_for(config["trainer"])  # the CLI prints it; results.json records it
+    if threads.oversubscribed and not is_worker():
+        warnings.warn(threads.describe(), stacklevel=2)
+    if not is_worker():
         atomic_write_text(run_dir / "config.yaml", dump_config(config))
         if devices > 1:
             os.environ[RUN_DIR_ENV] = str(run_dir)
@@ -257,16 +275,16 @@ def _train_in(
         raise
     finally:
         signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT after a Ctrl-C
-        if not _is_worker():
+        if not is_worker():
             os.environ.pop(RUN_DIR_ENV, None)
     seconds = time.perf_counter() - start
     best = Path(checkpoint.best_model_path) if checkpoint.best_model_path else None
     if best is None or not best.is_file():
         raise RuntimeError(f"training produced no best checkpoint in {run_dir / 'checkpoints'}")
-    validation = _metrics(trainer.validate(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "val")
+    validation = prefixed_metrics(trainer.validate(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "val")
     test: dict[str, float] = {}
     if len(data.partitions["test"]):
-        test = _metrics(trainer.test(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "test")
+        test = prefixed_metrics(trainer.test(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "test")
     epochs = int(trainer.current_epoch)
     result = RunResult(run_dir, best, validation, test, epochs, seconds, config)
     if trainer.is_global_zero:
@@ -281,6 +299,8 @@ def _train_in(
             "train_seconds": round(seconds, 3),
             "resumed": resume_checkpoint is not None,
             "samples": {key: len(p) for key, p in data.partitions.items()},
+            "threads": threads.to_dict() | {"torch_intra_op": torch.get_num_threads(),
+                                            "torch_inter_op": torch.get_num_interop_threads()},
         }
         atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
         try:
@@ -306,7 +326,7 @@ def load_model(checkpoint: str | Path) -> tuple[FusionTask, dict[str, Any]]:
     return task, extras
 
 
-def _data_for(
+def data_for(
     extras: Mapping[str, Any],
     source: str | None,
     partitions: Sequence[str] | None,
@@ -362,7 +382,7 @@ def _captioning(checkpoint: str | Path, source: str | None, modalities: Sequence
     return True
 
 
-def _partition_key(data: PreparedData, split: str) -> str:
+def partition_key(data: PreparedData, split: str) -> str:
     if split not in data.partitions:
         raise ValueError(f"no {split!r} split; have {', '.join(data.partitions)}")
     if not len(data.partitions[split]):
@@ -374,7 +394,7 @@ def _partition_key(data: PreparedData, split: str) -> str:
     return split
 
 
-def _quiet_trainer(config: Mapping[str, Any]):
+def quiet_trainer(config: Mapping[str, Any]):
     config = {**config, "trainer": {**config["trainer"], "devices": 1, "strategy": "auto", "progress_bar": False}}
     trainer, _ = build_trainer(config, None, for_training=False)
     return trainer
@@ -391,13 +411,13 @@ def evaluate(
         return evaluate_captioning(checkpoint, split=split)
     task, extras = load_model(checkpoint)
     partitions = ["all"] if split == "all" else None
-    data = _data_for(extras, source, partitions, require_labels=True, modalities=modalities)
-    key = _partition_key(data, split)
+    data = data_for(extras, source, partitions, require_labels=True, modalities=modalities)
+    key = partition_key(data, split)
     datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
-    trainer = _quiet_trainer(extras["config"])
+    trainer = quiet_trainer(extras["config"])
     task.stage_metrics["test"].reset()
     results = trainer.test(task, dataloaders=datamodule.loader(key), verbose=False)
-    return _metrics(results, "test")
+    return prefixed_metrics(results, "test")
 
 
 def predict(
@@ -423,10 +443,10 @@ def predict(
         captions = predict_captioning(checkpoint, split=split, out=out)
         return [{"id": video, "caption": caption} for video, caption in captions.items()]
     task, extras = load_model(checkpoint)
-    data = _data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
-    key = _partition_key(data, split)
+    data = data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
+    key = partition_key(data, split)
     datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
-    trainer = _quiet_trainer(extras["config"])
+    trainer = quiet_trainer(extras["config"])
     outputs = trainer.predict(task, dataloaders=datamodule.loader(key))
     rows = torch.cat([o["row"] for o in outputs]).numpy()
     predictions = torch.cat([o["prediction"] for o in outputs]).numpy()

@@ -10,7 +10,7 @@ so the indices are always those of the frames that can actually be decoded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,17 +94,17 @@ def frame_indices(total: int, count: int) -> np.ndarray:
 
 
 def _decode_wanted(
-    path: Path, wanted: set[int], convert: Callable[[int, Any], Any], threads: int | None
+    path: Path, wanted: Mapping[int, bool], convert: Callable[[int, Any, bool], Any], threads: int | None
 ) -> tuple[dict[int, Any], int]:
-    """Decode every frame in order, ``convert(index, frame)`` those in ``wanted``; returns
-    the converted frames by index and the number of frames decoded."""
+    """Decode every frame in order, ``convert(index, frame, wanted[index])`` those in
+    ``wanted``; returns the converted frames by index and the number of frames decoded."""
     container, stream = _open(path, threads)
     kept: dict[int, Any] = {}
     decoded = 0
     try:
         for frame in container.decode(stream):
             if decoded in wanted:
-                kept[decoded] = convert(decoded, frame)
+                kept[decoded] = convert(decoded, frame, wanted[decoded])
             decoded += 1
     finally:
         container.close()
@@ -114,14 +114,15 @@ def _decode_wanted(
 def read_frames_at(
     path: str | Path,
     count: int,
-    convert: Callable[[int, Any], Any],
+    convert: Callable[[int, Any, bool], Any],
     *,
     extra: Callable[[np.ndarray, int], Iterable[int]] | None = None,
     threads: int | None = None,
 ) -> tuple[np.ndarray, int, dict[int, Any]]:
     """Sample ``count`` frames of a clip uniformly (module docstring) and convert them.
 
-    ``convert(index, frame)`` turns a PyAV frame into what the caller keeps; ``extra(indices,
+    ``convert(index, frame, sampled)`` turns a PyAV frame into what the caller keeps
+    (``sampled`` is false for a frame that is only one of the extras); ``extra(indices,
     total)`` names more frames to convert (for example each sampled frame's successor).
     Returns the sampled indices ``(count,)``, the clip's decoded frame count and
     ``{index: converted}`` for the sampled and extra frames.
@@ -129,14 +130,13 @@ def read_frames_at(
     path = Path(path)
     total = clip_info(path).frames_in_header
     if total <= 0:  # no count in the header: count by decoding
-        total = _decode_wanted(path, set(), convert, threads)[1]
+        total = _decode_wanted(path, {}, convert, threads)[1]
         if total == 0:
             raise ValueError(f"{path}: no frame could be decoded")
     for _ in range(2):
         indices = frame_indices(total, count)
-        wanted = set(indices.tolist())
-        if extra is not None:
-            wanted |= set(extra(indices, total))
+        wanted = dict.fromkeys(extra(indices, total) if extra is not None else (), False)
+        wanted.update(dict.fromkeys(indices.tolist(), True))
         kept, decoded = _decode_wanted(path, wanted, convert, threads)
         if decoded == 0:
             raise ValueError(f"{path}: no frame could be decoded")
@@ -146,7 +146,7 @@ def read_frames_at(
     raise ValueError(f"{path}: the number of decodable frames changes between two reads")
 
 
-def _rgb(_: int, frame: Any) -> np.ndarray:
+def _rgb(_: int, frame: Any, __: bool) -> np.ndarray:
     return frame.to_ndarray(format="rgb24")
 
 

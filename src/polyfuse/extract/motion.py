@@ -41,6 +41,7 @@ __all__ = [
     "flow_descriptor",
     "flow_frame",
     "motion_partners",
+    "opencv_version",
 ]
 
 FLOW_GRID = 4
@@ -60,6 +61,11 @@ def _cv2() -> Any:
             "opencv-python-headless)"
         ) from None
     return cv2
+
+
+def opencv_version() -> str:
+    """The version of the OpenCV that computes the flow (recorded in the feature file)."""
+    return str(_cv2().__version__)
 
 
 def flow_frame(rgb: np.ndarray, flow_size: int) -> np.ndarray:

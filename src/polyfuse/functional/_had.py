@@ -73,19 +73,19 @@ class HadLayout(NamedTuple):
     offsets: tuple[int, ...]
 
 
-def had_layout(lead: torch.Size, features: Sequence[Tensor], random_features: Tensor) -> HadLayout:
+def had_layout(lead: torch.Size, features: Sequence[Tensor], random_matrix: Tensor) -> HadLayout:
     """The layout for inputs whose leading dims broadcast to ``lead``."""
     rank = len(lead)
     # The random features' leading dims, right-aligned with ``lead`` (MAN: (G,) against (B, G)).
-    own = (1,) * (rank - random_features.dim() + 2) + tuple(random_features.shape[:-2])
+    own = (1,) * (rank - random_matrix.dim() + 2) + tuple(random_matrix.shape[:-2])
     per_matrix = [i for i in range(rank) if own[i] > 1]
     shared = [i for i in range(rank) if own[i] == 1]
     lengths = tuple(a.shape[-2] for a in features)
     return HadLayout(
         lead,
         (*per_matrix, *shared),
-        math.prod(lead[i] for i in per_matrix),
-        math.prod(lead[i] for i in shared),
+        math.prod([lead[i] for i in per_matrix]),
+        math.prod([lead[i] for i in shared]),
         lengths,
         (0, *itertools.accumulate(lengths)),
     )
@@ -189,12 +189,12 @@ def stack_features(rows: Sequence[Tensor], layout: HadLayout) -> Tensor:
     )
 
 
-def augmented_weights(random_features: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
+def augmented_weights(random_matrix: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
     """(heads, K' + 2, H): W^T (with antithetic rows for ``"gerf"``), a row of ones and
     the row |w_h|^2, so that a row of :func:`augmented_features` times it is the
     exponent of the random features."""
-    num_random_features, feature_dim = random_features.shape[-2:]
-    matrices = random_features.to(dtype).reshape(-1, num_random_features, feature_dim)
+    num_random_features, feature_dim = random_matrix.shape[-2:]
+    matrices = random_matrix.to(dtype).reshape(-1, num_random_features, feature_dim)
     if estimator == "gerf":
         matrices = random_features_module.antithetic_rows(matrices)
     ones = matrices.new_ones(matrices.shape[0], 1, num_random_features)
@@ -385,17 +385,9 @@ def had_chunk(
     exponent = exponent.view(count, total, num_random_features)  # Eq. 11 exponents
     if padded is not None:
         exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))  # B_j = 0 there
-    # Stabilisers (note 5), the rescaling weight folded into modality 0's: see stabilisers_for.
+    stabilisers = stabilisers_for(exponent, layout)  # (g n, m, H), note 5
     if len(set(lengths)) == 1:
         by_modality = exponent.view(count, num_modalities, lengths[0], num_random_features)
-        stabilisers = max_over_steps(by_modality)  # (g n, m, H)
-    else:
-        stabilisers = torch.stack(
-            [exponent[:, start:stop].amax(dim=1) for start, stop in itertools.pairwise(offsets)], 1
-        )
-    stabiliser_sum = stabilisers.sum(dim=1)  # (g n, H)
-    stabilisers[:, 0] += stabiliser_sum.amax(dim=-1, keepdim=True) - stabiliser_sum
-    if len(set(lengths)) == 1:
         by_modality.sub_(stabilisers.unsqueeze(2)).exp_()  # B_j^T for every modality
         sums = by_modality.sum(dim=2)  # B_j 1, (g n, m, H)
         random = by_modality.unbind(1)  # (g n, T_j, H) views

@@ -29,12 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from polyfuse._checks import check_finite, check_mask
+from polyfuse._checks import check_dropout, check_finite, check_mask, check_values
 
 __all__ = [
     "bilinear_attention_logits",
     "bilinear_attention_map",
     "bilinear_attention_pooling",
+    "bilinear_pooling_of_features",
 ]
 
 
@@ -102,11 +103,6 @@ def _check_projection(
                 f"{owner}: {name}_bias must have shape ({weight.shape[0]},), got {shape}"
             )
         check_finite(bias, f"{owner}: {name}_bias")
-
-
-def _check_dropout(dropout: float, owner: str) -> None:
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{owner}: dropout must lie in [0, 1), got {dropout}")
 
 
 def _project(x: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -192,20 +188,24 @@ def bilinear_attention_logits(
         if not isinstance(glimpse_bias, Tensor) or tuple(glimpse_bias.shape) != (glimpses,):
             raise ValueError(f"{owner}: glimpse_bias must have shape ({glimpses},)")
         check_finite(glimpse_bias, f"{owner}: glimpse_bias")
-    _check_dropout(dropout, owner)
+    check_dropout(dropout, owner)
 
     x_features = _project(x, x_mask, x_weight, x_bias)  # relu(X^T U): (B, T_x, K'), Eq. 13
     x_features = F.dropout(x_features, dropout, training)
     y_features = _project(y, y_mask, y_weight, y_bias)  # relu(V^T Y)^T: (B, T_y, K'), Eq. 13
     # BAN Eq. 10: ((1 p_g^T) o relu(X^T U)) relu(V^T Y). The Hadamard product with p_g
     # is put on the shorter sequence, which keeps the (B, G, T, K') intermediate small.
+    # One batched product per sample over all glimpses (no copy of the other side per glimpse).
     weights = glimpse_weight[None, :, None, :]  # (1, G, 1, K')
-    if y.shape[1] <= x.shape[1]:
-        weighted_y = y_features.unsqueeze(1) * weights  # (B, G, T_y, K')
-        logits = x_features.unsqueeze(1) @ weighted_y.transpose(-1, -2)  # (B, G, T_x, T_y)
+    batch, length_x, length_y = x.shape[0], x.shape[1], y.shape[1]
+    if length_y <= length_x:
+        weighted_y = (y_features.unsqueeze(1) * weights).flatten(1, 2)  # (B, G T_y, K')
+        logits = torch.bmm(x_features, weighted_y.transpose(1, 2))  # (B, T_x, G T_y)
+        logits = logits.view(batch, length_x, glimpses, length_y).transpose(1, 2)
     else:
-        weighted_x = x_features.unsqueeze(1) * weights  # (B, G, T_x, K')
-        logits = weighted_x @ y_features.unsqueeze(1).transpose(-1, -2)  # (B, G, T_x, T_y)
+        weighted_x = (x_features.unsqueeze(1) * weights).flatten(1, 2)  # (B, G T_x, K')
+        logits = torch.bmm(weighted_x, y_features.transpose(1, 2))  # (B, G T_x, T_y)
+        logits = logits.view(batch, glimpses, length_x, length_y)
     if glimpse_bias is not None:
         logits = logits + glimpse_bias[None, :, None, None]
     pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
@@ -237,7 +237,7 @@ def bilinear_attention_map(
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"{owner}: logits must be a float tensor (B, G, T_x, T_y), got {shape}")
     batch, _, length_x, length_y = logits.shape
-    if bool(torch.isnan(logits).any()) or bool((logits == float("inf")).any()):
+    if check_values() and (bool(torch.isnan(logits).any()) or bool((logits == float("inf")).any())):
         raise ValueError(f"{owner}: logits contain NaN or +Inf")
     reference_x = logits.new_empty(batch, length_x, 0)
     reference_y = logits.new_empty(batch, length_y, 0)
@@ -248,7 +248,7 @@ def bilinear_attention_map(
         y_mask = _check_mask(y_mask, reference_y, "y_mask", owner)
         logits = logits.masked_fill(~y_mask[:, None, None, :], float("-inf"))
     flat = logits.flatten(start_dim=2)  # (B, G, T_x * T_y): one softmax per whole map
-    if bool(torch.isinf(flat).all(dim=-1).any()):
+    if check_values() and bool(torch.isinf(flat).all(dim=-1).any()):
         raise ValueError(f"{owner}: a glimpse's map has no finite logit (every pair is -inf)")
     return torch.softmax(flat, dim=-1).view_as(logits)
 
@@ -319,15 +319,41 @@ def bilinear_attention_pooling(
     if single:
         attention = attention.unsqueeze(1)  # (B, 1, T_x, T_y)
     pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
-    if bool((~torch.isfinite(attention) & pair_mask).any()):
+    if check_values() and bool((~torch.isfinite(attention) & pair_mask).any()):
         raise ValueError(f"{owner}: attention contains NaN or Inf at a real (x, y) pair")
     attention = attention.masked_fill(~pair_mask, 0.0)
 
     x_features = _project(x, x_mask, x_weight, x_bias)  # relu(X^T U'): (B, T_x, rank)
     y_features = _project(y, y_mask, y_weight, y_bias)  # relu(Y^T V'): (B, T_y, rank)
-    # BAN Eq. 12: f'_k = relu(X^T U')_k^T A relu(Y^T V')_k, for every k at once
-    attended_y = attention @ y_features.unsqueeze(1)  # (B, G, T_x, rank)
-    joint = (x_features.unsqueeze(1) * attended_y).sum(dim=-2)  # (B, G, rank)
+    joint = bilinear_pooling_of_features(x_features, y_features, attention, pool=pool)
+    return joint.squeeze(1) if single else joint
+
+
+def bilinear_pooling_of_features(
+    x_features: Tensor, y_features: Tensor, attention: Tensor, *, pool: int = 1
+) -> Tensor:
+    """BAN Eq. 12 on projected features: ``f'_k = x_features[:, :, k]^T A y_features[:, :, k]``.
+
+    The core of :func:`bilinear_attention_pooling` without its checks and masking, for
+    callers whose features are finite and whose ``attention`` is already 0 at padded
+    pairs (a map from :func:`bilinear_attention_map`), so that padded steps add nothing.
+
+    Args:
+        x_features: (B, T_x, R), relu(X^T U').
+        y_features: (B, T_y, R), relu(Y^T V').
+        attention: (B, T_x, T_y) or (B, G, T_x, T_y).
+        pool: sum pooling over consecutive groups of ``pool`` features (R = K * pool).
+
+    Returns:
+        (B, K), or (B, G, K) for a 4-d ``attention``.
+    """
+    single = attention.dim() == 3
+    if single:
+        attention = attention.unsqueeze(1)
+    rank = x_features.shape[-1]
+    # One product per sample for all glimpses: (B, G T_x, T_y) @ (B, T_y, R).
+    attended_y = torch.bmm(attention.flatten(1, 2), y_features).view(*attention.shape[:3], rank)
+    joint = (x_features.unsqueeze(1) * attended_y).sum(dim=-2)  # (B, G, R)
     if pool > 1:
         joint = joint.unflatten(-1, (rank // pool, pool)).sum(dim=-1)  # (B, G, K)
     return joint.squeeze(1) if single else joint

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from polyfuse._checks import check_finite
-from polyfuse.functional.lorentz import _check_points, _check_tensor, lorentz_distance
+from polyfuse._checks import check_finite, check_float_tensor, check_hyperboloid_points
+from polyfuse.functional.lorentz import lorentz_distance
 
 __all__ = [
     "chimera_objective",
@@ -85,8 +85,8 @@ def topic_lm_loss(
         Scalar loss.
     """
     _check_reduction(reduction)
-    _check_tensor(topic_vocab_logits, "topic_vocab_logits", min_dim=2)
-    _check_tensor(topic_logits, "topic_logits")
+    check_float_tensor(topic_vocab_logits, "topic_vocab_logits", min_dim=2)
+    check_float_tensor(topic_logits, "topic_logits")
     if not isinstance(targets, Tensor) or targets.dtype != torch.long:
         raise ValueError("targets must be an int64 tensor of token ids")
     position_shape = topic_vocab_logits.shape[:-2]
@@ -149,8 +149,8 @@ def topic_matching_loss(
     Returns:
         Scalar loss.
     """
-    _check_tensor(text_topics, "text_topics")
-    _check_tensor(image_topics, "image_topics")
+    check_float_tensor(text_topics, "text_topics")
+    check_float_tensor(image_topics, "image_topics")
     _check_pairs(text_topics, image_topics, "text_topics", "image_topics")
     if text_topics.shape[0] < 2:
         raise ValueError("topic_matching_loss needs a batch of at least 2 pairs (in-batch negatives)")
@@ -201,8 +201,8 @@ def hyperbolic_matching_loss(
         Scalar loss.
     """
     _check_reduction(reduction)
-    _check_points(text_points, "text_points")
-    _check_points(image_points, "image_points")
+    check_hyperboloid_points(text_points, "text_points")
+    check_hyperboloid_points(image_points, "image_points")
     _check_pairs(text_points, image_points, "text_points", "image_points")
     batch = text_points.shape[0]
     if batch < 2:
@@ -249,11 +249,11 @@ def distortion_loss(
         Scalar loss.
     """
     _check_reduction(reduction)
-    _check_points(text_points, "text_points")
-    _check_points(image_points, "image_points")
+    check_hyperboloid_points(text_points, "text_points")
+    check_hyperboloid_points(image_points, "image_points")
     _check_pairs(text_points, image_points, "text_points", "image_points")
-    _check_tensor(text_embeddings, "text_embeddings")
-    _check_tensor(image_embeddings, "image_embeddings")
+    check_float_tensor(text_embeddings, "text_embeddings")
+    check_float_tensor(image_embeddings, "image_embeddings")
     _check_pairs(text_embeddings, image_embeddings, "text_embeddings", "image_embeddings")
     if text_embeddings.shape[0] != text_points.shape[0]:
         raise ValueError(

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from polyfuse._checks import check_finite, check_masks, check_modality_list
+from polyfuse.functional.pooling import masked_softmax
 
 __all__ = [
     "DEFAULT_MAX_ELEMENTS",
@@ -75,11 +76,6 @@ MaskList = Sequence[Tensor | None] | None
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-
-def _masked_softmax(logits: Tensor, mask: Tensor) -> Tensor:
-    """Softmax over the last axis of (B, T) ``logits`` restricted to ``mask`` (B, T)."""
-    return logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
 def _prepare_features(
@@ -211,7 +207,7 @@ def bahdanau_attention(
         query, zeroed, query_weight=query_weight, feature_weight=feature_weight, bias=bias
     )  # (B, T, d), Eq. 3 inside
     logits = mapped @ score_vector  # (B, T): e_r = w_1^T tanh(...), Eq. 3
-    attention = _masked_softmax(logits, mask)  # Eq. 2; sums to one (Eq. 4)
+    attention = masked_softmax(logits, mask)  # Eq. 2; sums to one (Eq. 4)
     context = torch.einsum("bt,btf->bf", attention, zeroed)  # Eq. 5
     return attention, context
 
@@ -358,7 +354,7 @@ def hoca_attention(
         ],
         dim=0,
     )  # (B, T_l), one chunk of samples at a time
-    return _masked_softmax(logits, full_masks[target])  # Eq. 9
+    return masked_softmax(logits, full_masks[target])  # Eq. 9
 
 
 def hoca_attention_all_targets(
@@ -392,7 +388,7 @@ def hoca_attention_all_targets(
         for target, weight in enumerate(weights):
             logits[target].append(_weighted_correlation_logits(correlation, target, weight))
     return [
-        _masked_softmax(torch.cat(parts, dim=0), full_masks[target])  # Eq. 9
+        masked_softmax(torch.cat(parts, dim=0), full_masks[target])  # Eq. 9
         for target, parts in enumerate(logits)
     ]
 
@@ -507,7 +503,7 @@ def low_rank_hoca_attention(
         if summary is not None:
             product = summary if product is None else product * summary  # Eq. 16, (B, k, d)
     logits = _low_rank_logits(zeroed[target], product, weight_vector)
-    return _masked_softmax(logits, full_masks[target])  # Eq. 17
+    return masked_softmax(logits, full_masks[target])  # Eq. 17
 
 
 def low_rank_hoca_attention_all_targets(
@@ -549,5 +545,5 @@ def low_rank_hoca_attention_all_targets(
         before, after = prefix[target], suffix[target + 1]  # prod_{i != target}, Eq. 16
         product = after if before is None else before if after is None else before * after
         logits = _low_rank_logits(zeroed[target], product, weight_vectors[target])  # Eq. 15-17
-        attentions.append(_masked_softmax(logits, full_masks[target]))
+        attentions.append(masked_softmax(logits, full_masks[target]))
     return attentions

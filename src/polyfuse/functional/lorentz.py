@@ -58,22 +58,14 @@ sphere, a far larger distortion than a relative error of 1e-7.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
 import torch
 from torch import Tensor
 
-from polyfuse._checks import check_finite, check_mask
-
-with warnings.catch_warnings():
-    # geoopt 0.5 decorates its Lorentz functions with torch.jit.script, which recent
-    # torch deprecates with one warning per function at import: nothing a user of
-    # polyfuse can act on.
-    warnings.filterwarnings(
-        "ignore", message="`torch.jit.script` is deprecated", category=DeprecationWarning
-    )
-    from geoopt.manifolds.lorentz import math as geoopt_lorentz
+from polyfuse._checks import check_finite, check_float_tensor, check_hyperboloid_points, check_mask
 
 __all__ = [
     "clip_radius",
@@ -93,34 +85,22 @@ __all__ = [
 _WORK_DTYPE = torch.float64
 
 
+@functools.cache
+def _geoopt_lorentz():
+    """geoopt's Lorentz functions, imported on first use: geoopt imports scipy, which
+    would double the time of ``import polyfuse``."""
+    with warnings.catch_warnings():
+        # geoopt 0.5 decorates its Lorentz functions with torch.jit.script, which recent
+        # torch deprecates with one warning per function at import: nothing a user of
+        # polyfuse can act on.
+        warnings.filterwarnings(
+            "ignore", message="`torch.jit.script` is deprecated", category=DeprecationWarning
+        )
+        from geoopt.manifolds.lorentz import math as geoopt_lorentz
+    return geoopt_lorentz
+
+
 # ----------------------------------------------------------------------------- checks
-
-
-def _check_tensor(tensor: object, name: str, *, min_dim: int = 1) -> None:
-    if not isinstance(tensor, Tensor):
-        raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
-    if not tensor.is_floating_point():
-        raise ValueError(f"{name} must be a float tensor, got dtype {tensor.dtype}")
-    if tensor.dim() < min_dim:
-        raise ValueError(
-            f"{name} must have at least {min_dim} dims, got shape {tuple(tensor.shape)}"
-        )
-
-
-def _check_points(points: object, name: str, *, mask: Tensor | None = None, min_dim: int = 1) -> None:
-    """Points of the hyperboloid: (..., n + 1) with n >= 1, finite at real positions."""
-    _check_tensor(points, name, min_dim=min_dim)
-    if points.shape[-1] < 2:
-        raise ValueError(
-            f"{name} must have n + 1 >= 2 coordinates in its last dim (time first), "
-            f"got shape {tuple(points.shape)}"
-        )
-    check_finite(points, name, mask)
-
-
-def _check_mask(mask: object, shape: torch.Size, name: str) -> Tensor:
-    """A (..., N) bool mask broadcastable to ``shape`` with a real entry in every row."""
-    return check_mask(mask, shape, name)
 
 
 def _broadcast(name_a: str, shape_a: torch.Size, name_b: str, shape_b: torch.Size) -> torch.Size:
@@ -205,12 +185,12 @@ def lorentz_inner(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
     Returns:
         (...) tensor, or (..., 1) with ``keepdim``.
     """
-    _check_points(x, "x")
-    _check_points(y, "y")
+    check_hyperboloid_points(x, "x")
+    check_hyperboloid_points(y, "y")
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f"x has {x.shape[-1]} coordinates but y has {y.shape[-1]}")
     _broadcast("x", x.shape, "y", y.shape)
-    return geoopt_lorentz.inner(x, y, keepdim=keepdim)
+    return _geoopt_lorentz().inner(x, y, keepdim=keepdim)
 
 
 def lorentz_distance(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
@@ -240,8 +220,8 @@ def lorentz_distance(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
     Returns:
         (...) distances (or (..., 1)) in the promoted dtype of ``x`` and ``y``.
     """
-    _check_points(x, "x")
-    _check_points(y, "y")
+    check_hyperboloid_points(x, "x")
+    check_hyperboloid_points(y, "y")
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f"x has {x.shape[-1]} coordinates but y has {y.shape[-1]}")
     _broadcast("x", x.shape, "y", y.shape)
@@ -289,8 +269,8 @@ def lorentz_pairwise_distance(x: Tensor, y: Tensor) -> Tensor:
     Returns:
         (..., N, M) distances in the promoted dtype of ``x`` and ``y``.
     """
-    _check_points(x, "x", min_dim=2)
-    _check_points(y, "y", min_dim=2)
+    check_hyperboloid_points(x, "x", min_dim=2)
+    check_hyperboloid_points(y, "y", min_dim=2)
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f"x has {x.shape[-1]} coordinates but y has {y.shape[-1]}")
     _broadcast("x", x.shape[:-2], "y", y.shape[:-2])
@@ -307,7 +287,7 @@ def clip_radius(tangent: Tensor, max_radius: float) -> Tensor:
     Returns:
         (..., n) vectors, unchanged where their norm is at most ``max_radius``.
     """
-    _check_tensor(tangent, "tangent")
+    check_float_tensor(tangent, "tangent")
     if not max_radius > 0:
         raise ValueError(f"max_radius must be positive, got {max_radius}")
     radius = torch.linalg.vector_norm(tangent, dim=-1, keepdim=True)
@@ -334,7 +314,7 @@ def lorentz_expmap0(tangent: Tensor, *, max_radius: float | None = None) -> Tens
     Returns:
         (..., n + 1) points on the hyperboloid.
     """
-    _check_tensor(tangent, "tangent")
+    check_float_tensor(tangent, "tangent")
     check_finite(tangent, "tangent")
     if max_radius is not None and not max_radius > 0:
         raise ValueError(f"max_radius must be positive or None, got {max_radius}")
@@ -346,7 +326,7 @@ def lorentz_expmap0(tangent: Tensor, *, max_radius: float | None = None) -> Tens
     direction = tangent / torch.where(at_origin, 1.0, radius)
     polar = torch.cat((direction, radius.clamp_max(limit)), dim=-1)
     unit = torch.ones((), dtype=tangent.dtype, device=tangent.device)
-    points = geoopt_lorentz.project_polar(polar, k=unit)
+    points = _geoopt_lorentz().project_polar(polar, k=unit)
     first_order = torch.where(at_origin, tangent, 0.0)  # zero in value, I in gradient
     return points + torch.cat((torch.zeros_like(radius), first_order), dim=-1)
 
@@ -366,7 +346,7 @@ def lorentz_logmap0(points: Tensor) -> Tensor:
     Returns:
         (..., n) Euclidean (tangent) vectors, in the input dtype.
     """
-    _check_points(points, "points")
+    check_hyperboloid_points(points, "points")
     radius, sinh_radius, spatial = _polar(points)
     nonzero = (sinh_radius > 0).unsqueeze(-1)
     safe = torch.where(nonzero, sinh_radius.unsqueeze(-1), 1.0)
@@ -386,9 +366,9 @@ def lorentz_project(points: Tensor) -> Tensor:
     Returns:
         (..., n + 1) points on the hyperboloid, in the input dtype.
     """
-    _check_points(points, "points")
+    check_hyperboloid_points(points, "points")
     unit = torch.ones((), dtype=_WORK_DTYPE, device=points.device)
-    return geoopt_lorentz.project(points.to(_WORK_DTYPE), k=unit).to(points.dtype)
+    return _geoopt_lorentz().project(points.to(_WORK_DTYPE), k=unit).to(points.dtype)
 
 
 # ------------------------------------------------------------------- Klein model
@@ -403,7 +383,7 @@ def lorentz_to_klein(points: Tensor) -> Tensor:
     Returns:
         (..., n) points of the open unit ball (radius tanh r for hyperbolic radius r).
     """
-    _check_points(points, "points")
+    check_hyperboloid_points(points, "points")
     if bool((points[..., 0] <= 0).any()):
         raise ValueError("points must have a positive time coordinate x_0 (upper sheet)")
     return points[..., 1:] / points[..., :1]
@@ -417,7 +397,7 @@ def _klein_to_lorentz(points_klein: Tensor) -> Tensor:
 
 
 def _check_klein(points_klein: Tensor, name: str, mask: Tensor | None = None) -> None:
-    _check_tensor(points_klein, name)
+    check_float_tensor(points_klein, name)
     check_finite(points_klein, name, mask)
     outside = points_klein.pow(2).sum(-1) > 1.0 + 1e-4
     if mask is not None:
@@ -483,8 +463,8 @@ def einstein_midpoint(
     Returns:
         (..., n) or (..., Q, n) Klein points.
     """
-    _check_tensor(points_klein, "points_klein", min_dim=2)
-    _check_tensor(weights, "weights")
+    check_float_tensor(points_klein, "points_klein", min_dim=2)
+    check_float_tensor(weights, "weights")
     single = weights.dim() == points_klein.dim() - 1
     if not single and weights.dim() != points_klein.dim():
         raise ValueError(
@@ -496,7 +476,7 @@ def einstein_midpoint(
         raise ValueError(f"weights has {weights.shape[-1]} entries per row, points_klein has N = {count}")
     point_mask = None
     if mask is not None:
-        point_mask = _check_mask(mask, points_klein.shape[:-1], "mask")
+        point_mask = check_mask(mask, points_klein.shape[:-1], "mask")
     _check_klein(points_klein, "points_klein", point_mask)
     check_finite(weights, "weights")
     if bool((weights < 0).any()):
@@ -505,7 +485,7 @@ def einstein_midpoint(
         eps = torch.finfo(points_klein.dtype).eps
         factors = torch.rsqrt((1.0 - points_klein.pow(2).sum(-1)).clamp_min(eps))
     else:
-        _check_tensor(lorentz_factors, "lorentz_factors")
+        check_float_tensor(lorentz_factors, "lorentz_factors")
         if lorentz_factors.shape != points_klein.shape[:-1]:
             raise ValueError(
                 f"lorentz_factors has shape {tuple(lorentz_factors.shape)}, expected "
@@ -569,9 +549,9 @@ def lorentz_attention(
         (..., Q, m + 1) points on the hyperboloid; with ``return_weights`` also the
         (..., Q, N) weights alpha (0 at padded keys), in the promoted input dtype.
     """
-    _check_points(queries, "queries", min_dim=2)
-    _check_tensor(keys, "keys", min_dim=2)
-    _check_tensor(values, "values", min_dim=2)
+    check_hyperboloid_points(queries, "queries", min_dim=2)
+    check_float_tensor(keys, "keys", min_dim=2)
+    check_float_tensor(values, "values", min_dim=2)
     if keys.shape[-1] != queries.shape[-1]:
         raise ValueError(
             f"queries have {queries.shape[-1]} coordinates but keys have {keys.shape[-1]}"
@@ -582,9 +562,9 @@ def lorentz_attention(
             "dims but the last"
         )
     _broadcast("queries", queries.shape[:-2], "keys", keys.shape[:-2])
-    key_mask = None if masks is None else _check_mask(masks, keys.shape[:-1], "masks")
-    _check_points(keys, "keys", mask=key_mask)
-    _check_points(values, "values", mask=key_mask)
+    key_mask = None if masks is None else check_mask(masks, keys.shape[:-1], "masks")
+    check_hyperboloid_points(keys, "keys", mask=key_mask)
+    check_hyperboloid_points(values, "values", mask=key_mask)
     real_times = values[..., 0] if key_mask is None else values[..., 0][key_mask]
     if bool((real_times <= 0).any()):
         raise ValueError("values must have a positive time coordinate x_0 (upper sheet)")

@@ -22,10 +22,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from polyfuse._checks import check_finite, check_masks, check_modality_list
+from polyfuse._checks import check_finite, check_masks, check_modality_list, check_values
 from polyfuse.functional import _had
 
 __all__ = [
+    "ESTIMATORS",
     "MODES",
     "lsc_encoding",
     "lsc_encoding_from_mask",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 MODES = ("exact", "hadamard", "had")
+#: The random features of had mode (see :func:`multilinear_attention`).
+ESTIMATORS = _had.ESTIMATORS
 # Einsum letters for the time axes of up to 25 modalities ("k" is the channel axis).
 _TIME_LETTERS = string.ascii_letters.replace("k", "")
 
@@ -131,7 +134,7 @@ def multilinear_attention(
     masks: Sequence[Tensor | None] | None = None,
     *,
     mode: str,
-    random_features: Tensor | None = None,
+    random_matrix: Tensor | None = None,
     temperature: float = 1.0,
     return_attention: bool = False,
     estimator: str = "gerf",
@@ -149,7 +152,7 @@ def multilinear_attention(
             ``"hadamard"`` (the "w/o CAO" ablation: logits sum_k prod_j a_j[t_j, k]),
             or ``"had"`` (hierarchical approximation decomposition with positive
             random features, Eq. 9 to 12, cost O(sum_j H T_j K)).
-        random_features: W of shape (H, K') (or (..., H, K') broadcasting against
+        random_matrix: W of shape (H, K') (or (..., H, K') broadcasting against
             B), one matrix shared by all modalities (note 2); required for ``"had"``.
         temperature: multiplies the logits (in ``"had"`` mode the features are
             scaled by its square root, which is the same thing); must be > 0 there.
@@ -193,7 +196,12 @@ def multilinear_attention(
     full_masks = check_masks(masks, features)
     _check_all_finite(features, values, full_masks)
     # Zero padded steps so that whatever they hold can never reach the output.
-    padded = [not bool(mask.all()) for mask in full_masks]
+    # (Reading the masks to skip unpadded modalities is a value check: without value
+    # checks every mask given is applied.)
+    padded = [
+        given is not None and (not check_values() or not bool(mask.all()))
+        for given, mask in zip(masks or [None] * len(full_masks), full_masks, strict=True)
+    ]
     features = [
         a.masked_fill(~mask.unsqueeze(-1), 0.0) if pad else a
         for a, mask, pad in zip(features, full_masks, padded, strict=True)
@@ -204,24 +212,24 @@ def multilinear_attention(
     ]
 
     if mode == "had":
-        if random_features is None:
-            raise ValueError('mode="had" needs random_features of shape (H, K\')')
-        if random_features.shape[-1] != features[0].shape[-1]:
+        if random_matrix is None:
+            raise ValueError('mode="had" needs random_matrix, the random matrix W of shape (H, K\')')
+        if random_matrix.shape[-1] != features[0].shape[-1]:
             raise ValueError(
-                f"random_features has rows of size {random_features.shape[-1]}, "
+                f"random_matrix has rows of size {random_matrix.shape[-1]}, "
                 f"features have K' = {features[0].shape[-1]}"
             )
         if not temperature > 0:
             raise ValueError(f'mode="had" needs temperature > 0, got {temperature}')
-        if estimator not in _had.ESTIMATORS:
+        if estimator not in ESTIMATORS:
             raise ValueError(
-                f"unknown estimator {estimator!r}; expected one of {', '.join(_had.ESTIMATORS)}"
+                f"unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}"
             )
         return _had_attention(
             features,
             values,
             [mask if pad else None for mask, pad in zip(full_masks, padded, strict=True)],
-            random_features,
+            random_matrix,
             temperature,
             return_attention,
             estimator,
@@ -239,6 +247,8 @@ def _check_all_finite(
     """:func:`check_finite` for every input, behind a one-pass test: a sum is finite
     whenever all its terms are, so only a NaN, an Inf (or an overflowing sum) pays for
     the full check, which names the first modality at fault."""
+    if not check_values():
+        return
     sums = torch.stack([t.detach().sum() for pair in zip(features, values, strict=True) for t in pair])
     if bool(torch.isfinite(sums).all()):
         return
@@ -310,7 +320,7 @@ def _had_attention(
     features: Sequence[Tensor],
     values: Sequence[Tensor],
     masks: Sequence[Tensor | None],
-    random_features: Tensor,
+    random_matrix: Tensor,
     temperature: float,
     return_attention: bool,
     estimator: str = "gerf",
@@ -341,15 +351,15 @@ def _had_attention(
     Takes what :func:`multilinear_attention` hands over: padded steps zeroed, and a
     mask per modality, or None for a modality without padding.
     """
-    inputs = (*features, *values, random_features)
+    inputs = (*features, *values, random_matrix)
     differentiable = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in inputs)
     lead = _broadcast_shape(
         *(a.shape[:-2] for a in features),
         *(v.shape[:-2] for v in values),
-        random_features.shape[:-2],
+        random_matrix.shape[:-2],
     )
-    layout = _had.had_layout(lead, features, random_features)
-    weights = _had.augmented_weights(random_features, estimator, features[0].dtype)
+    layout = _had.had_layout(lead, features, random_matrix)
+    weights = _had.augmented_weights(random_matrix, estimator, features[0].dtype)
     padded = _had.padded_in_layout(masks, layout, features[0].device)
     values = _had.in_layout(values, layout)  # (G, N, T_j, K)
     rows = _had.augmented_features(features, masks, temperature, estimator)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["masked_mean"]
+__all__ = ["masked_mean", "masked_softmax"]
+
+
+def masked_softmax(logits: Tensor, mask: Tensor) -> Tensor:
+    """Softmax over the last axis of ``logits`` (..., T) restricted to ``mask`` (..., T)
+    (True = a real step): padded steps get probability 0."""
+    return logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -20,6 +26,8 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
         their count. Padded steps contribute nothing whatever they hold (even NaN);
         a sample without any real step gets a zero vector.
     """
+    if x.shape[-2] == 1:  # a vector given as a sequence of length 1: no division
+        return torch.where(mask, x.squeeze(-2), torch.zeros((), dtype=x.dtype, device=x.device))
     weights = mask.to(x.dtype).unsqueeze(-1)  # (..., T, 1)
     total = torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x)).sum(dim=-2)  # (..., d)
     count = weights.sum(dim=-2).clamp_min(1.0)  # (..., 1)

@@ -39,7 +39,7 @@ def tensor_fusion(vectors: Sequence[Tensor]) -> Tensor:
     fused = append_one(vectors[0])
     for vector in vectors[1:]:
         # batched outer product, then flatten (B, P, h + 1) -> (B, P * (h + 1))
-        fused = torch.einsum("bp,bq->bpq", fused, append_one(vector)).flatten(start_dim=1)
+        fused = (fused.unsqueeze(2) * append_one(vector).unsqueeze(1)).flatten(start_dim=1)
     return fused
 
 
@@ -75,7 +75,13 @@ def low_rank_fusion(
                 f"low_rank_fusion: factor {j} has shape {tuple(factor.shape)}, expected "
                 f"(rank, {vector.shape[-1] + 1}, out_dim) for a vector of size {vector.shape[-1]}"
             )
-        projected = torch.einsum("bi,rio->bro", append_one(vector), factor)  # (B, R, O)
+        # [z_j, 1] W_j^{(r)} = z_j W_j^{(r)}[:h_j] + W_j^{(r)}[h_j], all ranks in one batched
+        # product on views of the factor (no copy of it, no padded copy of z_j).
+        rank = factor.shape[0]
+        projected = torch.baddbmm(
+            factor[:, -1:], vector.unsqueeze(0).expand(rank, -1, -1), factor[:, :-1]
+        )  # (R, B, O)
         product = projected if product is None else product * projected
-    fused = torch.einsum("bro,r->bo", product, rank_weights)
+    rank, batch, out_dim = product.shape
+    fused = (rank_weights @ product.reshape(rank, batch * out_dim)).view(batch, out_dim)  # sum_r w_r
     return fused if bias is None else fused + bias

@@ -6,7 +6,7 @@ Every fusion module implements ``forward(inputs, masks=None) -> (B, out_dim)`` (
 """
 
 from polyfuse.nn.ban import BAN
-from polyfuse.nn.base import FusionModule
+from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.baselines import LMF, TFN, Concat
 from polyfuse.nn.chimera import (
     Chimera,
@@ -18,8 +18,8 @@ from polyfuse.nn.chimera import (
     TopicLayerOutput,
 )
 from polyfuse.nn.hoca import HOCA, BahdanauAttention, HOCAOutput, LowRankHOCA
-from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, MAFOutput
-from polyfuse.nn.man import MAN, MANOutput, MultiLinearAttentionLayer
+from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, MAFFusion, MAFOutput
+from polyfuse.nn.man import MAN, MultiLinearAttentionLayer
 from polyfuse.nn.registry import available, create, get, register
 
 __all__ = [
@@ -34,14 +34,15 @@ __all__ = [
     "ChimeraOutput",
     "Concat",
     "FusionModule",
+    "FusionOutput",
     "HOCAFusion",
     "HOCAOutput",
     "HyperbolicLayer",
     "HyperbolicLayerOutput",
     "LowRankHOCA",
     "LowRankHOCAFusion",
+    "MAFFusion",
     "MAFOutput",
-    "MANOutput",
     "MatchingLayer",
     "MultiLinearAttentionLayer",
     "TopicLayer",

@@ -27,16 +27,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations
 
+from polyfuse._checks import check_dropout
 from polyfuse.functional.bilinear import (
     bilinear_attention_logits,
     bilinear_attention_map,
-    bilinear_attention_pooling,
+    bilinear_pooling_of_features,
 )
-from polyfuse.nn.base import FusionModule
+from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.registry import register
 
 __all__ = ["BAN"]
@@ -109,15 +111,12 @@ class BAN(FusionModule):
         ]:
             if int(value) != value or value < 1:
                 raise ValueError(f"BAN: {name} must be a positive integer, got {value}")
-        for name, value in [("dropout", dropout), ("attention_dropout", attention_dropout)]:
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"BAN: {name} must lie in [0, 1), got {value}")
         self.hidden_dim = hidden_dim
         self.glimpses = int(glimpses)
         self.attention_rank = int(attention_rank)
         self.joint_pool = int(joint_pool)
-        self.dropout = float(dropout)
-        self.attention_dropout = float(attention_dropout)
+        self.dropout = check_dropout(dropout, "BAN")
+        self.attention_dropout = check_dropout(attention_dropout, "BAN", "attention_dropout")
 
         # Attention (BAN Eq. 10, 13): U, V shared by all glimpses, one row p_g per glimpse.
         self.attention_x = _weight_normed_linear(x_dim, self.attention_rank)
@@ -168,24 +167,37 @@ class BAN(FusionModule):
         )
         return bilinear_attention_map(logits)
 
+    def _joint_x_features(self, x: Tensor) -> Tensor:
+        """relu(U'_g^T x + u_g) for every glimpse g at once: (B, T_x, G, rank)."""
+        glimpses = self.joint_x[: self.glimpses]
+        weight = torch.cat([linear.weight for linear in glimpses])  # (G rank, d_x)
+        bias = torch.cat([linear.bias for linear in glimpses])
+        return F.relu(F.linear(x, weight, bias)).unflatten(-1, (self.glimpses, -1))
+
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
+        return self.fuse_details(inputs, masks).fused
+
+    def fuse_details(self, inputs: list[Tensor], masks: list[Tensor]) -> FusionOutput:
+        """Fused output, sequences [x, the residual stream of y after the last glimpse
+        (Eq. 14)] and the G attention maps (B, G, T_x, T_y)."""
         x, y = inputs
         x_mask, y_mask = masks
-        attention = self.attention_maps(x, y, x_mask, y_mask)  # (B, G, T_x, T_y)
+        attention = self.attention_maps(x, y, x_mask, y_mask)  # (B, G, T_x, T_y), 0 at padding
+        # relu(U'_g^T x) of every glimpse in one product when no dropout is drawn (x does
+        # not change between glimpses); in training with dropout each glimpse drops x
+        # on its own, in the reference's order of random draws.
+        all_x = None if self.training and self.dropout > 0 else self._joint_x_features(x)
         stream = y  # the residual stream, (B, T_y, d_y)
         for glimpse in range(self.glimpses):
-            joint_x, joint_y = self.joint_x[glimpse], self.joint_y[glimpse]
-            joint = bilinear_attention_pooling(  # f'_g: (B, K), BAN Eq. 12
-                self._drop(x),
-                self._drop(stream),
-                attention[:, glimpse],
-                joint_x.weight,
-                joint_y.weight,
-                x_bias=joint_x.bias,
-                y_bias=joint_y.bias,
-                x_mask=x_mask,
-                y_mask=y_mask,
-                pool=self.joint_pool,
+            if all_x is None:
+                x_features = F.relu(self.joint_x[glimpse](self._drop(x)))
+            else:
+                x_features = all_x[:, :, glimpse]
+            y_features = F.relu(self.joint_y[glimpse](self._drop(stream)))
+            # f'_g: (B, K), BAN Eq. 12. The inputs are finite (checked on entry) and the
+            # map is 0 at padded pairs, so padded steps add nothing.
+            joint = bilinear_pooling_of_features(
+                x_features, y_features, attention[:, glimpse], pool=self.joint_pool
             )
             # BAN Eq. 11 (on y, as the reference code): y <- P_g^T f'_g 1^T + y
             stream = stream + self.joint_projections[glimpse](self._drop(joint)).unsqueeze(1)
@@ -193,7 +205,7 @@ class BAN(FusionModule):
         fused = stream.masked_fill(~y_mask.unsqueeze(-1), 0.0).sum(dim=1)
         if self.output_projection is not None:
             fused = self.output_projection(fused)
-        return fused
+        return FusionOutput(fused, [x, stream], attention)
 
     def extra_repr(self) -> str:
         return (

@@ -7,13 +7,37 @@ size, ``m`` the number of modalities.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
-from polyfuse._checks import prepare_fusion_inputs
-from polyfuse._precision import guarded_fuse
+from polyfuse._checks import inputs_checked, prepare_fusion_inputs
+from polyfuse._precision import empty_output, guarded_fuse
 
-__all__ = ["FusionModule"]
+__all__ = ["FusionModule", "FusionOutput"]
+
+
+class FusionOutput(NamedTuple):
+    """What every fusion module returns with ``return_details=True``.
+
+    fused: (B, out_dim), what the module returns without details.
+    sequences: the per-modality sequences after the module's last residual update,
+        each (B, T_j, d), for modules that update sequences (MAN's residual layers,
+        MAN Eq. 13; BAN's residual stream, BAN Eq. 14, with the first input
+        unchanged); None for the others.
+    attention: the module's attention weights, None for modules without attention
+        (Concat, TFN, LMF). MAN: one entry per layer, (B, G, T_1, ..., T_m) in the
+        exact and hadamard modes or a list of per-modality marginals (B, G, T_j) in
+        had mode; BAN: the G bilinear maps (B, G, T_x, T_y); MAF-based modules
+        (hoca, lowrank_hoca, maf): one (B, T_j) distribution per modality (HOCA
+        Eq. 19). Each distribution is zero at padded steps and sums to one.
+        For an empty batch (B = 0) both ``sequences`` and ``attention`` are None.
+    """
+
+    fused: Tensor
+    sequences: list[Tensor] | None
+    attention: Any
 
 
 class FusionModule(nn.Module):
@@ -36,6 +60,7 @@ class FusionModule(nn.Module):
 
     def __init__(self, input_dims: Sequence[int], out_dim: int) -> None:
         super().__init__()
+        self._float16_weights: bool | None = None
         input_dims = [int(d) for d in input_dims]
         name = type(self).__name__
         count = len(input_dims)
@@ -55,20 +80,52 @@ class FusionModule(nn.Module):
         self.out_dim = int(out_dim)
 
     @property
+    def float16_weights(self) -> bool:
+        """Whether a weight is float16 (cached: read on every forward by the float16 guard)."""
+        if self._float16_weights is None:
+            self._float16_weights = any(p.dtype == torch.float16 for p in self.parameters())
+        return self._float16_weights
+
+    def _apply(self, fn: Any, recurse: bool = True) -> FusionModule:
+        self._float16_weights = None  # .to(), .half(), .float(), ...: look again
+        return super()._apply(fn, recurse)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, (nn.Parameter, nn.Module)):
+            self.__dict__["_float16_weights"] = None  # a new weight: look again
+        super().__setattr__(name, value)
+
+    @property
     def num_modalities(self) -> int:
         return len(self.input_dims)
 
     def forward(
-        self, inputs: Sequence[Tensor], masks: Sequence[Tensor | None] | None = None
-    ) -> Tensor:
+        self,
+        inputs: Sequence[Tensor],
+        masks: Sequence[Tensor | None] | None = None,
+        *,
+        return_details: bool = False,
+    ) -> Tensor | FusionOutput:
+        """Fuse the modalities: (B, out_dim), or a :class:`FusionOutput` when
+        ``return_details`` (the same fused tensor, with sequences and attention)."""
         sequences, full_masks = prepare_fusion_inputs(
             inputs, masks, self.input_dims, type(self).__name__
         )
-        return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
+        with inputs_checked():  # inputs checked once, here; the math below checks shapes only
+            if not return_details:
+                return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
+            if sequences[0].shape[0] == 0:  # nothing to attend over: no sequences, no attention
+                return FusionOutput(empty_output(self, sequences), None, None)
+            options = {"return_details": True}
+            return guarded_fuse(self, self.fuse_details, sequences, full_masks, options)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
         """Fuse validated (B, T_j, d_j) inputs with (B, T_j) bool masks into (B, out_dim)."""
         raise NotImplementedError
+
+    def fuse_details(self, inputs: list[Tensor], masks: list[Tensor]) -> FusionOutput:
+        """:meth:`fuse` with sequences and attention; modules that have them override it."""
+        return FusionOutput(self.fuse(inputs, masks), None, None)
 
     def extra_repr(self) -> str:
         return f"input_dims={self.input_dims}, out_dim={self.out_dim}"

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
+from polyfuse._checks import check_dropout
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.functional.tensor_fusion import low_rank_fusion, tensor_fusion
 from polyfuse.nn.base import FusionModule
@@ -53,12 +54,6 @@ def _per_modality(value: int | Sequence[int], count: int, what: str, owner: str)
     if any(size <= 0 for size in sizes):
         raise ValueError(f"{owner}: {what} must be positive, got {sizes}")
     return sizes
-
-
-def _check_dropout(dropout: float, owner: str, name: str = "dropout") -> float:
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{owner}: {name} must lie in [0, 1), got {dropout}")
-    return float(dropout)
 
 
 @dataclass(frozen=True)
@@ -173,7 +168,7 @@ class Concat(FusionModule):
         if hidden_dim <= 0:
             raise ValueError(f"Concat: hidden_dim must be positive, got {hidden_dim}")
         self.hidden_dim = int(hidden_dim)
-        self.dropout = _check_dropout(dropout, "Concat")
+        self.dropout = check_dropout(dropout, "Concat")
         self.mlp = nn.Sequential(
             nn.Linear(sum(self.input_dims), self.hidden_dim),
             nn.ReLU(),
@@ -259,8 +254,8 @@ class TFN(FusionModule):
             raise ValueError(f"TFN: post_fusion_dim must be positive, got {post_fusion_dim}")
         if post_fusion_layers < 0:
             raise ValueError(f"TFN: post_fusion_layers must be >= 0, got {post_fusion_layers}")
-        self.dropout = _check_dropout(dropout, "TFN")
-        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "TFN", "subnetwork_dropout")
+        self.dropout = check_dropout(dropout, "TFN")
+        self.subnetwork_dropout = check_dropout(subnetwork_dropout, "TFN", "subnetwork_dropout")
         self.form = subnetworks
         self.subnetworks = _build_subnetworks(
             "TFN", self.input_dims, form, sequence_modalities, hidden_dims, lstm_dim,
@@ -365,7 +360,7 @@ class LMF(FusionModule):
         if subnetworks == "light" and hidden_dims is None:
             form = replace(form, pooled_layers=0)  # the pooled inputs themselves: h_j = d_j
         self.form = subnetworks
-        self.subnetwork_dropout = _check_dropout(subnetwork_dropout, "LMF", "subnetwork_dropout")
+        self.subnetwork_dropout = check_dropout(subnetwork_dropout, "LMF", "subnetwork_dropout")
         self.subnetworks = _build_subnetworks(
             "LMF", self.input_dims, form, sequence_modalities, hidden_dims, lstm_dim,
             self.subnetwork_dropout,

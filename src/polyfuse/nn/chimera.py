@@ -20,10 +20,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from polyfuse._checks import check_finite
+from polyfuse._checks import check_finite, check_mask
 from polyfuse._precision import float32_call, needs_float32
 from polyfuse.functional.lorentz import (
-    _check_mask,
     clip_radius,
     lorentz_attention,
     lorentz_expmap0,
@@ -58,7 +57,7 @@ def _prepare_hidden(
     if mask is None:
         mask = torch.ones(hidden.shape[:-1], dtype=torch.bool, device=hidden.device)
     else:
-        mask = _check_mask(mask, hidden.shape[:-1], mask_name)
+        mask = check_mask(mask, hidden.shape[:-1], mask_name)
     check_finite(hidden, name, mask)
     return hidden.masked_fill(~mask.unsqueeze(-1), 0.0), mask
 

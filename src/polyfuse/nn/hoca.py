@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from polyfuse._checks import prepare_fusion_inputs
+from polyfuse._checks import inputs_checked, prepare_fusion_inputs
 from polyfuse.functional import hoca as hoca_functional
 from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS
 
@@ -41,11 +41,19 @@ __all__ = [
     "BahdanauAttention",
     "HOCAOutput",
     "LowRankHOCA",
+    "MaxLengths",
+    "Orders",
     "QueryConditionedMapping",
+    "check_lengths",
+    "check_query",
     "default_exact_max_length",
+    "resolve_max_lengths",
+    "weighted_sum",
 ]
 
+#: Which attention orders :class:`~polyfuse.nn.MAF` uses (see ``parse_orders``).
 Orders = str | int | Sequence[str | int]
+#: Maximum length per modality: one int for all, one per modality, or None (a default).
 MaxLengths = int | Sequence[int] | None
 
 #: Default maximum length of every modality for Low-Rank HOCA (cheap: k entries per step).
@@ -73,7 +81,7 @@ def default_exact_max_length(order: int) -> int:
     return length
 
 
-def _resolve_max_lengths(
+def resolve_max_lengths(
     max_lengths: int | Sequence[int] | None, count: int, default: int, owner: str
 ) -> list[int]:
     if max_lengths is None:
@@ -88,7 +96,7 @@ def _resolve_max_lengths(
     return lengths
 
 
-def _check_lengths(
+def check_lengths(
     inputs: Sequence[Tensor], max_lengths: Sequence[int], owner: str, names: Sequence[int]
 ) -> None:
     for x, limit, name in zip(inputs, max_lengths, names, strict=True):
@@ -100,7 +108,7 @@ def _check_lengths(
             )
 
 
-def _check_query(query: Tensor, batch: int, query_dim: int, owner: str) -> None:
+def check_query(query: Tensor, batch: int, query_dim: int, owner: str) -> None:
     if (
         not isinstance(query, Tensor)
         or query.dim() != 2
@@ -112,7 +120,7 @@ def _check_query(query: Tensor, batch: int, query_dim: int, owner: str) -> None:
         )
 
 
-def _weighted_sum(attention: Tensor, features: Tensor) -> Tensor:
+def weighted_sum(attention: Tensor, features: Tensor) -> Tensor:
     """HOCA Eq. 5: (B, T) weights and (B, T, d_i) features -> (B, d_i) context."""
     return torch.einsum("bt,btf->bf", attention, features)
 
@@ -232,9 +240,10 @@ class _HighOrderAttention(nn.Module):
         """
         owner = type(self).__name__
         sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, owner)
-        _check_query(query, sequences[0].shape[0], self.query_dim, owner)
-        attention = self.attention(query, sequences, full_masks)
-        context = [_weighted_sum(a, x) for a, x in zip(attention, sequences, strict=True)]
+        check_query(query, sequences[0].shape[0], self.query_dim, owner)
+        with inputs_checked():  # inputs checked once, here; the math below checks shapes only
+            attention = self.attention(query, sequences, full_masks)
+        context = [weighted_sum(a, x) for a, x in zip(attention, sequences, strict=True)]
         return HOCAOutput(attention, context)
 
     def attention(
@@ -278,7 +287,7 @@ class HOCA(_HighOrderAttention):
         max_elements: int = DEFAULT_MAX_ELEMENTS,
     ) -> None:
         count = len(input_dims)
-        lengths = _resolve_max_lengths(
+        lengths = resolve_max_lengths(
             max_lengths, count, default_exact_max_length(count), type(self).__name__
         )
         super().__init__(input_dims, query_dim, attention_dim, lengths)
@@ -301,7 +310,7 @@ class HOCA(_HighOrderAttention):
     def attention(
         self, query: Tensor, inputs: Sequence[Tensor], masks: Sequence[Tensor]
     ) -> list[Tensor]:
-        _check_lengths(inputs, self.max_lengths, "HOCA", range(len(inputs)))
+        check_lengths(inputs, self.max_lengths, "HOCA", range(len(inputs)))
         lengths = [x.shape[1] for x in inputs]
         mapped = self.mapping(query, inputs)  # Eq. 3
         weights = [
@@ -342,7 +351,7 @@ class LowRankHOCA(_HighOrderAttention):
         max_lengths: MaxLengths = None,
     ) -> None:
         count = len(input_dims)
-        lengths = _resolve_max_lengths(
+        lengths = resolve_max_lengths(
             max_lengths, count, DEFAULT_LOW_RANK_MAX_LENGTH, type(self).__name__
         )
         super().__init__(input_dims, query_dim, attention_dim, lengths)
@@ -359,7 +368,7 @@ class LowRankHOCA(_HighOrderAttention):
     def attention(
         self, query: Tensor, inputs: Sequence[Tensor], masks: Sequence[Tensor]
     ) -> list[Tensor]:
-        _check_lengths(inputs, self.max_lengths, "LowRankHOCA", range(len(inputs)))
+        check_lengths(inputs, self.max_lengths, "LowRankHOCA", range(len(inputs)))
         mapped = self.mapping(query, inputs)  # Eq. 3
         factors = [f[:, : x.shape[1]] for f, x in zip(self.factors, inputs, strict=True)]
         return hoca_functional.low_rank_hoca_attention_all_targets(

@@ -38,27 +38,28 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from polyfuse._checks import prepare_fusion_inputs
+from polyfuse._checks import inputs_checked, prepare_fusion_inputs
 from polyfuse._precision import empty_output, float32_call, needs_float32
-from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS, _masked_softmax
-from polyfuse.functional.pooling import masked_mean
-from polyfuse.nn.base import FusionModule
+from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS
+from polyfuse.functional.pooling import masked_mean, masked_softmax
+from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.hoca import (
     DEFAULT_LOW_RANK_MAX_LENGTH,
     HOCA,
     BahdanauAttention,
     LowRankHOCA,
     MaxLengths,
-    _check_lengths,
-    _check_query,
-    _resolve_max_lengths,
-    _weighted_sum,
+    Orders,
+    check_lengths,
+    check_query,
     default_exact_max_length,
+    resolve_max_lengths,
+    weighted_sum,
 )
 from polyfuse.nn.registry import register
 
@@ -67,12 +68,11 @@ __all__ = [
     "MAF",
     "HOCAFusion",
     "LowRankHOCAFusion",
+    "MAFFusion",
     "MAFOutput",
     "combine_attentions",
     "parse_orders",
 ]
-
-Orders = str | int | Sequence[str | int]
 
 #: The forms of HOCA Eq. 19 that :class:`MAF` offers (see the module docstring).
 EQ19_COMBINATIONS = ("log", "literal")
@@ -160,7 +160,7 @@ def combine_attentions(
             f"MAF: combination must be one of {EQ19_COMBINATIONS} (HOCA Eq. 19), got "
             f"{combination!r}"
         )
-    return _masked_softmax(scores, mask)  # Eq. 19
+    return masked_softmax(scores, mask)  # Eq. 19
 
 
 class MAFOutput(NamedTuple):
@@ -246,7 +246,7 @@ class MAF(nn.Module):
         self.subsets = parse_orders(orders, count)
         largest = max(len(subset) for subset in self.subsets)
         default = DEFAULT_LOW_RANK_MAX_LENGTH if low_rank else default_exact_max_length(largest)
-        self.max_lengths = _resolve_max_lengths(max_lengths, count, default, owner)
+        self.max_lengths = resolve_max_lengths(max_lengths, count, default, owner)
         self.terms = nn.ModuleDict()
         for subset in self.subsets:
             dims = [self.input_dims[i] for i in subset]
@@ -306,15 +306,17 @@ class MAF(nn.Module):
             return empty_output(self, sequences)  # B = 0
         if needs_float32(self, query, *sequences):  # float16: computed in float32
             return float32_call(self, (query, sequences, full_masks), {"return_details": return_details})
-        result = self.fuse_prepared(query, sequences, full_masks)
+        check_query(query, sequences[0].shape[0], self.query_dim, self.owner)
+        with inputs_checked():  # inputs checked once, here; the math below checks shapes only
+            result = self.fuse_prepared(query, sequences, full_masks)
         return result if return_details else result.fused
 
     def fuse_prepared(
         self, query: Tensor, sequences: Sequence[Tensor], masks: Sequence[Tensor]
     ) -> MAFOutput:
         """:meth:`forward` for inputs already validated, zero at padded steps, with bool masks."""
-        _check_query(query, sequences[0].shape[0], self.query_dim, self.owner)
-        _check_lengths(
+        check_query(query, sequences[0].shape[0], self.query_dim, self.owner)
+        check_lengths(
             [sequences[i] for i in self._limited],
             [self.max_lengths[i] for i in self._limited],
             self.owner,
@@ -338,7 +340,7 @@ class MAF(nn.Module):
                 stacked, self.order_weights[i], mask, self.combination
             )  # Eq. 19
             fused_attention.append(attention)
-            contexts.append(_weighted_sum(attention, x))  # Eq. 5
+            contexts.append(weighted_sum(attention, x))  # Eq. 5
         query_part = self.fusion_query(query)  # W_e h_t + b_e, (B, fusion_dim)
         scores = torch.stack(
             [
@@ -371,17 +373,34 @@ class MAF(nn.Module):
 # ---------------------------------------------------------------------------
 
 
-class _MAFFusion(FusionModule):
-    """MAF behind the common interface, with a query built from the inputs or learned."""
+@register("maf")
+class MAFFusion(FusionModule):
+    """Multiple attentive fusion (:class:`MAF`) behind the common fusion interface.
+
+    MAF attends to the modalities from a decoder state; a fusion module has no
+    decoder, so its query is a pooled summary of the inputs (``query="pooled"``:
+    tanh of a linear map of the masked means) or a learned vector
+    (``query="learned"``). Every other option is :class:`MAF`'s: ``orders``
+    (default ``"UBT"``), ``low_rank`` (Low-Rank HOCA terms of rank ``rank``
+    instead of exact HOCA), ``max_lengths``, ``max_elements``, ``combination``.
+    The registered ``hoca`` and ``lowrank_hoca`` are this module with exact and
+    low-rank terms.
+    """
 
     def __init__(
         self,
         input_dims: Sequence[int],
         out_dim: int,
-        query: str,
-        query_dim: int | None,
-        attention_dim: int,
-        **maf_options: Any,
+        *,
+        orders: Orders = "UBT",
+        low_rank: bool = False,
+        rank: int = 1,
+        attention_dim: int = 32,
+        query: str = "pooled",
+        query_dim: int | None = None,
+        max_lengths: MaxLengths = None,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+        combination: str = "log",
     ) -> None:
         super().__init__(input_dims, out_dim)
         query_dim = attention_dim if query_dim is None else int(query_dim)
@@ -396,8 +415,9 @@ class _MAFFusion(FusionModule):
         else:
             self.learned_query = nn.Parameter(torch.randn(query_dim))
         self.maf = MAF(
-            self.input_dims, query_dim, out_dim, attention_dim=attention_dim,
-            owner=type(self).__name__, **maf_options,
+            self.input_dims, query_dim, out_dim, attention_dim=attention_dim, orders=orders,
+            low_rank=low_rank, rank=rank, max_lengths=max_lengths, max_elements=max_elements,
+            combination=combination, owner=type(self).__name__,
         )
 
     def make_query(self, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> Tensor:
@@ -408,14 +428,19 @@ class _MAFFusion(FusionModule):
         return torch.tanh(self.query_projection(pooled))
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        return self.maf.fuse_prepared(self.make_query(inputs, masks), inputs, masks).fused
+        return self.fuse_details(inputs, masks).fused
+
+    def fuse_details(self, inputs: list[Tensor], masks: list[Tensor]) -> FusionOutput:
+        """Fused output and MAF's per-modality attention (B, T_j) (HOCA Eq. 19)."""
+        result = self.maf.fuse_prepared(self.make_query(inputs, masks), inputs, masks)
+        return FusionOutput(result.fused, None, result.attention)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", query={self.query_mode!r}"
 
 
 @register("hoca")
-class HOCAFusion(_MAFFusion):
+class HOCAFusion(MAFFusion):
     """Exact HOCA with multiple attentive fusion behind the common fusion interface.
 
     ``forward(inputs [(B, T_i, d_i)], masks) -> (B, out_dim)``: the query is a
@@ -442,21 +467,14 @@ class HOCAFusion(_MAFFusion):
         combination: str = "log",
     ) -> None:
         super().__init__(
-            input_dims,
-            out_dim,
-            query,
-            query_dim,
-            attention_dim,
-            orders=orders,
-            low_rank=False,
-            max_lengths=max_lengths,
-            max_elements=max_elements,
-            combination=combination,
+            input_dims, out_dim, orders=orders, low_rank=False, attention_dim=attention_dim,
+            query=query, query_dim=query_dim, max_lengths=max_lengths,
+            max_elements=max_elements, combination=combination,
         )
 
 
 @register("lowrank_hoca")
-class LowRankHOCAFusion(_MAFFusion):
+class LowRankHOCAFusion(MAFFusion):
     """Low-Rank HOCA with multiple attentive fusion behind the common fusion interface.
 
     As :class:`HOCAFusion` with :class:`LowRankHOCA` terms of rank ``rank``
@@ -478,14 +496,7 @@ class LowRankHOCAFusion(_MAFFusion):
         combination: str = "log",
     ) -> None:
         super().__init__(
-            input_dims,
-            out_dim,
-            query,
-            query_dim,
-            attention_dim,
-            orders=orders,
-            low_rank=True,
-            rank=rank,
-            max_lengths=max_lengths,
-            combination=combination,
+            input_dims, out_dim, orders=orders, low_rank=True, rank=rank,
+            attention_dim=attention_dim, query=query, query_dim=query_dim,
+            max_lengths=max_lengths, combination=combination,
         )

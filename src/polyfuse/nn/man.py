@@ -9,42 +9,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from polyfuse._checks import prepare_fusion_inputs
-from polyfuse._precision import float32_call, guarded_fuse, needs_float32
-from polyfuse.functional._had import ESTIMATORS
-from polyfuse.functional.multilinear import MODES, lsc_encoding_from_mask, multilinear_attention
+from polyfuse.functional.multilinear import (
+    ESTIMATORS,
+    MODES,
+    lsc_encoding_from_mask,
+    multilinear_attention,
+)
 from polyfuse.functional.random_features import gaussian_random_matrix
-from polyfuse.nn.base import FusionModule
+from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.registry import register
 
-__all__ = ["MAN", "STACKINGS", "MANOutput", "MultiLinearAttentionLayer"]
+__all__ = ["MAN", "STACKINGS", "MultiLinearAttentionLayer"]
 
 STACKINGS = ("per_modality", "shared")
-
-
-class MANOutput(NamedTuple):
-    """What :meth:`MAN.forward` returns when asked for more than the fused vector.
-
-    fused: (B, out_dim). sequences: the per-modality sequences after the last
-    residual layer (MAN Eq. 13), each (B, T_j, hidden_dim) (the inputs themselves
-    for a non-residual MAN), or None if not requested.
-    attention: one entry per layer, what :func:`multilinear_attention` returns with
-    ``return_attention=True`` with a head axis after the batch axis: the full
-    tensor (B, G, T_1, ..., T_m) in exact and hadamard modes, the list of
-    per-modality marginals (B, G, T_j) in had mode; None if not requested. For the
-    layers after the first of a ``stacking="per_modality"`` MAN, the mean of that
-    attention over the layer's m passes (Eq. 13).
-    """
-
-    fused: Tensor
-    sequences: list[Tensor] | None
-    attention: list[Tensor | list[Tensor]] | None
 
 
 class MultiLinearAttentionLayer(nn.Module):
@@ -91,7 +73,7 @@ class MultiLinearAttentionLayer(nn.Module):
         pooling = torch.stack([torch.eye(self.head_dim)] * heads)  # P, one per head
         self.pooling = nn.Parameter(pooling + 0.01 * torch.randn(pooling.shape, generator=generator))
         self.register_buffer(
-            "random_features",
+            "random_matrix",
             self._draw(num_random_features, generator),
             persistent=True,
         )
@@ -108,8 +90,8 @@ class MultiLinearAttentionLayer(nn.Module):
         )  # (G, H, K' + C): one matrix per head, shared by all modalities (note 2)
 
     def redraw_random_features(self, generator: torch.Generator) -> None:
-        fresh = self._draw(self.random_features.shape[1], generator)
-        self.random_features.copy_(fresh.to(self.random_features))
+        fresh = self._draw(self.random_matrix.shape[1], generator)
+        self.random_matrix.copy_(fresh.to(self.random_matrix))
 
     def forward(
         self, sequences: Sequence[Tensor], masks: Sequence[Tensor], return_attention: bool = False
@@ -131,7 +113,7 @@ class MultiLinearAttentionLayer(nn.Module):
             values,
             head_masks,
             mode=self.mode,
-            random_features=self.random_features.to(features[0].dtype),
+            random_matrix=self.random_matrix.to(features[0].dtype),
             temperature=self.temperature,
             estimator=self.estimator,
             return_attention=return_attention,
@@ -167,7 +149,7 @@ class MAN(FusionModule):
         layers: number of stacked residual layers (MAN Eq. 13).
         residual: project every modality to hidden_dim first and, after each layer,
             add a fused vector to every real step of each modality (Eq. 13), so
-            that ``return_sequences=True`` gives the updated sequences. Default: on
+            that ``return_details=True`` gives the updated sequences. Default: on
             when layers > 1 (required there), off for a single layer, whose
             returned sequences are then the inputs themselves.
         stacking: how residual layers are stacked.
@@ -276,33 +258,19 @@ class MAN(FusionModule):
         for layer in self.layers:
             layer.redraw_random_features(generator or self._generator)
 
-    def forward(
-        self,
-        inputs: Sequence[Tensor],
-        masks: Sequence[Tensor | None] | None = None,
-        *,
-        return_sequences: bool = False,
-        return_attention: bool = False,
-    ) -> Tensor | MANOutput:
-        """Fuse the modalities: (B, out_dim), or a :class:`MANOutput` if asked for more."""
-        sequences, full_masks = prepare_fusion_inputs(inputs, masks, self.input_dims, "MAN")
-        if not (return_sequences or return_attention):
-            return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
-        if needs_float32(self, *sequences):  # float16: computed in float32
-            options = {"return_sequences": return_sequences, "return_attention": return_attention}
-            return float32_call(self, (sequences, full_masks), options)
-        return self._fuse(sequences, full_masks, return_sequences, return_attention)
-
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        return self._fuse(inputs, masks, False, False)
+        return self._fuse(inputs, masks, details=False)
+
+    def fuse_details(self, inputs: list[Tensor], masks: list[Tensor]) -> FusionOutput:
+        """The fused output, the sequences after the last layer (the inputs themselves for
+        a non-residual MAN) and one attention entry per layer (see :class:`FusionOutput`;
+        for the layers after the first of a ``stacking="per_modality"`` MAN, the mean of
+        that attention over the layer's m passes, Eq. 13)."""
+        return self._fuse(inputs, masks, details=True)
 
     def _fuse(
-        self,
-        sequences: list[Tensor],
-        full_masks: list[Tensor],
-        return_sequences: bool,
-        return_attention: bool,
-    ) -> Tensor | MANOutput:
+        self, sequences: list[Tensor], full_masks: list[Tensor], details: bool
+    ) -> Tensor | FusionOutput:
         """The body of :meth:`forward` on validated inputs (padded steps zeroed)."""
         if self.input_projections is not None:
             sequences = [
@@ -315,13 +283,13 @@ class MAN(FusionModule):
         for index, layer in enumerate(self.layers):
             if self.stacking == "per_modality" and index > 0:
                 passes, attention = self._per_modality_passes(
-                    layer, sequences, originals, full_masks, return_attention
+                    layer, sequences, originals, full_masks, details
                 )  # (m, B, hidden_dim)
                 passes = self.dropout(passes)
                 fused = passes.mean(0)
             else:
-                result = layer(sequences, full_masks, return_attention=return_attention)
-                fused, attention = result if return_attention else (result, None)
+                result = layer(sequences, full_masks, return_attention=details)
+                fused, attention = result if details else (result, None)
                 fused = self.dropout(fused)
                 passes = fused.expand(self.num_modalities, *fused.shape)  # all passes alike
             attentions.append(attention)
@@ -333,13 +301,7 @@ class MAN(FusionModule):
                     for x, fused_l, mask in zip(sequences, passes, full_masks, strict=True)
                 ]
         output = self.output(fused)
-        if not (return_sequences or return_attention):
-            return output
-        return MANOutput(
-            output,
-            sequences if return_sequences else None,
-            attentions if return_attention else None,
-        )
+        return FusionOutput(output, sequences, attentions) if details else output
 
     def _per_modality_passes(
         self,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence
 
 from polyfuse.functional.pooling import masked_mean
 
@@ -117,13 +116,17 @@ class SequenceSubnetwork(nn.Module):
         self.head = _linear_stack(lstm_dim, hidden_dim, layers, activation=activation)
 
     def last_state(self, x: Tensor, mask: Tensor) -> Tensor:
-        """(B, T, d), (B, T) -> (B, H): the LSTM's hidden state after each sample's last real step."""
-        lengths = mask.sum(dim=1).clamp_min(1).cpu()
-        packed = pack_padded_sequence(
-            real_steps_first(x, mask), lengths, batch_first=True, enforce_sorted=False
-        )
-        _, (state, _) = self.lstm(packed)  # state: (1, B, H), in the input's sample order
-        return state[0]
+        """(B, T, d), (B, T) -> (B, H): the LSTM's hidden state after each sample's last real step.
+
+        The real steps are moved to the front and the LSTM runs over the whole padded
+        batch; being causal, its output at step ``length - 1`` is the state after the
+        last real step, whatever follows. (A packed sequence gives the same state but
+        needs the lengths on the host: a synchronisation, and a break in
+        ``torch.compile``'s graph.)
+        """
+        outputs, _ = self.lstm(real_steps_first(x, mask))  # (B, T, H)
+        last = (mask.sum(dim=1) - 1).clamp_min(0)  # (B,) index of the last real step
+        return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         return self.head(self.dropout(self.last_state(x, mask)))  # (B, H) -> (B, h)

@@ -1,0 +1,312 @@
+"""``polyfuse bench peers``: polyfuse against the public implementations, side by side
+in one process, on the same weights.
+
+For every row of :data:`polyfuse.bench.peer_rows.ROWS` whose peer checkout was given:
+
+1. the peer's modules are imported unchanged from the checkout and built with a fixed
+   seed; its weights are mapped onto the polyfuse counterpart (see ``peer_rows``);
+2. both run once on the same inputs (eval mode, float32, no gradient) and the largest
+   absolute difference of the outputs is recorded; a row whose difference is above
+   ``tolerance * max(1, max |peer output|)`` is **not timed** (unless ``time_unequal``),
+   since a faster wrong answer means nothing;
+3. at each thread count, forward (under ``torch.no_grad``) and forward+backward (the
+   sum of the output, inputs requiring gradients, parameters accumulating theirs) are
+   timed in interleaved rounds (polyfuse, peer, polyfuse, peer, ...); the ratio
+   polyfuse / peer is taken within each round and summarised by its median and
+   quartiles (:func:`polyfuse.bench.measure.paired_ratio`): below 1 polyfuse is faster.
+
+Both sides run in eval mode (dropout off) also for forward+backward, so that the two
+compute the same function. A row is skipped with a note when its checkout is missing or
+its import or construction fails. The machine's load during each row is recorded.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from polyfuse.bench.measure import LoadMonitor, paired_ratio, time_interleaved_samples
+from polyfuse.bench.peer_rows import ROWS, Pair, RowSpec
+from polyfuse.bench.results import result_header
+
+__all__ = ["PEER_REPOSITORIES", "format_table", "markdown_report", "peer_commit", "run_peers"]
+
+PEER_REPOSITORIES = {"man": "wangzih98/MAN", "ban_vqa": "jnhwkim/ban-vqa", "multibench": "pliang279/MultiBench"}
+Progress = Callable[[str], None] | None
+
+
+def peer_commit(path: Path) -> str | None:
+    """The checked-out commit of a git work tree, or None (not a git checkout, no git)."""
+    try:
+        result = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else None
+
+
+def _output(value: Any) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    return value[0]  # (output, attention) pairs
+
+
+def _compare(pair: Pair) -> tuple[float, float]:
+    """Largest |ours - peer| and largest |peer| over one forward on the row's inputs."""
+    with torch.no_grad():
+        ours = _output(pair.ours(pair.inputs)).float()
+        theirs = _output(pair.theirs(pair.inputs)).float()
+    if pair.align is not None:
+        theirs = pair.align(theirs)
+    if ours.shape != theirs.shape:
+        raise ValueError(f"outputs have shapes {tuple(ours.shape)} (polyfuse) and {tuple(theirs.shape)} (peer)")
+    return (ours - theirs).abs().max().item(), theirs.abs().max().item()
+
+
+def _forward(function: Callable[[Sequence[Tensor]], Any], inputs: list[Tensor]) -> Callable[[], None]:
+    def run() -> None:
+        with torch.no_grad():
+            function(inputs)
+
+    return run
+
+
+def _forward_backward(function: Callable[[Sequence[Tensor]], Any], inputs: list[Tensor]) -> Callable[[], None]:
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+
+    def run() -> None:
+        _output(function(leaves)).sum().backward()
+        for leaf in leaves:
+            leaf.grad = None
+
+    return run
+
+
+def _timing(samples: dict[str, list[float]]) -> dict[str, Any]:
+    summary = {name: {"median_s": statistics.median(values), "samples_s": values}
+               for name, values in samples.items()}
+    return {"ratio": paired_ratio(samples, "polyfuse", "peer"), **summary}
+
+
+def _time_pair(pair: Pair, threads: Sequence[int], warmup: int, repeats: int) -> dict[str, Any]:
+    timings: dict[str, Any] = {}
+    previous = torch.get_num_threads()
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            per_pass = {}
+            for name, wrap in (("forward", _forward), ("forward_backward", _forward_backward)):
+                fns = {"polyfuse": wrap(pair.ours, pair.inputs), "peer": wrap(pair.theirs, pair.inputs)}
+                with LoadMonitor() as load:
+                    samples = time_interleaved_samples(fns, warmup=warmup, repeats=repeats)
+                per_pass[name] = _timing(samples) | {"load": load.result()}
+            timings[str(count)] = per_pass
+    finally:
+        torch.set_num_threads(previous)
+    return timings
+
+
+def _profile(pair: Pair, top: int, threads: int) -> dict[str, list[dict[str, Any]]]:
+    """Top ``top`` operators by self CPU time per pass (mean of 3) of forward and
+    forward+backward per side, at ``threads`` intra-op threads."""
+    from polyfuse.bench.measure import _quiet_stderr
+
+    result: dict[str, Any] = {"threads": threads}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        result |= _profile_sides(pair, top, _quiet_stderr)
+    finally:
+        torch.set_num_threads(previous)
+    return result
+
+
+def _profile_sides(pair: Pair, top: int, quiet: Any) -> dict[str, list[dict[str, Any]]]:
+    result: dict[str, list[dict[str, Any]]] = {}
+    for side, function in (("polyfuse", pair.ours), ("peer", pair.theirs)):
+        for name, wrap in (("forward", _forward), ("forward_backward", _forward_backward)):
+            call = wrap(function, pair.inputs)
+            call()  # warm-up outside the profile
+            with quiet(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    call()
+            events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+            total = sum(e.self_cpu_time_total for e in events) or 1.0
+            result[f"{side}_{name}"] = [
+                {"op": e.key, "calls_per_pass": e.count / 3, "self_ms_per_pass": e.self_cpu_time_total / 3e3,
+                 "share": e.self_cpu_time_total / total}
+                for e in events[:top]
+            ]
+    return result
+
+
+def _run_row(spec: RowSpec, root: Path, *, threads: Sequence[int], warmup: int, repeats: int,
+             tolerance: float, time_unequal: bool, profile: int, seed: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": spec.name, "peer": spec.peer, "description": spec.description,
+                           "sizes": spec.sizes}
+    try:  # any failure of the peer's code (import, construction, forward) skips the row
+        pair = spec.build(root, spec.sizes, seed)
+        for module in pair.modules:
+            module.eval()
+        difference, scale = _compare(pair)
+    except Exception as error:
+        row |= {"status": "skipped", "note": f"could not build or run the row with the checkout {root}: "
+                f"{type(error).__name__}: {error}"}
+        return row
+    limit = tolerance * max(1.0, scale)
+    row |= {"max_abs_difference": difference, "max_abs_peer_output": scale, "tolerance": limit,
+            "equal": difference <= limit}
+    if not row["equal"] and not time_unequal:
+        row |= {"status": "refused", "note": f"outputs differ by {difference:.3g} (> {limit:.3g}): not timed"}
+        return row
+    row["status"] = "timed" if row["equal"] else "timed_unequal"
+    row["timings"] = _time_pair(pair, threads, warmup, repeats)
+    if profile:
+        row["profile"] = _profile(pair, profile, min(threads))
+    return row
+
+
+def run_peers(
+    paths: dict[str, Path | None],
+    *,
+    rows: Sequence[str] | None = None,
+    threads: Sequence[int] = (1, 2),
+    warmup: int = 3,
+    repeats: int = 15,
+    tolerance: float = 1e-5,
+    time_unequal: bool = False,
+    profile: int = 0,
+    seed: int = 0,
+    progress: Progress = None,
+    specs: dict[str, RowSpec] | None = None,
+) -> dict[str, Any]:
+    """Run the rows (default all) whose peer has a path in ``paths`` (keys ``man``,
+    ``ban_vqa``, ``multibench``); see the module doc. ``specs`` replaces the rows
+    (tests). Returns the JSON payload: header, settings, peers (path, commit) and rows."""
+    specs = ROWS if specs is None else specs
+    names = list(specs) if rows is None else list(rows)
+    unknown = [name for name in names if name not in specs]
+    if unknown:
+        raise ValueError(f"unknown rows {unknown}; choose from {', '.join(specs)}")
+    if not threads or any(count < 1 for count in threads):
+        raise ValueError(f"thread counts must be >= 1, got {list(threads)}")
+    peers = {}
+    for key, path in paths.items():
+        present = path is not None and Path(path).is_dir()
+        peers[key] = {"repository": PEER_REPOSITORIES.get(key, key), "path": None if path is None else str(path),
+                      "present": present, "commit": peer_commit(Path(path)) if present else None}
+    results = []
+    for name in names:
+        spec = specs[name]
+        path = paths.get(spec.peer)
+        if path is None or not Path(path).is_dir():
+            note = (f"no checkout of {PEER_REPOSITORIES.get(spec.peer, spec.peer)} given" if path is None
+                    else f"no checkout at {path}")
+            results.append({"name": name, "peer": spec.peer, "description": spec.description,
+                            "sizes": spec.sizes, "status": "skipped", "note": note})
+        else:
+            results.append(_run_row(spec, Path(path), threads=threads, warmup=warmup, repeats=repeats,
+                                    tolerance=tolerance, time_unequal=time_unequal, profile=profile, seed=seed))
+        if progress is not None:
+            progress(_row_line(results[-1]))
+    settings = {"threads": list(threads), "interop_threads": torch.get_num_interop_threads(),
+                "warmup": warmup, "repeats": repeats, "tolerance": tolerance, "time_unequal": time_unequal,
+                "seed": seed, "mode": "eval, float32"}
+    payload = result_header("peers", settings)
+    payload |= {"peers": peers, "rows": results}
+    return payload
+
+
+def _ratio_text(ratio: dict[str, float]) -> str:
+    return f"{ratio['median']:.2f} [{ratio['first_quartile']:.2f}, {ratio['third_quartile']:.2f}]"
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    if row["status"] in ("skipped", "refused"):
+        return f"{row['name']}: {row['status']}: {row['note']}"
+    parts = [f"{row['name']}: max |diff| {row['max_abs_difference']:.2g}"]
+    for count, passes in row["timings"].items():
+        parts.append(f"{count} thr fwd {_ratio_text(passes['forward']['ratio'])} "
+                     f"fwd+bwd {_ratio_text(passes['forward_backward']['ratio'])}")
+    return "; ".join(parts)
+
+
+def format_table(payload: dict[str, Any]) -> str:
+    """A Markdown table of the ratios (polyfuse / peer, median [quartiles]) and medians."""
+    lines = ["| row | threads | max abs diff | forward ratio | fwd+bwd ratio | polyfuse fwd ms | peer fwd ms "
+             "| polyfuse fwd+bwd ms | peer fwd+bwd ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    notes = []
+    for row in payload["rows"]:
+        if row["status"] in ("skipped", "refused"):
+            diff = f"{row['max_abs_difference']:.2g}" if "max_abs_difference" in row else "-"
+            lines.append(f"| {row['name']} | - | {diff} | {row['status']} | | | | | |")
+            notes.append(f"- {row['name']}: {row['note']}")
+            continue
+        flag = " (outputs differ)" if row["status"] == "timed_unequal" else ""
+        for count, passes in row["timings"].items():
+            fwd, both = passes["forward"], passes["forward_backward"]
+            lines.append(
+                f"| {row['name']}{flag} | {count} | {row['max_abs_difference']:.2g} | {_ratio_text(fwd['ratio'])} "
+                f"| {_ratio_text(both['ratio'])} | {1e3 * fwd['polyfuse']['median_s']:.3f} "
+                f"| {1e3 * fwd['peer']['median_s']:.3f} | {1e3 * both['polyfuse']['median_s']:.3f} "
+                f"| {1e3 * both['peer']['median_s']:.3f} |")
+    return "\n".join(lines + (["", *notes] if notes else []))
+
+
+def _loads(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [passes[name]["load"] for row in payload["rows"] for passes in row.get("timings", {}).values()
+            for name in ("forward", "forward_backward")]
+
+
+def markdown_report(payload: dict[str, Any], command: str) -> str:
+    """The section of docs/BENCHMARKS.md for one run (written as ``peers.md``)."""
+    machine, settings = payload["machine"], payload["settings"]
+    loads = _loads(payload)
+    lines = ["## Peers: polyfuse against the public implementations", "",
+             f"`{command}`", "",
+             "Each row imports the peer's modules unchanged from its checkout, gives both sides the same "
+             "weights and inputs, checks that the outputs agree (largest absolute difference below; a row "
+             "beyond the tolerance is not timed), then times forward (`torch.no_grad`) and "
+             "forward+backward in interleaved rounds, both in eval mode, float32. **Ratio = polyfuse time / "
+             "peer time** per round, median [first, third quartile] over "
+             f"{settings['repeats']} rounds after {settings['warmup']} warm-up rounds: below 1 polyfuse is "
+             "faster. Milliseconds are medians.", "",
+             f"Machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']}, "
+             f"Python {machine['python']}; thread counts {settings['threads']} (intra-op, set in turn), "
+             f"{settings['interop_threads']} inter-op; measured {payload['created']} (polyfuse "
+             f"{payload['polyfuse']}).", ""]
+    if loads:
+        busy = [load["machine_busy"] for load in loads if load.get("machine_busy") is not None]
+        others = [load["others"] for load in loads if load.get("others") is not None]
+        averages = [load["loadavg_1min"] for load in loads]
+        high = max(averages) > machine["logical_cpus"] or (others and max(others) > 0.25)
+        if high:
+            lines += ["**The machine was heavily loaded by other processes during this run** (1-minute load "
+                      f"average {min(averages):.1f} to {max(averages):.1f} on {machine['logical_cpus']} CPUs"
+                      + (f", other processes took up to {100 * max(others):.0f}% of all CPU time" if others else "")
+                      + "): the ratios, taken within rounds under the same load, are indicative only; "
+                      "rerun on a quiet machine for claims.", ""]
+        elif busy:
+            lines += [f"Load: machine busy {100 * min(busy):.0f}% to {100 * max(busy):.0f}% of all CPUs, "
+                      f"1-minute load average up to {max(averages):.1f}.", ""]
+    lines += ["The peers are git checkouts given by path; the rows say what of each is run, and "
+              "`src/polyfuse/bench/peer_rows.py` how its weights are mapped and what had to be worked around "
+              "to import it (a missing module stubbed, a global its constructor reads but never defines, "
+              "`.cuda()` on a CPU build). Row `man` calls the peer's own kernel function with one max per "
+              "batch instead of one per step and without its `eps = 1e-4` (same operations, same cost): as "
+              "published (`man_published`) the per-step max reweights the attention, so no exact "
+              "implementation matches it.", ""]
+    lines += ["| peer | repository | commit |", "|---|---|---|"]
+    for key, peer in payload["peers"].items():
+        commit = peer["commit"] or ("not a git checkout" if peer["present"] else "not given")
+        lines.append(f"| {key} | github.com/{peer['repository']} | {commit} |")
+    lines += ["", "| row | what |", "|---|---|"]
+    lines += [f"| {row['name']} | {row['description']} |" for row in payload["rows"]]
+    lines += ["", format_table(payload), ""]
+    return "\n".join(lines).rstrip() + "\n"
