@@ -41,13 +41,11 @@ def test_streams_are_the_pca_projection_and_its_frame_differences():
     np.testing.assert_allclose(difference.numpy(), got[:, 1:] - got[:, :-1], atol=1e-6)
 
 
-def test_tokenize_and_vocabulary():
-    assert bench_maf.tokenize("A man's slicing 2 onions.") == ["a", "man's", "slicing", "2",
-                                                               "onions"]
-    vocabulary = bench_maf._Vocabulary([["a", "dog"], ["a", "cat"], ["a", "dog"]], min_count=2)
+def test_vocabulary_is_the_captioning_tasks():
+    # bench maf builds its vocabulary like task.type captioning: PTB tokens, count >= min_count.
+    vocabulary = bench_maf.Vocabulary.build(["a dog", "a cat", "A dog."], min_count=2)
     assert vocabulary.words == ["<pad>", "<bos>", "<eos>", "<unk>", "a", "dog"]
-    ids = vocabulary.encode(["a", "cat", "dog", "runs"], max_words=3)
-    assert ids == [1, 4, 3, 5, 2]
+    assert vocabulary.encode("a cat dog runs", max_words=3) == [1, 4, 3, 5, 2]
     assert vocabulary.decode([4, 3, 5, 2, 4]) == "a <unk> dog"
 
 

@@ -146,8 +146,8 @@ def test_greedy_takes_the_argmax_and_pads_after_the_end_token():
     xs, real = sample(inputs, masks, 0)
     hidden, cell = reference_initial_state(decoder, xs, real)
     logits, hidden, cell, _ = reference_step(decoder, 1, hidden, cell, xs, real)
-    logits, _, _, _ = reference_step(decoder, int(logits.argmax()), hidden, cell, xs, real)
-    end = int(logits.argmax())
+    logits, _, _, _ = reference_step(decoder, int(logits[2:].argmax()) + 2, hidden, cell, xs, real)
+    end = int(logits[2:].argmax()) + 2
     tokens, steps = decoder.greedy(inputs, masks, begin_index=1, end_index=end, max_length=5)
     for b in range(3):
         xs, real = sample(inputs, masks, b)
@@ -156,7 +156,7 @@ def test_greedy_takes_the_argmax_and_pads_after_the_end_token():
         for t in range(tokens.shape[1]):
             logits, hidden, cell, attention = reference_step(decoder, word, hidden, cell, xs,
                                                              real)
-            word = int(logits.argmax())
+            word = int(logits[2:].argmax()) + 2  # padding (0) and begin (1) are never generated
             expected.append(0 if finished else word)
             for m in range(2):
                 torch.testing.assert_close(

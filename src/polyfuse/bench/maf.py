@@ -21,9 +21,11 @@ are scored on the test videos.
   Adam, a fixed number of epochs; greedy decoding of the test videos.
 * Measures: the mean entropy of each modality's Eq. 19 attention over the decoded
   steps (nats, and divided by log T, where 1 means uniform), BLEU-4, CIDEr-D,
-  ROUGE-L and METEOR from pycocoevalcap (PTB tokenisation; METEOR and the PTB
-  tokeniser need Java: without it the words are split by a regular expression and
-  METEOR is left out, with a note), and the teacher-forced test cross-entropy.
+  ROUGE-L and METEOR (:func:`polyfuse.metrics.captioning.caption_metrics`: pycocoevalcap,
+  PTB tokenisation; without Java its Python twin, and METEOR is left out with a
+  note), and the teacher-forced test cross-entropy. The vocabulary and the model
+  are those of ``task.type: captioning`` (:class:`~polyfuse.data.formats.captioning.Vocabulary`,
+  :class:`~polyfuse.tasks.captioning.VideoCaptioner` with dropout 0).
 """
 
 from __future__ import annotations
@@ -31,10 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
-import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,12 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse.bench.results import result_header
-from polyfuse.nn.decoding import CaptionDecoder, caption_cross_entropy
+from polyfuse.data.formats.captioning import Vocabulary, ptb_tokenize
+from polyfuse.metrics.captioning import caption_metrics
+from polyfuse.nn.decoding import caption_cross_entropy
+from polyfuse.tasks.captioning import VideoCaptioner
 
 __all__ = ["FULL", "QUICK", "MAFBenchSettings", "attention_entropy", "run_maf_bench"]
-
-PAD, BEGIN, END, UNKNOWN = "<pad>", "<bos>", "<eos>", "<unk>"
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +83,6 @@ QUICK = dataclasses.replace(
 # ---------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------
-
-
-def tokenize(caption: str) -> list[str]:
-    """Lower-cased words without punctuation (the vocabulary's tokenisation)."""
-    return _WORD.findall(caption.lower())
 
 
 def _load_msvd(data_dir: Path) -> tuple[list[str], np.ndarray, dict[str, list[str]], dict]:
@@ -127,28 +121,6 @@ def _streams(
     return projected, projected[:, 1:] - projected[:, :-1]
 
 
-class _Vocabulary:
-    def __init__(self, captions: Sequence[list[str]], min_count: int) -> None:
-        counts = Counter(word for words in captions for word in words)
-        kept = sorted(word for word, count in counts.items() if count >= min_count)
-        self.words = [PAD, BEGIN, END, UNKNOWN, *kept]
-        self.index = {word: i for i, word in enumerate(self.words)}
-
-    def encode(self, words: list[str], max_words: int) -> list[int]:
-        unknown = self.index[UNKNOWN]
-        ids = [self.index.get(word, unknown) for word in words[:max_words]]
-        return [self.index[BEGIN], *ids, self.index[END]]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        words = []
-        for i in ids:
-            if i == self.index[END]:
-                break
-            if i != self.index[PAD]:
-                words.append(self.words[i])
-        return " ".join(words)
-
-
 def _pad(sequences: list[list[int]]) -> Tensor:
     length = max(len(s) for s in sequences)
     return torch.tensor([s + [0] * (length - len(s)) for s in sequences], dtype=torch.long)
@@ -159,29 +131,14 @@ def _pad(sequences: list[list[int]]) -> Tensor:
 # ---------------------------------------------------------------------------
 
 
-class _Captioner(nn.Module):
-    """Two tanh(linear) stream encoders and the MAF caption decoder."""
-
-    def __init__(self, vocab_size: int, settings: MAFBenchSettings, combination: str,
-                 lengths: Sequence[int], input_dim: int) -> None:
-        super().__init__()
-        self.encoders = nn.ModuleList(
-            nn.Sequential(nn.Linear(input_dim, settings.feature_dim), nn.Tanh())
-            for _ in range(2)
-        )
-        self.decoder = CaptionDecoder(
-            [settings.feature_dim] * 2,
-            vocab_size,
-            embed_dim=settings.embed_dim,
-            hidden_dim=settings.hidden_dim,
-            orders=settings.orders,
-            attention_dim=settings.attention_dim,
-            max_lengths=list(lengths),
-            combination=combination,
-        )
-
-    def encode(self, streams: Sequence[Tensor]) -> list[Tensor]:
-        return [encoder(x) for encoder, x in zip(self.encoders, streams, strict=True)]
+def _captioner(vocab_size: int, settings: MAFBenchSettings, combination: str,
+               lengths: Sequence[int], input_dim: int) -> VideoCaptioner:
+    """Two tanh(linear) stream encoders and the MAF caption decoder (no dropout)."""
+    return VideoCaptioner(
+        [input_dim] * 2, vocab_size, orders=settings.orders, low_rank=False, max_lengths=list(lengths),
+        feature_dim=settings.feature_dim, embed_dim=settings.embed_dim, hidden_dim=settings.hidden_dim,
+        attention_dim=settings.attention_dim, combination=combination, dropout=0.0,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -198,47 +155,21 @@ def attention_entropy(attention: Tensor) -> Tensor:
 def _score_captions(
     references: dict[str, list[str]], hypotheses: dict[str, str], meteor: bool = True
 ) -> dict:
-    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D with pycocoevalcap."""
-    try:
-        from pycocoevalcap.bleu.bleu import Bleu
-        from pycocoevalcap.cider.cider import Cider
-        from pycocoevalcap.rouge.rouge import Rouge
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "bench maf needs pycocoevalcap (pip install 'polyfuse[train]')"
-        ) from error
-    java = shutil.which("java") is not None
-    if java:
-        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
-        tokenizer = PTBTokenizer()
-        gts = tokenizer.tokenize({k: [{"caption": c} for c in v] for k, v in references.items()})
-        res = tokenizer.tokenize({k: [{"caption": v}] for k, v in hypotheses.items()})
-    else:
-        gts = {k: [" ".join(tokenize(c)) for c in v] for k, v in references.items()}
-        res = {k: [" ".join(tokenize(v))] for k, v in hypotheses.items()}
-    scores: dict[str, Any] = {"tokenizer": "PTB (Java)" if java else "regular expression"}
-    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
-    scores |= {f"BLEU-{n + 1}": float(value) for n, value in enumerate(bleu)}
-    scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
-    scores["CIDEr-D"] = float(Cider().compute_score(gts, res)[0])
-    if java and meteor:
-        from pycocoevalcap.meteor.meteor import Meteor
-
-        meteor = Meteor()  # a Java subprocess, ended when the object is collected
-        scores["METEOR"] = float(meteor.compute_score(gts, res)[0])
-        del meteor
-    else:
-        scores["METEOR"] = None
-        scores["note"] = "METEOR not computed: " + (
-            "turned off (meteor=False)" if java else "Java is not installed"
-        )
+    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D (:func:`polyfuse.metrics.captioning.caption_metrics`)."""
+    scores = caption_metrics(references, hypotheses, meteor=meteor)
+    errors = scores.pop("errors")
+    if "METEOR" in errors:
+        scores["note"] = "METEOR not computed: " + errors["METEOR"]
     return scores
 
 
 # ---------------------------------------------------------------------------
 # One variant
 # ---------------------------------------------------------------------------
+
+
+def _encode(model: VideoCaptioner, streams: Sequence[Tensor]) -> list[Tensor]:
+    return model.encode(streams, [torch.ones(x.shape[:2], dtype=torch.bool) for x in streams])
 
 
 def _train_and_score(
@@ -249,9 +180,9 @@ def _train_and_score(
 ) -> dict[str, Any]:
     torch.manual_seed(settings.seed)
     generator = torch.Generator().manual_seed(settings.seed)
-    vocabulary: _Vocabulary = data["vocabulary"]
+    vocabulary: Vocabulary = data["vocabulary"]
     streams: list[Tensor] = data["streams"]
-    model = _Captioner(len(vocabulary.words), settings, combination,
+    model = _captioner(len(vocabulary.words), settings, combination,
                        [x.shape[1] for x in streams], streams[0].shape[-1])
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
     pairs = data["train_pairs"]  # (video row, token ids)
@@ -265,7 +196,7 @@ def _train_and_score(
             chosen = [pairs[i] for i in order[first : first + settings.batch_size]]
             rows = torch.tensor([row for row, _ in chosen])
             captions = _pad([ids for _, ids in chosen])
-            inputs = model.encode([x[rows] for x in streams])
+            inputs = _encode(model, [x[rows] for x in streams])
             logits = model.decoder(captions, inputs)
             loss = caption_cross_entropy(logits, captions[:, 1:])  # Eq. 24, per token
             optimizer.zero_grad()
@@ -281,11 +212,11 @@ def _train_and_score(
     model.eval()
     test_rows = torch.tensor(data["test_rows"])
     with torch.no_grad():
-        inputs = model.encode([x[test_rows] for x in streams])
+        inputs = _encode(model, [x[test_rows] for x in streams])
         tokens, steps = model.decoder.greedy(
             inputs,
-            begin_index=vocabulary.index[BEGIN],
-            end_index=vocabulary.index[END],
+            begin_index=vocabulary.begin,
+            end_index=vocabulary.end,
             max_length=settings.max_decode_length,
         )
         test_pairs = data["test_pairs"]
@@ -295,7 +226,7 @@ def _train_and_score(
             model.decoder(captions, [x[positions] for x in inputs]), captions[:, 1:]
         ))
     # Entropy of each modality's Eq. 19 attention at every generated step up to the end token.
-    alive = tokens != vocabulary.index[PAD]  # (B, S): generated steps, end token included
+    alive = tokens != vocabulary.pad  # (B, S): generated steps, end token included
     entropy = {}
     for modality, name in enumerate(("appearance", "difference")):
         per_step = torch.stack([attention_entropy(s.attention[modality]) for s in steps], 1)
@@ -333,15 +264,14 @@ def run_maf_bench(
     for video in [*train_ids, *test_ids]:
         if video not in row_of or not captions.get(video):
             raise ValueError(f"bench maf: video {video!r} has no features or no captions")
-    train_words = [tokenize(c) for v in train_ids for c in captions[v]]
-    vocabulary = _Vocabulary(train_words, settings.min_count)
+    vocabulary = Vocabulary.build((c for v in train_ids for c in captions[v]), settings.min_count)
     train_pairs = [
-        (row_of[v], vocabulary.encode(tokenize(c), settings.max_words))
-        for v in train_ids for c in captions[v] if tokenize(c)
+        (row_of[v], vocabulary.encode(c, settings.max_words))
+        for v in train_ids for c in captions[v] if ptb_tokenize(c)
     ]
     test_pairs = [
-        (row_of[v], vocabulary.encode(tokenize(c), settings.max_words))
-        for v in test_ids for c in captions[v] if tokenize(c)
+        (row_of[v], vocabulary.encode(c, settings.max_words))
+        for v in test_ids for c in captions[v] if ptb_tokenize(c)
     ]
     data = {
         "vocabulary": vocabulary,

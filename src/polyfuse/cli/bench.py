@@ -201,6 +201,39 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     peers.add_argument("--profile", type=int, default=0, metavar="N",
                        help="record the top N operators of each side (torch.profiler, at the lowest thread count)")
     common(peers)
+    _add_captioning(commands, common)
+
+
+def _add_captioning(commands: Any, common: Any) -> None:
+    captioning = commands.add_parser(
+        "captioning",
+        help="one caption-decoder step: HOCA vs Low-Rank HOCA for 3 to 6 modalities",
+        description=(
+            "Median time and peak allocated memory of one step of the MAF caption decoder "
+            "with exact and low-rank HOCA (orders UBT and T) over the number of modalities; "
+            "also writes captioning.md (the section of docs/BENCHMARKS.md) beside the JSON."
+        ),
+    )
+    captioning.add_argument("--preset", choices=("full", "quick"), default="full",
+                            help="quick: a seconds-long smoke run, not a measurement")
+    captioning.add_argument("--modalities", type=_ints, default=None, help="grid of n, e.g. '3 4 5 6'")
+    captioning.add_argument("--orders", type=_words, default=None, help="e.g. 'UBT T'")
+    captioning.add_argument("--length", type=int, default=None, help="steps T per modality")
+    captioning.add_argument("--batch", type=int, default=None)
+    captioning.add_argument("--repeats", type=int, default=None)
+    common(captioning)
+
+
+def _captioning(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import captioning
+
+    settings = captioning.QUICK if args.preset == "quick" else captioning.FULL
+    changes = {name: getattr(args, name) for name in ("modalities", "orders", "length", "batch", "repeats")
+               if getattr(args, name) is not None}
+    payload = captioning.run_captioning_bench(dataclasses.replace(settings, **changes), progress=_progress(args))
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "captioning.md").write_text(captioning.captioning_markdown(payload))
+    return payload, captioning.plot_captioning
 
 
 def _progress(args: argparse.Namespace) -> Any:
@@ -325,7 +358,8 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
-            "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers}
+            "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers,
+            "captioning": _captioning}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", dest="run_dir", help="a run directory (learning curves)")
     source.add_argument("--checkpoint", help="a .safetensors checkpoint (attention of one sample)")
+    source.add_argument("--captions", metavar="RUN_DIR", help="a captioning run: frames, captions and MAF attention of --video")
+    parser.add_argument("--video", help="with --captions: the video id")
+    parser.add_argument("--clips", help="with --captions: folder of <video>.avi (default: clips/ beside the caption file)")
     parser.add_argument("--split", default="test", help="split of the sample (default test)")
     parser.add_argument("--sample", type=int, default=0, help="sample index within the split (default 0)")
     parser.add_argument("--data", help="another data source with the same modalities")
@@ -69,6 +72,13 @@ def sample_title(text: str, width: int = TITLE_WIDTH) -> str:
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine import plots
 
+    if args.captions:
+        from polyfuse.engine.captioning_plot import plot_caption_attention
+
+        if not args.video:
+            raise ValueError("--captions needs --video ID")
+        print(f"wrote {plot_caption_attention(args.captions, args.video, args.out, clips=args.clips)}")
+        return 0
     if args.run_dir:
         if args.what == "attention":
             raise ValueError("plot attention reads a checkpoint: give --checkpoint FILE (--run draws learning curves)")

@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"
     )
-    parser.add_argument("--out", required=True, help="CSV file to write")
+    parser.add_argument("--out", required=True, help="CSV file to write (captioning: JSON {video_id: caption})")
     parser.set_defaults(run=run)
 
 

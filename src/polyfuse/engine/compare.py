@@ -45,7 +45,7 @@ _HEADERS = {
     "f1_macro": "F1 macro",
     "ma": "MA",
 }
-MODEL_SECTIONS = ("model", "optim")
+MODEL_SECTIONS = ("model", "optim", "decoder")  # decoder: task.type captioning
 _PERCENT = {"acc2_has0", "f1_has0", "acc2_non0", "f1_non0", "acc7", "acc", "f1_macro", "ma"}
 
 

@@ -41,6 +41,9 @@ _PATH_KEYS = (
     )),
     ("model", "vqa", "glove"),
 )
+# Captioning: caption and split files, and a mapping modality -> feature file (each value a path).
+_PATH_KEYS += (("captioning", "captions"), ("captioning", "splits"))
+_PATH_MAPPINGS = (("captioning", "features"),)
 
 
 class _Loader(yaml.SafeLoader):
@@ -153,6 +156,14 @@ def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
             continue
         path = Path(value).expanduser()
         node[keys[-1]] = str(path if path.is_absolute() else (folder / path).resolve())
+    for keys in _PATH_MAPPINGS:
+        node = content
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            for name, value in node.items():
+                if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                    node[name] = str((folder / Path(value).expanduser()).resolve())
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

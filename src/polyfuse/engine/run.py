@@ -252,6 +252,10 @@ def _run_parts(config: dict[str, Any]) -> tuple[Any, Any, dict[str, int], int]:
 def _train_in(
     config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
 ) -> RunResult:
+    if config["task"]["type"] == "captioning":  # its own data and task: engine/captioning_runs.py
+        from polyfuse.engine.captioning_runs import train_captioning
+
+        return train_captioning(config, run_dir, resume_checkpoint, callbacks)
     seed_everything(int(config["seed"]))
     datamodule, task, samples, steps = _run_parts(config)
     devices = int(config["trainer"]["devices"])
@@ -382,6 +386,17 @@ def data_for(
     return data
 
 
+def _captioning(checkpoint: str | Path, source: str | None, modalities: Sequence[str] | None) -> bool:
+    """Whether a checkpoint is of task.type captioning (which reads its own feature files)."""
+    from polyfuse.engine.captioning_runs import is_captioning_checkpoint
+
+    if not is_captioning_checkpoint(checkpoint):
+        return False
+    if source is not None or modalities is not None:
+        raise ValueError("a captioning checkpoint reads the feature files of its configuration: drop --data / --modalities")
+    return True
+
+
 def partition_key(data: PreparedData, split: str) -> str:
     if split not in data.partitions:
         raise ValueError(f"no {split!r} split; have {', '.join(data.partitions)}")
@@ -405,6 +420,10 @@ def evaluate(
 ) -> dict[str, float]:
     """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
     for every row of a file without a split)."""
+    if _captioning(checkpoint, source, modalities):
+        from polyfuse.engine.captioning_runs import evaluate_captioning
+
+        return evaluate_captioning(checkpoint, split=split)
     task, extras = load_model(checkpoint)
     if extras["config"]["task"]["type"] == "vqa":
         from polyfuse.engine.vqa_run import evaluate_vqa
@@ -434,7 +453,14 @@ def predict(
     record holds ``row``, ``id`` (when ``data.id`` names an array), the prediction
     (``prediction``; ``prediction_<target>`` for traits; ``prediction`` as the class
     value and ``prob_<class>`` for classification) and ``label`` when known.
+    Captioning checkpoints: records ``id`` and ``caption``, written as JSON
+    ``{video_id: caption}``.
     """
+    if _captioning(checkpoint, source, modalities):
+        from polyfuse.engine.captioning_runs import predict_captioning
+
+        captions = predict_captioning(checkpoint, split=split, out=out)
+        return [{"id": video, "caption": caption} for video, caption in captions.items()]
     task, extras = load_model(checkpoint)
     if extras["config"]["task"]["type"] == "vqa":
         from polyfuse.engine.vqa_run import predict_vqa

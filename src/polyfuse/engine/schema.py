@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from polyfuse.engine.captioning_schema import CaptioningConfig, DecoderConfig
 from polyfuse.engine.vqa_schema import VQADataConfig, VQAModelConfig, check_vqa_config
 
 __all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config"]
@@ -56,13 +57,13 @@ class _Section(BaseModel):
 class TaskConfig(_Section):
     """What is predicted and how it is scored."""
 
-    type: str = Field("sentiment", description="sentiment | traits | classification | vqa (polyfuse.tasks.TASKS)")
+    type: str = Field("sentiment", description="sentiment | traits | classification | vqa | captioning (polyfuse.tasks.TASKS)")
     loss: str = Field("l1", description="regression loss: l1 | mse | smooth_l1")
     target_names: list[str] | None = Field(None, description="traits: one name per target column")
     target_ranges: list[Annotated[list[float], Field(min_length=2, max_length=2)]] | None = Field(
         None, description="traits: [[low, high], ...] (default: from the training labels)"
     )
-    label_smoothing: Probability = Field(0.0, description="classification: label smoothing in [0, 1)")
+    label_smoothing: Probability = Field(0.0, description="classification, captioning: label smoothing in [0, 1)")
 
     @field_validator("type", "loss")
     @classmethod
@@ -239,6 +240,8 @@ class RunConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="model section")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optim section")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="trainer section")
+    captioning: CaptioningConfig | None = Field(None, description="task.type captioning: features, captions, splits, generation")
+    decoder: DecoderConfig | None = Field(None, description="task.type captioning: the caption decoder (default section when captioning)")
 
     @field_validator("name")
     @classmethod
@@ -246,6 +249,15 @@ class RunConfig(_Section):
         from polyfuse.engine.rundir import safe_run_name
 
         return None if value is None else safe_run_name(value)
+
+    @model_validator(mode="after")
+    def _captioning_sections(self) -> RunConfig:
+        if self.task.type == "captioning":
+            if self.captioning is None:
+                raise ValueError("task.type captioning needs a captioning section (features, captions, splits)")
+            if self.decoder is None:
+                self.decoder = DecoderConfig()
+        return self
 
     @model_validator(mode="after")
     def _epochs(self) -> RunConfig:
@@ -386,7 +398,7 @@ def format_errors(error: ValidationError, prefix: tuple[str, ...] = (), model: t
 def error_model(error: ValidationError) -> type[BaseModel] | None:
     """The model class a validation error came from (by its title)."""
     for model in (RunConfig, TaskConfig, DataConfig, ContextConfig, ModelConfig, EncoderConfig, OptimConfig, TrainerConfig,
-                  VQADataConfig, VQAModelConfig):
+                  VQADataConfig, VQAModelConfig, CaptioningConfig, DecoderConfig):
         if model.__name__ == error.title:
             return model
     return None

@@ -16,10 +16,15 @@ h_t; :class:`~polyfuse.nn.maf.MAF` conditioned on h_t attends to every modality
 size is V. Training minimises the cross-entropy of the ground-truth words with
 teacher forcing (Eq. 24).
 
+``orders=None`` gives the mean-pooled baseline (no attention): every step sees the
+same masked mean of each modality, ``sum_k W_p^k mean_t(x_k)`` in place of Eq. 22's
+fused context (:class:`MeanPoolContext`).
+
 What the paper leaves open, chosen here: the LSTM's initial state is
 ``tanh(linear(mean-pooled features))`` (h_0 and c_0 each from the concatenated
 masked means of the modalities); the LSTM input is the previous word's embedding
-only; dropout (default 0) applies to h_t before Eq. 22's state term.
+only; dropout (default 0; the paper: 0.5) applies to the LSTM's input (the word
+embedding) and to h_t before Eq. 22's state term.
 """
 
 from __future__ import annotations
@@ -34,9 +39,15 @@ from torch.nn import functional as F
 from polyfuse._checks import prepare_fusion_inputs
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.nn.hoca import MaxLengths
-from polyfuse.nn.maf import MAF, Orders
+from polyfuse.nn.maf import MAF, MAFOutput, Orders
 
-__all__ = ["CaptionDecoder", "DecoderState", "DecoderStep", "caption_cross_entropy"]
+__all__ = [
+    "CaptionDecoder",
+    "DecoderState",
+    "DecoderStep",
+    "MeanPoolContext",
+    "caption_cross_entropy",
+]
 
 
 class DecoderState(NamedTuple):
@@ -55,6 +66,35 @@ class DecoderStep(NamedTuple):
     modality_weights: Tensor  #: (B, n), beta_t of Eq. 20
 
 
+class MeanPoolContext(nn.Module):
+    """The mean-pooled baseline in place of MAF: no attention, the same context every step.
+
+    ``fused = sum_k W_p^k mean_t(x_k)`` (the form of Eq. 22 and 23 with uniform
+    attention over the real steps and beta_t^k = 1 for every modality). The
+    attention it reports is that uniform attention, its modality weights 1 / n.
+    """
+
+    def __init__(self, input_dims: Sequence[int], out_dim: int) -> None:
+        super().__init__()
+        self.input_dims = [int(dim) for dim in input_dims]
+        self.output_projections = nn.ModuleList(
+            nn.Linear(dim, out_dim, bias=False) for dim in self.input_dims
+        )
+
+    def fuse_prepared(
+        self, query: Tensor, sequences: Sequence[Tensor], masks: Sequence[Tensor]
+    ) -> MAFOutput:
+        """Same interface as :meth:`polyfuse.nn.maf.MAF.fuse_prepared`; ``query`` is unused."""
+        attention = [m.float() / m.sum(-1, keepdim=True).clamp_min(1) for m in masks]
+        context = [masked_mean(x, m) for x, m in zip(sequences, masks, strict=True)]
+        fused = sum(
+            projection(c) for projection, c in zip(self.output_projections, context, strict=True)
+        )
+        count = len(sequences)
+        weights = query.new_full((query.shape[0], count), 1.0 / count)
+        return MAFOutput(fused, attention, context, weights)
+
+
 class CaptionDecoder(nn.Module):
     """LSTM decoder with multiple attentive fusion over n modalities (HOCA section 4.4).
 
@@ -64,11 +104,13 @@ class CaptionDecoder(nn.Module):
         embed_dim: E, word-embedding size.
         hidden_dim: H, LSTM hidden size (the query size of MAF).
         orders: MAF's attention orders, e.g. ``"UB"`` or ``"UBT"`` (see
-            :func:`~polyfuse.nn.maf.parse_orders`).
+            :func:`~polyfuse.nn.maf.parse_orders`); None: the mean-pooled baseline
+            (:class:`MeanPoolContext`, no attention).
         low_rank: Low-Rank HOCA (L-HOCA-*) instead of exact HOCA.
         attention_dim, rank, max_lengths, combination: passed to
             :class:`~polyfuse.nn.maf.MAF` (``combination`` is the form of Eq. 19).
-        dropout: dropout on h_t before the output layer.
+        dropout: dropout on the word embedding (LSTM input) and on h_t before the
+            output layer.
         padding_index: token id of padding (its embedding stays zero).
 
     ``forward(captions (B, L), inputs [(B, T_i, d_i)], masks)`` gives the teacher-forced
@@ -83,7 +125,7 @@ class CaptionDecoder(nn.Module):
         *,
         embed_dim: int = 128,
         hidden_dim: int = 256,
-        orders: Orders = "UB",
+        orders: Orders | None = "UB",
         low_rank: bool = False,
         attention_dim: int = 64,
         rank: int = 1,
@@ -110,17 +152,21 @@ class CaptionDecoder(nn.Module):
         self.initial_hidden = nn.Linear(sum(self.input_dims), hidden_dim)
         self.initial_cell = nn.Linear(sum(self.input_dims), hidden_dim)
         self.lstm = nn.LSTMCell(embed_dim, hidden_dim)
-        self.maf = MAF(
-            self.input_dims,
-            hidden_dim,
-            vocab_size,
-            orders=orders,
-            low_rank=low_rank,
-            attention_dim=attention_dim,
-            rank=rank,
-            max_lengths=max_lengths,
-            combination=combination,
-        )  # Eq. 18 to 21 and 23; its output is sum_k beta_t^k D_t(k) of Eq. 22
+        self.maf: MAF | MeanPoolContext
+        if orders is None:
+            self.maf = MeanPoolContext(self.input_dims, vocab_size)
+        else:
+            self.maf = MAF(
+                self.input_dims,
+                hidden_dim,
+                vocab_size,
+                orders=orders,
+                low_rank=low_rank,
+                attention_dim=attention_dim,
+                rank=rank,
+                max_lengths=max_lengths,
+                combination=combination,
+            )  # Eq. 18 to 21 and 23; its output is sum_k beta_t^k D_t(k) of Eq. 22
         self.state_output = nn.Linear(hidden_dim, vocab_size)  # W_p^h and b_p of Eq. 22
         self.dropout = nn.Dropout(dropout)
 
@@ -168,7 +214,8 @@ class CaptionDecoder(nn.Module):
             state: the LSTM state after step t - 1.
             inputs, masks: prepared modalities (B, T_i, d_i) and (B, T_i) bool masks.
         """
-        hidden, cell = self.lstm(self.embedding(words), tuple(state))  # h_t, Fig. 3
+        # h_t, Fig. 3; dropout on the LSTM's input and output (HOCA section 5.2)
+        hidden, cell = self.lstm(self.dropout(self.embedding(words)), tuple(state))
         fusion = self.maf.fuse_prepared(hidden, inputs, masks)  # Eq. 18 to 23
         logits = self.state_output(self.dropout(hidden)) + fusion.fused  # Eq. 22
         return DecoderStep(
@@ -215,7 +262,7 @@ class CaptionDecoder(nn.Module):
         end_index: int,
         max_length: int = 20,
     ) -> tuple[Tensor, list[DecoderStep]]:
-        """Greedy decoding: the most probable word at every step.
+        """Greedy decoding: the most probable word at every step (never padding or begin).
 
         Returns:
             ``(tokens, steps)``: (B, S) generated ids, S <= max_length, with
@@ -232,10 +279,12 @@ class CaptionDecoder(nn.Module):
         state = self.initial_state(sequences, full_masks)
         words = torch.full((batch,), begin_index, dtype=torch.long, device=sequences[0].device)
         finished = torch.zeros(batch, dtype=torch.bool, device=words.device)
+        banned = torch.tensor([self.padding_index, begin_index], device=words.device)
         tokens, steps = [], []
         for _ in range(max_length):
             output = self.step(words, state, sequences, full_masks)
-            words = output.logits.argmax(dim=-1)
+            # The padding and begin tokens are never generated.
+            words = output.logits.index_fill(-1, banned, float("-inf")).argmax(dim=-1)
             tokens.append(words.masked_fill(finished, self.padding_index))
             steps.append(output)
             state = output.state
@@ -245,16 +294,25 @@ class CaptionDecoder(nn.Module):
         return torch.stack(tokens, dim=1), steps
 
 
-def caption_cross_entropy(logits: Tensor, targets: Tensor, padding_index: int = 0) -> Tensor:
+def caption_cross_entropy(
+    logits: Tensor, targets: Tensor, padding_index: int = 0, label_smoothing: float = 0.0
+) -> Tensor:
     """HOCA Eq. 24 per token: mean of -log p_t(y*_t) over the non-padding targets.
 
     Args:
         logits: (B, S, V) from :meth:`CaptionDecoder.forward`.
         targets: (B, S) token ids (the captions without their begin token).
+        label_smoothing: in [0, 1): the target puts ``1 - eps`` on the true word
+            and ``eps / V`` on every word (not in the paper, an option).
     """
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"caption_cross_entropy: label_smoothing must lie in [0, 1), got {label_smoothing}")
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"caption_cross_entropy: logits {tuple(logits.shape)} and targets "
             f"{tuple(targets.shape)} must be (B, S, V) and (B, S)"
         )
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=padding_index)
+    return F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=padding_index,
+        label_smoothing=label_smoothing,
+    )

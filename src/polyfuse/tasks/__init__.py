@@ -2,6 +2,7 @@
 
 from polyfuse.tasks.backbone import ENCODER_TYPES, FusionBackbone, ModalityEncoder
 from polyfuse.tasks.base import SCHEDULERS, FusionTask
+from polyfuse.tasks.captioning import CaptioningTask
 from polyfuse.tasks.tasks import (
     LOSSES,
     TASKS,
@@ -14,11 +15,14 @@ from polyfuse.tasks.vqa import VQATask
 
 TASKS["vqa"] = VQATask  # task.type vqa: its own data and model sections (engine/vqa_run.py)
 
+TASKS["captioning"] = CaptioningTask  # type: ignore[assignment]  # its own engine path (engine/captioning_runs.py)
+
 __all__ = [
     "ENCODER_TYPES",
     "LOSSES",
     "SCHEDULERS",
     "TASKS",
+    "CaptioningTask",
     "ClassificationTask",
     "FusionBackbone",
     "FusionTask",

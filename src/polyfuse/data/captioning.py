@@ -1,0 +1,212 @@
+"""Video captioning data for the engine: modalities, captions, splits, vocabulary, batches.
+
+A batch is a dict:
+
+- ``inputs``: one (B, T_i, d_i) float tensor per modality, padded steps zero;
+- ``masks``: one (B, T_i) bool tensor per modality, True at real steps;
+- ``captions``: (B, L) long, ``<bos> words <eos>`` padded with 0 (caption batches);
+- ``videos``: the B video ids.
+
+Training and validation batches hold one (video, caption) pair per sample; test and
+predict batches one video per sample (``captions`` absent).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from polyfuse.data.formats.captioning import (
+    VideoFeatures,
+    Vocabulary,
+    load_captions,
+    load_splits,
+    load_video_features,
+)
+
+__all__ = ["CaptioningData", "CaptioningDataModule", "prepare_captioning"]
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class CaptioningData:
+    """Everything a captioning run reads, checked."""
+
+    modalities: list[str]
+    features: list[Tensor]  # per modality (N, T_max, d) float32, padded with zeros
+    lengths: list[Tensor]  # per modality (N,) long
+    videos: list[str]  # row -> video id
+    captions: dict[str, list[str]]  # video id -> reference captions (raw text)
+    splits: dict[str, list[str]]  # split -> video ids (with features)
+    vocabulary: Vocabulary
+    max_words: int
+    skipped: dict[str, int] = field(default_factory=dict)  # split -> videos skipped
+
+    @property
+    def input_dims(self) -> list[int]:
+        return [int(x.shape[-1]) for x in self.features]
+
+    @property
+    def max_lengths(self) -> list[int]:
+        return [int(x.shape[1]) for x in self.features]
+
+    def row_of(self, video: str) -> int:
+        return self._rows[video]
+
+    def __post_init__(self) -> None:
+        self._rows = {video: row for row, video in enumerate(self.videos)}
+
+    def pairs(self, split: str) -> list[tuple[int, list[int]]]:
+        """(row, token ids) of every caption of the split's videos."""
+        return [
+            (self._rows[v], self.vocabulary.encode(c, self.max_words))
+            for v in self.splits[split] for c in self.captions[v]
+        ]
+
+    def gather(self, rows: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        inputs, masks = [], []
+        for features, lengths in zip(self.features, self.lengths, strict=True):
+            length = lengths[rows]
+            steps = int(length.max())
+            inputs.append(features[rows, :steps])
+            masks.append(torch.arange(steps) < length[:, None])
+        return inputs, masks
+
+
+def _stack(modality: VideoFeatures, videos: Sequence[str]) -> tuple[Tensor, Tensor]:
+    lengths = torch.tensor([modality.arrays[v].shape[0] for v in videos], dtype=torch.long)
+    out = torch.zeros(len(videos), int(lengths.max()), modality.dim)
+    for row, video in enumerate(videos):
+        array = modality.arrays[video]
+        out[row, : array.shape[0]] = torch.from_numpy(array)
+    return out, lengths
+
+
+def _standardize(features: Tensor, lengths: Tensor, train_rows: Tensor) -> Tensor:
+    real = torch.arange(features.shape[1]) < lengths[:, None]  # (N, T)
+    values = features[train_rows][real[train_rows]]  # (steps, d)
+    mean, std = values.mean(dim=0), values.std(dim=0).clamp_min(1e-6)
+    return ((features - mean) / std) * real.unsqueeze(-1)
+
+
+def prepare_captioning(
+    features: Mapping[str, str | Path],
+    captions: str | Path,
+    splits: str | Path,
+    *,
+    base: str | Path | None = None,
+    frame_stride: int = 1,
+    missing_features: str = "error",
+    min_count: int = 2,
+    max_words: int = 20,
+    vocabulary: Sequence[str] | None = None,
+    standardize: bool = True,
+) -> CaptioningData:
+    """Load and check a captioning data set (see :mod:`polyfuse.data.formats.captioning`).
+
+    Args:
+        features: modality name -> feature file spec, in modality order.
+        vocabulary: the words of a trained model (default: built from the training
+            captions with ``min_count``).
+        standardize: subtract each feature's mean and divide by its standard deviation
+            over the real steps of the training videos (padding stays zero).
+        missing_features: a split video lacking captions or features in some modality:
+            ``"error"`` (naming it), or ``"skip"`` (dropped, counted in ``skipped``, warned).
+    """
+    if missing_features not in ("error", "skip"):
+        raise ValueError(f"missing_features must be 'error' or 'skip', got {missing_features!r}")
+    modalities = [load_video_features(spec, name, base=base, stride=frame_stride) for name, spec in features.items()]
+    caption_path = Path(captions) if base is None or Path(captions).is_absolute() else Path(base) / captions
+    split_path = Path(splits) if base is None or Path(splits).is_absolute() else Path(base) / splits
+    all_captions = load_captions(caption_path)
+    all_splits = load_splits(split_path)
+    kept: dict[str, list[str]] = {}
+    skipped: dict[str, int] = {}
+    for split in SPLITS:
+        kept[split], skipped[split] = [], 0
+        for video in all_splits[split]:
+            lacking = [m.name for m in modalities if video not in m.arrays]
+            if video not in all_captions:
+                lacking.insert(0, f"captions ({caption_path})")
+            if not lacking:
+                kept[split].append(video)
+                continue
+            if missing_features == "error":
+                sources = {m.name: m.source for m in modalities}
+                named = ", ".join(f"{name} ({sources[name]})" if name in sources else name for name in lacking)
+                raise ValueError(
+                    f"video {video!r} of the {split} split (in {split_path}) has no {named}; "
+                    "set captioning.missing_features: skip to leave such videos out"
+                )
+            skipped[split] += 1
+    if any(skipped.values()):
+        warnings.warn(
+            "captioning: skipped videos without captions or features: "
+            + ", ".join(f"{n} of {s}" for s, n in skipped.items() if n),
+            RuntimeWarning, stacklevel=2,
+        )
+    for split in SPLITS:
+        if not kept[split]:
+            raise ValueError(f"the {split} split of {split_path} has no video with captions and features")
+    videos = [v for split in SPLITS for v in kept[split]]
+    stacked = [_stack(m, videos) for m in modalities]
+    if standardize:  # per feature, with the real steps of the training videos
+        train_rows = torch.arange(len(kept["train"]))
+        stacked = [(_standardize(x, n, train_rows), n) for x, n in stacked]
+    if vocabulary is None:
+        vocab = Vocabulary.build((c for v in kept["train"] for c in all_captions[v]), min_count)
+    else:
+        vocab = Vocabulary(list(vocabulary))
+    return CaptioningData(
+        [m.name for m in modalities], [x for x, _ in stacked], [n for _, n in stacked], videos,
+        {v: all_captions[v] for v in videos}, kept, vocab, int(max_words), skipped,
+    )
+
+
+def _pad(sequences: Sequence[Sequence[int]]) -> Tensor:
+    length = max(len(s) for s in sequences)
+    return torch.tensor([list(s) + [0] * (length - len(s)) for s in sequences], dtype=torch.long)
+
+
+class CaptioningDataModule(L.LightningDataModule):
+    """Caption-pair batches for training and validation, video batches for test and predict."""
+
+    def __init__(self, data: CaptioningData, *, batch_size: int, eval_batch_size: int, seed: int = 0) -> None:
+        super().__init__()
+        self.data = data
+        self.batch_size, self.eval_batch_size, self.seed = int(batch_size), int(eval_batch_size), int(seed)
+        self._pairs = {split: data.pairs(split) for split in ("train", "valid")}
+
+    def _pair_batch(self, items: list[tuple[int, list[int]]]) -> dict[str, Any]:
+        rows = torch.tensor([row for row, _ in items])
+        inputs, masks = self.data.gather(rows)
+        return {"inputs": inputs, "masks": masks, "captions": _pad([ids for _, ids in items]),
+                "videos": [self.data.videos[r] for r in rows.tolist()]}
+
+    def _video_batch(self, videos: list[str]) -> dict[str, Any]:
+        rows = torch.tensor([self.data.row_of(v) for v in videos])
+        inputs, masks = self.data.gather(rows)
+        return {"inputs": inputs, "masks": masks, "videos": list(videos)}
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.seed + int(getattr(self.trainer, "current_epoch", 0) or 0))
+        return DataLoader(self._pairs["train"], batch_size=self.batch_size, shuffle=True, generator=generator,
+                          collate_fn=self._pair_batch)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self._pairs["valid"], batch_size=self.eval_batch_size, collate_fn=self._pair_batch)
+
+    def video_loader(self, videos: Sequence[str]) -> DataLoader:
+        return DataLoader(list(videos), batch_size=self.eval_batch_size, collate_fn=self._video_batch)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.video_loader(self.data.splits["test"])

@@ -1,0 +1,126 @@
+"""The captioning figure: one video's frames, its generated and reference captions, and
+MAF's attention over time in every modality for each generated word.
+
+``polyfuse plot --captions RUN_DIR --video ID --out FILE.png``: the run's best
+checkpoint generates the caption by beam search (as at test time); the decoder is
+then run over that caption (teacher forcing) to record, at the step that emits each
+word, the attention of every modality over its steps (HOCA Eq. 19) and the
+modality weights beta (Eq. 20). The frames are sampled from the clip
+(``CLIPS/<id>.avi``, default: the ``clips`` folder beside the caption file, the
+shared MSVD layout) at the centres of equal segments.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polyfuse.engine.captioning_runs import _data_for, load_captioning_model
+from polyfuse.nn.beam_search import score_captions
+
+__all__ = ["caption_attention", "plot_caption_attention"]
+
+
+def _best_checkpoint(run_dir: Path) -> Path:
+    results = run_dir / "results.json"
+    if results.is_file():
+        return run_dir / json.loads(results.read_text())["best_checkpoint"]
+    path = run_dir / "checkpoints" / "best.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no best checkpoint in {run_dir} (results.json or checkpoints/best.safetensors)")
+    return path
+
+
+def caption_attention(run_dir: str | Path, video: str) -> dict[str, Any]:
+    """The generated caption of ``video``, its words' attention per modality, and the references."""
+    run_dir = Path(run_dir)
+    task, extras = load_captioning_model(_best_checkpoint(run_dir))
+    data = _data_for(extras)
+    if video not in data.videos:
+        raise ValueError(f"video {video!r} is not in the data of {run_dir} ({len(data.videos)} videos)")
+    rows = torch.tensor([data.row_of(video)])
+    inputs, masks = data.gather(rows)
+    with torch.no_grad():
+        generated = task.generate(inputs, masks)
+        _, steps = score_captions(
+            task.model.decoder, task.model.encode(inputs, masks), masks, generated.tokens,
+            begin_index=task.vocabulary.begin, end_index=task.vocabulary.end, length_penalty=task.length_penalty,
+        )
+    ids = [int(t) for t in generated.tokens[0] if int(t) != task.vocabulary.pad]
+    words = [task.vocabulary.words[i] for i in ids]
+    return {
+        "video": video,
+        "split": next(s for s, vs in data.splits.items() if video in vs),
+        "caption": task.vocabulary.decode(ids),
+        "words": words,
+        "attention": [torch.stack([s.attention[m][0] for s in steps[: len(ids)]]).numpy() for m in range(len(masks))],
+        "modality_weights": torch.stack([s.modality_weights[0] for s in steps[: len(ids)]]).numpy(),
+        "modalities": data.modalities,
+        "references": data.captions[video],
+        "frame_stride": extras["config"]["captioning"]["frame_stride"],
+        "captions_file": extras["config"]["captioning"]["captions"],
+    }
+
+
+def plot_caption_attention(
+    run_dir: str | Path, video: str, out: str | Path, *, clips: str | Path | None = None, frames: int = 8,
+    references: int = 3,
+) -> Path:
+    """Write the figure (see the module docstring) to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = caption_attention(run_dir, video)
+    clips = Path(clips) if clips is not None else Path(found["captions_file"]).parent / "clips"
+    clip = clips / f"{video}.avi"
+    images = None
+    if clip.is_file():
+        from polyfuse.extract.video import sample_frames
+
+        images = sample_frames(clip, frames)
+    count = len(found["modalities"])
+    heights = [1.6, 0.9] + [max(1.2, 0.28 * len(found["words"]))] * (count + 1)
+    figure = plt.figure(figsize=(11, sum(heights) + 0.6))
+    grid = figure.add_gridspec(len(heights), frames, height_ratios=heights, hspace=0.9)
+    if images is not None:
+        for k in range(frames):
+            axis = figure.add_subplot(grid[0, k])
+            axis.imshow(images[k])
+            axis.axis("off")
+    else:
+        axis = figure.add_subplot(grid[0, :])
+        axis.text(0.5, 0.5, f"(no clip at {clip})", ha="center", va="center")
+        axis.axis("off")
+    text = figure.add_subplot(grid[1, :])
+    text.axis("off")
+    lines = [f"generated: {found['caption']}"] + [f"reference: {r}" for r in found["references"][:references]]
+    text.text(0.0, 1.0, "\n".join(textwrap.shorten(line, 130) for line in lines), va="top", family="monospace", fontsize=9)
+    words = found["words"]
+    for m, name in enumerate(found["modalities"]):
+        axis = figure.add_subplot(grid[2 + m, :])
+        attention = found["attention"][m]
+        image = axis.imshow(attention, aspect="auto", cmap="viridis", vmin=0.0)
+        axis.set_yticks(range(len(words)), words, fontsize=8)
+        axis.set_xticks(range(attention.shape[1]))
+        axis.tick_params(axis="x", labelsize=7)
+        axis.set_xlabel(f"{name}: feature step (every {found['frame_stride']}th of the file's rows)", fontsize=8)
+        axis.set_title(f"{name}: attention over time per generated word (Eq. 19)", fontsize=9)
+        figure.colorbar(image, ax=axis, fraction=0.02, pad=0.01)
+    axis = figure.add_subplot(grid[2 + count, : max(2, frames // 2)])
+    image = axis.imshow(found["modality_weights"], aspect="auto", cmap="magma", vmin=0.0, vmax=1.0)
+    axis.set_yticks(range(len(words)), words, fontsize=8)
+    axis.set_xticks(range(count), found["modalities"], fontsize=8)
+    axis.set_title("modality weights beta per word (Eq. 20)", fontsize=9)
+    figure.colorbar(image, ax=axis, fraction=0.05, pad=0.02)
+    figure.suptitle(f"{found['split']} video {video}", fontsize=10)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return out

@@ -1,0 +1,86 @@
+"""Configuration sections of ``task.type: captioning`` (video captioning, HOCA section 4.4).
+
+``captioning``: the data (one feature file per modality, captions, splits), the
+vocabulary and the generation settings. ``decoder``: the encoder-decoder and its
+attention variant (the section a ``polyfuse compare`` model file replaces).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["VARIANTS", "CaptioningConfig", "DecoderConfig", "variant_settings"]
+
+#: The paper's variants (Table 2) and the mean-pooled baseline: MAF orders and low rank.
+VARIANTS: dict[str, tuple[str | None, bool]] = {
+    "mean-pool": (None, False),
+    "HOCA-U": ("U", False),
+    "HOCA-B": ("B", False),
+    "L-HOCA-B": ("B", True),
+    "HOCA-T": ("T", False),
+    "L-HOCA-T": ("T", True),
+    "HOCA-UB": ("UB", False),
+    "L-HOCA-UB": ("UB", True),
+    "HOCA-UBT": ("UBT", False),
+    "L-HOCA-UBT": ("UBT", True),
+}
+
+
+def variant_settings(name: str) -> tuple[str | None, bool]:
+    """(MAF orders or None for no attention, low rank) of a variant name."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown captioning variant {name!r}; expected one of {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class CaptioningConfig(_Section):
+    """Video captioning data, vocabulary and generation (task.type captioning)."""
+
+    features: dict[str, str] = Field(
+        description="modality name -> feature file (PATH or PATH#KEY: .npz / .h5, relative to the config file), in order"
+    )
+    captions: str = Field(description="captions: JSON {video_id: [captions]} (or the formats of docs/CAPTIONING.md) or CSV")
+    splits: str = Field(description="JSON {train: [ids], val: [ids], test: [ids]}")
+    frame_stride: Annotated[int, Field(ge=1)] = Field(1, description="keep every k-th feature step of every modality")
+    standardize: bool = Field(True, description="standardise each feature with the training videos' mean and std")
+    missing_features: Literal["error", "skip"] = Field(
+        "error", description="a split video without features in some modality: error, or skip it (counted)"
+    )
+    min_count: Annotated[int, Field(ge=1)] = Field(2, description="vocabulary: training-caption words seen at least this often")
+    max_words: Annotated[int, Field(ge=1)] = Field(20, description="training captions are cut to this many words")
+    beam_size: Annotated[int, Field(ge=1)] = Field(5, description="beam width at test and predict time (1: greedy)")
+    max_length: Annotated[int, Field(ge=1)] = Field(20, description="most generated tokens, end token included")
+    length_penalty: Annotated[float, Field(ge=0.0)] = Field(
+        1.0, description="length normalisation: score / length ** length_penalty (0: none)"
+    )
+    meteor: bool = Field(True, description="score METEOR at test time (needs Java)")
+
+    @field_validator("features")
+    @classmethod
+    def _some_features(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("captioning.features names no modality")
+        return value
+
+
+class DecoderConfig(_Section):
+    """The caption encoder-decoder (HOCA Fig. 3) and its attention variant."""
+
+    variant: Literal[tuple(VARIANTS)] = Field(  # type: ignore[valid-type]
+        "HOCA-UBT", description="mean-pool | HOCA-U | HOCA-B | L-HOCA-B | HOCA-T | L-HOCA-T | HOCA-UB | L-HOCA-UB | HOCA-UBT | L-HOCA-UBT"
+    )
+    feature_dim: Annotated[int, Field(ge=1)] | None = Field(
+        128, description="per-modality tanh(linear) encoder output (null: raw features)"
+    )
+    embed_dim: Annotated[int, Field(ge=1)] = Field(128, description="word embedding size (paper: 300)")
+    hidden_dim: Annotated[int, Field(ge=1)] = Field(256, description="LSTM hidden size (paper: 512)")
+    attention_dim: Annotated[int, Field(ge=1)] = Field(64, description="attention layer size (paper: 512)")
+    rank: Annotated[int, Field(ge=1)] = Field(1, description="rank of Low-Rank HOCA (paper: 1)")
+    combination: Literal["log", "literal"] = Field("log", description="form of Eq. 19 (see polyfuse.nn.maf)")
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.5, description="dropout on the LSTM input and output (paper: 0.5)")

@@ -1,0 +1,57 @@
+"""Caption metrics (pycocoevalcap) against hand computation from the metrics' definitions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from polyfuse.metrics.captioning import caption_metrics, java_available
+
+REFERENCES = {"a": ["A man is walking."], "b": ["The chef cuts green onions slowly"]}
+HYPOTHESES = {"a": "a man is running", "b": "the chef cuts green onions slowly"}
+
+
+@pytest.mark.parametrize("java", [False, pytest.param(True, marks=pytest.mark.skipif(not java_available(), reason="no Java"))])
+def test_scores_match_hand_computation(java: bool) -> None:
+    scores = caption_metrics(REFERENCES, HYPOTHESES, java=java, meteor=False)
+    # Corpus BLEU: clipped n-gram matches summed over both videos, equal lengths (BP = 1).
+    p = [(3 + 6) / (4 + 6), (2 + 5) / (3 + 5), (1 + 4) / (2 + 4), (0 + 3) / (1 + 3)]
+    for n in range(1, 5):
+        assert scores[f"BLEU-{n}"] == pytest.approx(math.prod(p[:n]) ** (1 / n), abs=1e-6)
+    # ROUGE-L (beta 1.2): video a has LCS 3 of 4 words both ways, video b matches exactly.
+    assert scores["ROUGE-L"] == pytest.approx((0.75 + 1.0) / 2, abs=1e-9)
+    # CIDEr-D: two videos with disjoint n-grams, so every idf is log 2 and cancels in the
+    # cosine; video a shares 3/4, 2/3, 1/2, 0 of its 1..4-grams, same length (no penalty).
+    video_a = 10 * (3 / 4 + 2 / 3 + 1 / 2 + 0) / 4
+    assert scores["CIDEr-D"] == pytest.approx((video_a + 10) / 2, abs=1e-9)
+    assert scores["METEOR"] is None
+
+
+def test_brevity_penalty() -> None:
+    scores = caption_metrics({"a": ["a man is walking"]}, {"a": "a man"}, java=False, meteor=False)
+    assert scores["BLEU-1"] == pytest.approx(math.exp(1 - 4 / 2), abs=1e-6)
+
+
+@pytest.mark.skipif(not java_available(), reason="METEOR needs Java")
+def test_meteor_of_identical_captions_is_one() -> None:
+    # One Java start (METEOR loads its paraphrase tables: seconds).
+    same = caption_metrics({"a": ["a dog runs in the park"]}, {"a": "A dog runs in the park."})
+    assert same["METEOR"] == pytest.approx(1.0) and same["tokenizer"] == "PTB (Java)"
+    assert same["errors"] == {}
+
+
+def test_without_java_meteor_is_an_error_and_the_rest_is_scored() -> None:
+    with pytest.warns(RuntimeWarning, match="METEOR needs Java"):
+        scores = caption_metrics(REFERENCES, HYPOTHESES, java=False)
+    assert scores["METEOR"] is None and "Java" in scores["errors"]["METEOR"]
+    assert scores["CIDEr-D"] > 0 and scores["tokenizer"] == "PTB (Python)"
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ValueError, match="no reference captions for video 'c'"):
+        caption_metrics(REFERENCES, {"c": "a cat"}, java=False)
+    with pytest.raises(ValueError, match="'a' needs a non-empty list"):
+        caption_metrics({"a": []}, {"a": "a cat"}, java=False)
+    with pytest.raises(ValueError, match="no generated captions"):
+        caption_metrics(REFERENCES, {}, java=False)

@@ -1,0 +1,118 @@
+"""Beam search against greedy decoding and against brute-force enumeration of all captions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from polyfuse.nn.beam_search import beam_search, greedy_search, score_captions
+from polyfuse.nn.decoding import CaptionDecoder
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def _decoder(seed: int, vocab: int = 6, orders="UB") -> tuple[CaptionDecoder, list[torch.Tensor]]:
+    torch.manual_seed(seed)
+    decoder = CaptionDecoder([5, 3], vocab, embed_dim=4, hidden_dim=6, orders=orders, attention_dim=4,
+                             max_lengths=[4, 2])
+    with torch.no_grad():  # sharper, more varied word distributions than the default init
+        decoder.state_output.weight.mul_(6.0)
+        decoder.embedding.weight.mul_(3.0)
+    inputs = [torch.randn(3, 4, 5), torch.randn(3, 2, 3)]
+    return decoder.eval(), inputs
+
+
+def _oracle_log_prob(decoder: CaptionDecoder, inputs, caption: list[int]) -> list[float]:
+    """sum_t log p_t(y_t) per video, by a separate teacher-forced loop written here."""
+    sequences, masks = decoder.prepare(inputs)
+    state = decoder.initial_state(sequences, masks)
+    batch = sequences[0].shape[0]
+    words = torch.full((batch,), BOS)
+    total = torch.zeros(batch)
+    for word in caption:
+        output = decoder.step(words, state, sequences, masks)
+        logits = output.logits.clone()
+        logits[:, [PAD, BOS]] = -math.inf
+        total += torch.log_softmax(logits, -1)[:, word]
+        state, words = output.state, torch.full((batch,), word)
+    return total.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_of_one_is_greedy(seed: int) -> None:
+    decoder, inputs = _decoder(seed)
+    greedy, _ = decoder.greedy(inputs, begin_index=BOS, end_index=EOS, max_length=7)
+    beam = beam_search(decoder, inputs, begin_index=BOS, end_index=EOS, beam_size=1, max_length=7,
+                       length_penalty=0.0, keep_greedy=False)
+    assert torch.equal(beam.tokens, greedy)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("penalty", [0.0, 1.0])
+def test_beam_never_scores_below_greedy(seed: int, penalty: float) -> None:
+    decoder, inputs = _decoder(seed, orders=None if seed % 3 == 2 else "UB")
+    options = {"begin_index": BOS, "end_index": EOS, "max_length": 6, "length_penalty": penalty}
+    greedy = greedy_search(decoder, inputs, **options)
+    beam = beam_search(decoder, inputs, beam_size=5, **options)
+    # Rescore both with the oracle loop: the search's own bookkeeping is not trusted.
+    for b in range(3):
+        scores = []
+        for tokens in (greedy.tokens[b], beam.tokens[b]):
+            ids = [int(t) for t in tokens if int(t) != PAD]
+            raw = _oracle_log_prob(decoder, inputs, ids)[b]
+            scores.append(raw / len(ids) ** penalty)
+        assert scores[1] >= scores[0] - 1e-5
+        assert beam.scores[b].item() == pytest.approx(scores[1], abs=1e-4)
+        assert greedy.scores[b].item() == pytest.approx(scores[0], abs=1e-4)
+
+
+def _all_captions(words: list[int], max_length: int) -> list[list[int]]:
+    """Every caption: some words then <eos>, or max_length words without it."""
+    captions = []
+    for length in range(0, max_length):
+        captions += [[*prefix, EOS] for prefix in itertools.product(words, repeat=length)]
+    captions += [list(prefix) for prefix in itertools.product(words, repeat=max_length)]
+    return captions
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("penalty", [0.0, 1.0, 0.6])
+def test_wide_beam_finds_the_enumerated_optimum(seed: int, penalty: float) -> None:
+    vocab, max_length = 5, 3  # words 3, 4 and <eos>: 1 + 2 + 4 + 8 ending in <eos>, 8 cut
+    decoder, inputs = _decoder(seed, vocab=vocab)
+    captions = _all_captions([3, 4], max_length)
+    table = torch.tensor([_oracle_log_prob(decoder, inputs, c) for c in captions])  # (N, B)
+    lengths = torch.tensor([float(len(c)) for c in captions]).unsqueeze(1)
+    normalised = table / lengths**penalty
+    # Beam width >= the unfinished prefixes of any step (2 ** 2): exhaustive.
+    beam = beam_search(decoder, inputs, begin_index=BOS, end_index=EOS, beam_size=9,
+                       max_length=max_length, length_penalty=penalty, keep_greedy=False)
+    for b in range(3):
+        best = int(normalised[:, b].argmax())
+        found = [int(t) for t in beam.tokens[b] if int(t) != PAD]
+        assert beam.scores[b].item() == pytest.approx(normalised[best, b].item(), abs=1e-5)
+        assert found == captions[best]
+
+
+def test_score_captions_matches_the_oracle_loop() -> None:
+    decoder, inputs = _decoder(0)
+    tokens = torch.tensor([[3, 4, EOS, PAD], [5, EOS, PAD, PAD], [4, 4, 5, 3]])
+    generated, steps = score_captions(decoder, inputs, None, tokens, begin_index=BOS, end_index=EOS,
+                                      length_penalty=0.0)
+    for b, row in enumerate(tokens.tolist()):
+        ids = [t for t in row if t != PAD]
+        assert generated.log_probs[b].item() == pytest.approx(_oracle_log_prob(decoder, inputs, ids)[b], abs=1e-5)
+    assert len(steps) == 4 and steps[0].attention[0].shape == (3, 4)
+
+
+def test_bad_generation_arguments_are_named() -> None:
+    decoder, inputs = _decoder(0)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(decoder, inputs, begin_index=BOS, end_index=EOS, beam_size=0)
+    with pytest.raises(ValueError, match="end token"):
+        beam_search(decoder, inputs, begin_index=BOS, end_index=BOS)
+    with pytest.raises(ValueError, match="max_length"):
+        greedy_search(decoder, inputs, begin_index=BOS, end_index=EOS, max_length=0)
