@@ -194,8 +194,8 @@ class BAN(FusionModule):
             else:
                 x_features = all_x[:, :, glimpse]
             y_features = F.relu(self.joint_y[glimpse](self._drop(stream)))
-            # f'_g: (B, K), BAN Eq. 12. The inputs are finite (checked on entry) and the
-            # map is 0 at padded pairs, so padded steps add nothing.
+            # f'_g: (B, K), BAN Eq. 12. Padded steps were zeroed on entry and the map is 0
+            # at padded pairs, so padded steps add nothing.
             joint = bilinear_pooling_of_features(
                 x_features, y_features, attention[:, glimpse], pool=self.joint_pool
             )
