@@ -11,6 +11,7 @@ from polyfuse.functional import (
     bilinear_attention_logits,
     bilinear_attention_map,
     bilinear_attention_pooling,
+    bilinear_pooling_of_features,
 )
 
 DTYPE = torch.float64
@@ -377,3 +378,24 @@ def test_logits_glimpse_count_and_remaining_checks():
         _logits(p, glimpse_bias=bias)
     with pytest.raises(ValueError, match=r"^bilinear_attention_logits: dropout must lie in \[0, 1\)"):
         _logits(p, dropout=1.0)
+
+
+def test_pooling_of_features_matches_loops_with_and_without_glimpse_axis():
+    """BAN Eq. 12 on projected features: f'_k = sum_{i,j} A[i, j] x[i, k] y[j, k], by loops."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 6, generator=generator, dtype=torch.float64)
+    y = torch.randn(2, 3, 6, generator=generator, dtype=torch.float64)
+    maps = torch.rand(2, 2, 4, 3, generator=generator, dtype=torch.float64)
+    expected = torch.zeros(2, 2, 6, dtype=torch.float64)
+    for b in range(2):
+        for g in range(2):
+            for i in range(4):
+                for j in range(3):
+                    expected[b, g] += maps[b, g, i, j] * x[b, i] * y[b, j]
+    torch.testing.assert_close(bilinear_pooling_of_features(x, y, maps), expected)  # pool 1
+    one = bilinear_pooling_of_features(x, y, maps[:, :1])  # a glimpse axis of size 1 stays
+    assert one.shape == (2, 1, 6)
+    torch.testing.assert_close(one, expected[:, :1])
+    torch.testing.assert_close(bilinear_pooling_of_features(x, y, maps[:, 1]), expected[:, 1])
+    pooled = bilinear_pooling_of_features(x, y, maps, pool=3)  # sums of 3 consecutive features
+    torch.testing.assert_close(pooled, expected.unflatten(-1, (2, 3)).sum(-1))
