@@ -190,3 +190,26 @@ def test_man_float16_sequences_and_attention_are_computed_in_float32():
     torch.testing.assert_close(out.fused.float(), expected.fused, rtol=2e-3, atol=2e-3 * expected.fused.abs().max().item())
     for got, want in zip(out.sequences, expected.sequences, strict=True):
         torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["concat", "man"])
+def test_mixed_float16_and_float32_calls_are_computed_in_float32(name):
+    """float16 weights with float32 inputs, float32 weights with float16 inputs, and a
+    float16 call followed by a float32 call on the same float16 module: each is computed
+    in float32 (then cast to the inputs' dtype), so each equals the float32 module's
+    output on the same values."""
+    reference = float32_module(name)
+    xs = inputs_for(name, 3, (5, 4, 3), torch.float32)
+    halves = [x.detach().half() for x in xs]
+    with torch.no_grad():
+        expected = reference([x.float() for x in halves])
+        half_module = module_in(name, torch.float16)
+        widened = module_in(name, torch.float16).float()  # the float16 weights, widened
+        first = half_module(halves)  # float16 in, float16 out
+        second = half_module([x.float() for x in halves])  # float32 in, the same module
+        torch.testing.assert_close(second, widened([x.float() for x in halves]))
+        assert first.dtype == torch.float16 and second.dtype == torch.float32
+        torch.testing.assert_close(first.float(), second, atol=2e-3, rtol=2e-3)
+        mixed = reference(halves)  # float32 weights, float16 inputs
+        assert mixed.dtype == torch.float16
+        torch.testing.assert_close(mixed.float(), expected, atol=2e-3, rtol=2e-3)
