@@ -5,6 +5,7 @@ import h5py
 import numpy as np
 import pytest
 
+from polyfuse.data import encode_labels, prepare_data
 from polyfuse.data.formats import load_word_aligned
 from polyfuse.data.sources import load_source
 from polyfuse.engine.config import deep_merge, resolve_config
@@ -108,3 +109,49 @@ def test_traits_with_a_missing_modality_train_end_to_end_on_mult(tmp_path):
     result = train(config, run_dir=tmp_path / "run")
     assert {"mae", "mae/a", "mae/c"} <= set(result.test)
     assert np.isfinite(list(result.test.values())).all()
+
+
+POM_DATA = {"modalities": ["text", "audio", "video"], "split": "split", "padding": "left"}
+
+
+def test_trait_ranges_come_from_the_documented_scale_not_the_training_maximum(tmp_path):
+    """POM's traits are 1-7 Likert scores: labels drawn in [1, 6) keep MA7."""
+    table = load_word_aligned(make_dir(tmp_path, low=1.0, high=6.0))
+    assert table.arrays["label"].max() < 6.0
+    prepared = prepare_data(table, POM_DATA, {"type": "traits"})
+    assert prepared.label_info["ranges"] == [[1.0, 7.0]] * 3
+    # the config still wins over the documented scale
+    prepared = prepare_data(table, POM_DATA, {"type": "traits", "target_ranges": [[0, 9]] * 3})
+    assert prepared.label_info["ranges"] == [[0.0, 9.0]] * 3
+
+
+def test_ranges_from_training_labels_are_announced(caplog):
+    raw = np.array([[1.2], [5.6], [3.0]], dtype=np.float32)
+    with caplog.at_level("WARNING"):
+        _, info = encode_labels(raw, "traits", np.arange(3), {"type": "traits"}, origin="f.npz")
+    assert info["ranges"] == [[1.0, 6.0]]
+    assert "f.npz: trait ranges taken from the training labels (t0 [1.0, 6.0])" in caplog.text
+
+
+def test_one_trait_on_request_by_name_or_column(tmp_path):
+    table = load_word_aligned(make_dir(tmp_path))
+    labels = table.arrays["label"]
+    names = ["confident", "passionate", "voice"]
+    for wanted, column in ((["passionate"], 1), ([2], 2)):
+        task = {"type": "traits", "target_names": names, "targets": wanted}
+        prepared = prepare_data(table, POM_DATA, task)
+        np.testing.assert_array_equal(prepared.targets, labels[:, [column]])
+        assert prepared.label_info == {"names": [names[column]], "ranges": [[1.0, 7.0]], "columns": [column]}
+    # two traits, in the order asked for
+    prepared = prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": ["voice", 0]})
+    np.testing.assert_array_equal(prepared.targets, labels[:, [2, 0]])
+    # a checkpoint's label_info reads the same columns back
+    again, info = encode_labels(labels, "traits", np.arange(len(labels)), {"type": "traits"}, origin="x",
+                                label_info=prepared.label_info)
+    np.testing.assert_array_equal(again, labels[:, [2, 0]])
+    assert info["names"] == ["voice", "confident"]
+    for wanted, message in ((["loud"], r"names 'loud', not one of the target_names"),
+                            ([3], r"names column 3; the labels have 3 \(0 to 2\)"),
+                            ([1, "passionate"], r"names a target twice")):
+        with pytest.raises(ValueError, match=message):
+            prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": wanted})

@@ -51,6 +51,9 @@ class ArrayTable:
 
     origin: str
     arrays: Mapping[str, np.ndarray]
+    #: the documented scale of the label, (low, high) or one pair per target, when
+    #: the format knows it (word-aligned MOSI / MMMO / POM); None otherwise
+    label_range: Any = None
 
     def __contains__(self, name: str) -> bool:
         return name in self.arrays

@@ -142,14 +142,20 @@ def encode_labels(
     *,
     origin: str,
     label_info: Mapping[str, Any] | None = None,
+    documented_range: Any = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Targets for the task and what is needed to decode them.
 
     sentiment: (N,) float32. traits: (N, k) float32, with target names and
-    integer ranges (from ``task.target_names`` / ``task.target_ranges``, or the
-    training labels' floor-min and ceil-max). classification: (N,) int64 class
-    indices into the sorted class values of the training rows.
-    ``label_info`` (from a checkpoint) fixes names, ranges and classes.
+    integer ranges: ``task.target_ranges``, else ``documented_range`` (the
+    scale a data format documents: (low, high) for every target or one pair per
+    target), else the training labels' floor-min and ceil-max, which is logged as
+    a warning (a 1-7 trait whose training maximum is 6 would become MA6).
+    ``task.targets`` keeps some of the label columns only (names of
+    ``task.target_names``, or column indices): one trait on request.
+    classification: (N,) int64 class indices into the sorted class values of the
+    training rows. ``label_info`` (from a checkpoint) fixes names, ranges, columns
+    and classes.
     """
     if task_type not in TASK_TYPES:
         raise ValueError(f"unknown task type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
@@ -184,21 +190,47 @@ def encode_labels(
         labels = labels[:, None]
     if labels.ndim != 2:
         raise ValueError(f"{origin}: trait labels must have shape (N, k), got {raw.shape}")
-    k = labels.shape[1]
     if label_info:
-        names, ranges = list(label_info["names"]), [list(r) for r in label_info["ranges"]]
-    else:
-        names = list(task.get("target_names") or [f"t{i}" for i in range(k)])
-        ranges = task.get("target_ranges")
-        if ranges is None:
-            train = labels[train_rows]
-            ranges = [[float(np.floor(np.nanmin(train[:, i]))), float(np.ceil(np.nanmax(train[:, i])))] for i in range(k)]
-        ranges = [[float(low), float(high)] for low, high in ranges]
+        columns = list(label_info.get("columns", range(labels.shape[1])))
+        if max(columns) >= labels.shape[1]:
+            raise ValueError(f"{origin}: the checkpoint reads label column {max(columns)}, the labels have {labels.shape[1]}")
+        info = {"names": list(label_info["names"]), "ranges": [list(r) for r in label_info["ranges"]], "columns": columns}
+        return labels[:, columns], info
+    k = labels.shape[1]
+    names = list(task.get("target_names") or [f"t{i}" for i in range(k)])
+    ranges = task.get("target_ranges")
+    if ranges is None and documented_range is not None:
+        documented = np.asarray(documented_range, dtype=np.float64)
+        ranges = np.broadcast_to(documented, (k, 2)).tolist() if documented.ndim == 1 else documented.tolist()
+    if ranges is None:
+        train = labels[train_rows]
+        ranges = [[float(np.floor(np.nanmin(train[:, i]))), float(np.ceil(np.nanmax(train[:, i])))] for i in range(k)]
+        log.warning(
+            "%s: trait ranges taken from the training labels (%s); the multi-class accuracy needs the "
+            "documented scale: set task.target_ranges", origin, ", ".join(f"{n} {r}" for n, r in zip(names, ranges, strict=False)),
+        )
+    ranges = [[float(low), float(high)] for low, high in ranges]
     if len(names) != k or len(ranges) != k:
         raise ValueError(
             f"{origin}: {k} trait targets but {len(names)} target_names and {len(ranges)} target_ranges"
         )
-    return labels, {"names": names, "ranges": ranges}
+    columns = list(range(k))
+    if task.get("targets"):
+        columns = []
+        for wanted in task["targets"]:
+            if isinstance(wanted, int) and not isinstance(wanted, bool):
+                if not 0 <= wanted < k:
+                    raise ValueError(f"{origin}: task.targets names column {wanted}; the labels have {k} (0 to {k - 1})")
+                columns.append(wanted)
+            elif wanted in names:
+                columns.append(names.index(wanted))
+            else:
+                raise ValueError(f"{origin}: task.targets names {wanted!r}, not one of the target_names {names}")
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"{origin}: task.targets names a target twice: {task['targets']}")
+    return labels[:, columns], {
+        "names": [names[c] for c in columns], "ranges": [ranges[c] for c in columns], "columns": columns,
+    }
 
 
 def _check_labels(origin: str, targets: np.ndarray, rows: np.ndarray, task_type: str, label_info: dict) -> None:
@@ -297,7 +329,10 @@ def prepare_data(
         raw = table.get(label_name, "the label")
         if raw.shape[0] != count:
             raise ValueError(f"{origin}: label array {label_name!r} has {raw.shape[0]} rows, modalities have {count}")
-        targets, info = encode_labels(raw, task_type, train_rows, task, origin=origin, label_info=label_info)
+        targets, info = encode_labels(
+            raw, task_type, train_rows, task, origin=origin, label_info=label_info,
+            documented_range=table.label_range,
+        )
         for rows in rows_of.values():
             _check_labels(origin, targets, rows, task_type, info)
 

@@ -61,7 +61,12 @@ class TaskConfig(_Section):
     loss: str = Field("l1", description="regression loss: l1 | mse | smooth_l1")
     target_names: list[str] | None = Field(None, description="traits: one name per target column")
     target_ranges: list[Annotated[list[float], Field(min_length=2, max_length=2)]] | None = Field(
-        None, description="traits: [[low, high], ...] (default: from the training labels)"
+        None,
+        description="traits: [[low, high], ...] (default: the scale the data format documents, "
+        "else the training labels, with a warning)",
+    )
+    targets: list[str | int] | None = Field(
+        None, description="traits: the label columns to predict, by target name or index (default: all)"
     )
     label_smoothing: Probability = Field(0.0, description="classification, captioning: label smoothing in [0, 1)")
 

@@ -11,7 +11,13 @@ Shapes: ``B`` batch, ``T_j`` steps of modality j, ``d_j`` its input features,
 2. optional input groups concatenate encoded modalities along features (BAN takes
    exactly two inputs: ``[[text], [audio, video]]``);
 3. the fusion module (any module of :mod:`polyfuse.nn`) maps the encoded
-   sequences and masks to (B, F);
+   sequences and masks to (B, F). A *missing* modality (a sample with no real
+   step in it, e.g. length 0 in word-aligned data) reaches the fusion module as
+   one real step holding zeros, the neutral input that
+   :func:`polyfuse.nn.backbones.extra_module_inputs` also gives the backbones'
+   extra modules: fusion modules refuse an all-padding sample (attention over an
+   empty set is undefined), and whatever the missing rows held cannot reach the
+   output;
 4. with ``skip``, each modality's own step (in contextual mode the ``centre``
    position: the utterance being predicted; otherwise the mean of its real
    steps) is concatenated to the fused vector, so that the fusion adds context
@@ -36,6 +42,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from polyfuse.functional import masked_mean
+from polyfuse.nn.backbones.common import extra_module_inputs
 
 __all__ = ["ENCODER_TYPES", "FusionBackbone", "ModalityEncoder"]
 
@@ -166,7 +173,7 @@ class FusionBackbone(nn.Module):
         if self.centre_marker:
             inputs = self.mark_centre(inputs, centre)
         encoded = self.encode(inputs, masks)
-        fused = self.fusion(*self.fusion_inputs(encoded, masks))  # (B, F)
+        fused = self.fusion(*extra_module_inputs(*self.fusion_inputs(encoded, masks)))  # (B, F)
         parts = [fused]
         if self.skip and centre is not None:
             rows = torch.arange(fused.shape[0], device=fused.device)

@@ -192,7 +192,7 @@ def load_word_aligned(
     table["label"] = np.concatenate(labels)
     table["split"] = np.concatenate(split)
     table["sample_index"] = np.concatenate(index)
-    return ArrayTable(str(directory), table)
+    return ArrayTable(str(directory), table, label_range=label_range)
 
 
 def _check_labels(y: np.ndarray, path: Path, label_range) -> None:

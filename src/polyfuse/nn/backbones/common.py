@@ -73,17 +73,13 @@ def extra_module_inputs(sequences: Sequence[Tensor], masks: Sequence[Tensor]) ->
 
     Fusion modules refuse a sample without a real step (attention over an empty
     set is undefined); here such a sample sees a single real step holding zeros
-    in that modality, whatever its rows held (they are zeroed on entry anyway).
+    in that modality (step 0), whatever its rows held. No value is read on the
+    host: samples with every modality present pass through unchanged.
     """
     new_inputs, new_masks = [], []
     for x, mask in zip(sequences, masks, strict=True):
-        missing = ~mask.any(dim=1)  # (B,)
-        if bool(missing.any()):
-            first = torch.zeros_like(mask)
-            first[:, 0] = True
-            mask = mask | (first & missing[:, None])
-            x = torch.where(mask.unsqueeze(-1) & ~(first & missing[:, None]).unsqueeze(-1), x,
-                            torch.zeros((), dtype=x.dtype, device=x.device))
-        new_inputs.append(x)
-        new_masks.append(mask)
+        stand_in = torch.zeros_like(mask)
+        stand_in[:, 0] = ~mask.any(dim=1)  # (B, T): step 0 of the samples without a real step
+        new_inputs.append(torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device)))
+        new_masks.append(mask | stand_in)
     return new_inputs, new_masks
