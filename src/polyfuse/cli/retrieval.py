@@ -6,6 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+# polyfuse.tasks.retrieval.VIDEO_FUSIONS, written out: the parser must not import torch
+FUSIONS = ("man", "concat", "mean", "gating")
+
 __all__ = ["add_parser", "run"]
 
 
@@ -36,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train = actions.add_parser("train", help="train one video fusion over seeds; write results.json")
     _data_arguments(train)
     _train_arguments(train)
-    train.add_argument("--fusion", choices=("man", "concat", "mean"), default="man")
+    train.add_argument("--fusion", choices=FUSIONS, default="man")
     train.add_argument("--out", required=True, help="run directory")
     compare = actions.add_parser("compare", help="train several fusions; print a markdown table")
     _data_arguments(compare)

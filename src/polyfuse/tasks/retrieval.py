@@ -9,6 +9,19 @@ Video side (MAN section 3.3): the experts are the modalities of a fusion module.
 * ``"concat"``: :class:`polyfuse.nn.Concat` (masked-mean per expert, concatenation, MLP).
 * ``"mean"``: mean of experts: each expert is masked-mean pooled and linearly
   projected to D, and the projections of the experts a video has are averaged.
+* ``"gating"``: the collaborative gating of collaborative experts (Liu, Albanie,
+  Nagrani and Zisserman, BMVC 2019, section 3): each pooled, projected expert
+  ``phi_i`` is modulated by the others, ``phi_i * sigmoid(h(sum_{j != i} g(phi_i,
+  phi_j)))`` with ``g``, ``h`` small MLPs and ``j`` over the experts the video has,
+  then mapped by its own gated embedding unit (Miech et al. 2018:
+  ``normalize(z * sigmoid(W z + b))``, ``z = W' x + b'``) to a unit vector. The text
+  side has one gated embedding unit per expert and mixture weights (a softmax over
+  the experts from the sentence vector); the score is
+  ``sum_i w_i(text) present_i(video) cos(text_i, video_i)``. Collaborative experts
+  renormalises the weights over the experts a video has; that makes the score depend
+  on the pair, not on one vector per side, so it is left out here: an absent expert
+  adds 0, and all scores stay dot products of one text and one video vector (the
+  chunked ranking of :mod:`polyfuse.engine.retrieval` needs that).
 
 A video that lacks expert j (``present[:, j]`` False): its steps of expert j are masked,
 never read. MAN's joint attention is undefined over an empty modality (it refuses it),
@@ -33,9 +46,69 @@ from torch import Tensor, nn
 from polyfuse import nn as pnn
 from polyfuse.functional.pooling import masked_mean
 
-__all__ = ["VIDEO_FUSIONS", "ExpertVideoEncoder", "RetrievalModel"]
+__all__ = [
+    "VIDEO_FUSIONS", "CollaborativeGating", "ExpertTextHead", "ExpertVideoEncoder", "GatedEmbeddingUnit",
+    "RetrievalModel",
+]
 
-VIDEO_FUSIONS = ("man", "concat", "mean")
+VIDEO_FUSIONS = ("man", "concat", "mean", "gating")
+
+
+class GatedEmbeddingUnit(nn.Module):
+    """(..., d_in) -> (..., D) unit vectors: ``normalize(z * sigmoid(W z + b))``, ``z = W' x + b'``
+    (Miech, Laptev and Sivic 2018, the unit collaborative experts uses per expert)."""
+
+    def __init__(self, input_dim: int, embed_dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(input_dim, embed_dim)
+        self.gate = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.linear(x)
+        return nn.functional.normalize(z * torch.sigmoid(self.gate(z)), dim=-1)
+
+
+class CollaborativeGating(nn.Module):
+    """Experts -> (B, m * D): per expert a unit vector, zero for an absent expert.
+
+    ``phi_i = W_i masked_mean(x_i)``; ``T_i = h(sum_{j != i, j present} g([phi_i, phi_j]))``;
+    the expert's embedding is ``GEU_i(phi_i * sigmoid(T_i))`` (collaborative experts,
+    section 3). ``g`` and ``h``: two-layer MLPs (Linear(2D or D, D), ReLU, Linear(D, D)).
+    """
+
+    def __init__(self, expert_dims: Sequence[int], embed_dim: int) -> None:
+        super().__init__()
+        self.projections = nn.ModuleList(nn.Linear(d, embed_dim) for d in expert_dims)
+        self.g = nn.Sequential(nn.Linear(2 * embed_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim))
+        self.h = nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim))
+        self.units = nn.ModuleList(GatedEmbeddingUnit(embed_dim, embed_dim) for _ in expert_dims)
+
+    def forward(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
+        phi = torch.stack(
+            [proj(masked_mean(x, m)) for proj, x, m in zip(self.projections, features, masks, strict=True)], dim=1
+        )  # (B, m, D)
+        count = phi.shape[1]
+        pairs = self.g(torch.cat(torch.broadcast_tensors(phi.unsqueeze(2), phi.unsqueeze(1)), dim=-1))  # (B, m, m, D): g(phi_i, phi_j)
+        others = present.unsqueeze(1) & ~torch.eye(count, dtype=torch.bool, device=phi.device)  # (B, m, m): j present, j != i
+        attention = self.h((pairs * others.unsqueeze(-1).to(pairs.dtype)).sum(dim=2))  # (B, m, D): T_i
+        gated = phi * torch.sigmoid(attention)
+        embedded = torch.stack([unit(gated[:, i]) for i, unit in enumerate(self.units)], dim=1)  # (B, m, D)
+        return (embedded * present.unsqueeze(-1).to(embedded.dtype)).flatten(1)
+
+
+class ExpertTextHead(nn.Module):
+    """(B, d_t) sentence vectors -> (B, m * D): per expert ``w_i(t) GEU_i(t)``, with
+    mixture weights ``w = softmax(W t + b)`` over the m experts (collaborative experts)."""
+
+    def __init__(self, text_dim: int, experts: int, embed_dim: int) -> None:
+        super().__init__()
+        self.units = nn.ModuleList(GatedEmbeddingUnit(text_dim, embed_dim) for _ in range(experts))
+        self.mixture = nn.Linear(text_dim, experts)
+
+    def forward(self, sentences: Tensor) -> Tensor:
+        weights = torch.softmax(self.mixture(sentences), dim=-1)  # (B, m)
+        embedded = torch.stack([unit(sentences) for unit in self.units], dim=1)  # (B, m, D)
+        return (embedded * weights.unsqueeze(-1)).flatten(1)
 
 
 class ExpertVideoEncoder(nn.Module):
@@ -65,6 +138,10 @@ class ExpertVideoEncoder(nn.Module):
         self.fusion_name = fusion
         if fusion == "mean":
             self.projections = nn.ModuleList(nn.Linear(d, embed_dim) for d in self.expert_dims)
+        elif fusion == "gating":
+            if len(self.expert_dims) < 2:
+                raise ValueError(f"gating needs at least 2 experts, got {len(self.expert_dims)}")
+            self.gating = CollaborativeGating(self.expert_dims, embed_dim)
         else:
             if len(self.expert_dims) < 2:
                 raise ValueError(f"{fusion} fuses at least 2 experts, got {len(self.expert_dims)}")
@@ -76,13 +153,17 @@ class ExpertVideoEncoder(nn.Module):
 
     def forward(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
         """Args: ``features`` m tensors (B, T_j, d_j); ``masks`` m (B, T_j) bool;
-        ``present`` (B, m) bool. Returns (B, D), L2-normalised."""
+        ``present`` (B, m) bool. Returns (B, D), L2-normalised; for ``gating``
+        (B, m * D), one unit vector per expert the video has (zeros for the others)."""
         if len(features) != len(self.expert_dims) or len(masks) != len(features):
             raise ValueError(f"expected {len(self.expert_dims)} experts, got {len(features)}")
         if present.shape != (features[0].shape[0], len(features)):
             raise ValueError(f"present has shape {tuple(present.shape)}, expected (B, {len(features)})")
         if not bool(present.any(dim=1).all()):
             raise ValueError("a video of the batch has no expert at all")
+        if self.fusion_name == "gating":
+            masks = [m & present[:, j].unsqueeze(1) for j, m in enumerate(masks)]  # an absent expert is never read
+            return self.gating(features, masks, present)
         if self.fusion_name == "mean":
             pooled = torch.stack(
                 [proj(masked_mean(x, m)) for proj, x, m in zip(self.projections, features, masks, strict=True)],
@@ -121,13 +202,19 @@ class RetrievalModel(nn.Module):
         fusion_options: dict | None = None,
     ) -> None:
         super().__init__()
-        self.text_head = nn.Linear(text_dim, embed_dim)
+        self.gating = fusion == "gating"
+        self.text_head = (
+            ExpertTextHead(text_dim, len(expert_dims), embed_dim) if self.gating else nn.Linear(text_dim, embed_dim)
+        )
         self.video = ExpertVideoEncoder(
             expert_dims, embed_dim, fusion=fusion, hidden_dim=hidden_dim, fusion_options=fusion_options
         )
 
     def embed_texts(self, sentence_vectors: Tensor) -> Tensor:
-        """(B, d_t) -> (B, D) unit vectors."""
+        """(B, d_t) -> (B, D) unit vectors; for ``gating`` (B, m * D), the mixture-weighted
+        per-expert unit vectors, so that a dot product with a video is CE's score."""
+        if self.gating:
+            return self.text_head(sentence_vectors)
         return nn.functional.normalize(self.text_head(sentence_vectors), dim=-1)
 
     def embed_videos(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
