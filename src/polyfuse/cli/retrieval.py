@@ -60,6 +60,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--shuffle-words", action="store_true", help="shuffle each query's words (EX2)")
+    figure = actions.add_parser("figure", help="top videos of one query as frame thumbnails with scores (PNG)")
+    _data_arguments(figure)
+    figure.add_argument("--checkpoint", required=True, help="a seed<N>.pt of 'train'")
+    query = figure.add_mutually_exclusive_group(required=True)
+    query.add_argument("--query", help="free text")
+    query.add_argument("--caption", type=int, help="index of a caption of the split (its video is marked correct)")
+    figure.add_argument("--clips", help="folder of the clips, one file per video id (default: <data>/clips)")
+    figure.add_argument("--split", default="test")
+    figure.add_argument("--top", type=int, default=5)
+    figure.add_argument("--out", required=True, help="PNG path")
     parser.set_defaults(run=run)
 
 
@@ -119,7 +129,36 @@ def run(args: argparse.Namespace) -> int:
     if args.split not in split:
         raise ValueError(f"no split {args.split!r}; have {', '.join(split)}")
     part = corpus.subset(split[args.split])
+    if args.action == "figure":
+        return _figure(args, model, saved, part)
     captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
     vectors = encode_captions(text_encoder(saved["text"]), captions)
     print(json.dumps(evaluate_retrieval(model, part, vectors), indent=1))
+    return 0
+
+
+def _figure(args: argparse.Namespace, model, saved: dict, part) -> int:
+    from polyfuse.engine.retrieval import encode_captions
+    from polyfuse.engine.retrieval_figure import draw_ranking, rank_videos
+    from polyfuse.engine.retrieval_runs import text_encoder
+    from polyfuse.extract.video import video_paths_of_folder
+
+    if args.caption is not None:
+        if not 0 <= args.caption < len(part.captions):
+            raise ValueError(f"--caption {args.caption}: the {args.split} split has captions 0 to {len(part.captions) - 1}")
+        query, correct = part.captions[args.caption], part.caption_video[args.caption]
+    else:
+        if not args.query.strip():
+            raise ValueError("--query is empty")
+        query, correct = args.query, None
+    if not args.clips and not args.data:
+        raise ValueError("--clips is needed with --expert (the folder of the clips, one file per video id)")
+    clips = video_paths_of_folder(args.clips or Path(args.data) / "clips")
+    vector = encode_captions(text_encoder(saved["text"]), [query])
+    ranking = rank_videos(model, part, vector, args.top, correct_id=correct)
+    out = draw_ranking(ranking, clips, query, args.out)
+    for ranked in ranking:
+        mark = "" if ranked.correct is None else ("  correct" if ranked.correct else "")
+        print(f"{ranked.rank}. {ranked.video_id}  {ranked.score:.3f}{mark}")
+    print(f"wrote {out}")
     return 0

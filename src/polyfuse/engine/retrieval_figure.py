@@ -1,0 +1,77 @@
+"""The retrieval figure: for one text query, the top-k videos as frame thumbnails with
+their scores (``polyfuse retrieval figure``).
+
+Shapes: ``N`` videos of the split, ``D`` the joint embedding size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from polyfuse.data.formats.experts import RetrievalCorpus
+from polyfuse.engine.retrieval import embed_corpus
+from polyfuse.tasks.retrieval import RetrievalModel
+
+__all__ = ["RankedVideo", "draw_ranking", "rank_videos"]
+
+
+@dataclass(frozen=True)
+class RankedVideo:
+    rank: int  # 1 = best
+    video_id: str
+    score: float
+    correct: bool | None  # None when the query is not one of the corpus's captions
+
+
+def rank_videos(
+    model: RetrievalModel, corpus: RetrievalCorpus, query_vector: Tensor, top: int, *, correct_id: str | None = None
+) -> list[RankedVideo]:
+    """The ``top`` videos of ``corpus`` for one (1, d_t) sentence vector, best first; ties
+    keep the corpus order (``torch.topk`` on CPU is not promised stable, so a stable sort)."""
+    if top < 1:
+        raise ValueError(f"top must be at least 1, got {top}")
+    query, videos = embed_corpus(model, corpus, query_vector)  # (1, D), (N, D)
+    scores = (query @ videos.T)[0]  # (N,)
+    order = torch.sort(scores, descending=True, stable=True).indices[: min(top, len(corpus.video_ids))]
+    return [
+        RankedVideo(rank + 1, corpus.video_ids[i], float(scores[i]), None if correct_id is None else corpus.video_ids[i] == correct_id)
+        for rank, i in enumerate(order.tolist())
+    ]
+
+
+def draw_ranking(ranking: list[RankedVideo], clips: dict[str, Path], query: str, out: str | Path) -> Path:
+    """One PNG: the middle frame of each ranked video's clip, titled with rank, id and
+    score (green frame: a correct video, red: a wrong one, when known)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from polyfuse.extract.decode import sample_frames
+
+    missing = [r.video_id for r in ranking if r.video_id not in clips]
+    if missing:
+        raise FileNotFoundError(f"no clip for video(s) {missing} in the clips folder")
+    figure, axes = plt.subplots(1, len(ranking), figsize=(3.0 * len(ranking), 3.0), squeeze=False)
+    for axis, ranked in zip(axes[0], ranking, strict=True):
+        frame = sample_frames(clips[ranked.video_id], 1)[0]  # the middle frame, (H, W, 3)
+        axis.imshow(np.asarray(frame))
+        axis.set_xticks([])
+        axis.set_yticks([])
+        axis.set_title(f"{ranked.rank}. {ranked.video_id}\nscore {ranked.score:.3f}", fontsize=8)
+        if ranked.correct is not None:
+            for spine in axis.spines.values():
+                spine.set_edgecolor("green" if ranked.correct else "red")
+                spine.set_linewidth(3)
+    figure.suptitle(f"query: {query}", fontsize=9)
+    figure.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
