@@ -72,7 +72,7 @@ def test_thumbnails_show_each_ranked_clip(tmp_path):
     ranking = [RankedVideo(1, "b", 0.9, None), RankedVideo(2, "a", 0.5, None)]  # no coloured frames
     out = draw_ranking(ranking, clips, "a query", tmp_path / "fig" / "top.png")
     image = matplotlib.image.imread(out)[..., :3]
-    height, width = image.shape[:2]
+    width = image.shape[1]
     left, right = image[:, : width // 2].reshape(-1, 3), image[:, width // 2 :].reshape(-1, 3)
     blue, red = np.array([0.0, 0.0, 1.0]), np.array([1.0, 0.0, 0.0])
     # rank 1 (video b, blue) on the left half, rank 2 (video a, red) on the right
