@@ -155,10 +155,14 @@ def _figure(args: argparse.Namespace, model, saved: dict, part) -> int:
         raise ValueError("--clips is needed with --expert (the folder of the clips, one file per video id)")
     clips = video_paths_of_folder(args.clips or Path(args.data) / "clips")
     vector = encode_captions(text_encoder(saved["text"]), [query])
-    ranking = rank_videos(model, part, vector, args.top, correct_id=correct)
+    everything = rank_videos(model, part, vector, len(part.video_ids), correct_id=correct)
+    ranking = everything[: args.top]
     out = draw_ranking(ranking, clips, query, args.out)
+    print(f"query: {query}")
     for ranked in ranking:
-        mark = "" if ranked.correct is None else ("  correct" if ranked.correct else "")
-        print(f"{ranked.rank}. {ranked.video_id}  {ranked.score:.3f}{mark}")
+        print(f"{ranked.rank}. {ranked.video_id}  {ranked.score:.3f}{'  correct' if ranked.correct else ''}")
+    if correct is not None:
+        found = next(r for r in everything if r.correct)
+        print(f"the caption's video, {correct}, is at rank {found.rank} of {len(everything)} (score {found.score:.3f})")
     print(f"wrote {out}")
     return 0
