@@ -3,11 +3,13 @@
 import json
 
 import numpy as np
+import pytest
 
 from polyfuse.cli.main import main
 
 
-def test_train_then_table_and_bad_input(tmp_path, capsys):
+def _files(tmp_path):
+    """Expert files, word vectors, captions and splits of 9 videos; the shared CLI arguments."""
     rng = np.random.default_rng(0)
     ids = [f"v{i}" for i in range(9)]
     for name, dim in (("app", 5), ("mot", 3)):
@@ -21,6 +23,11 @@ def test_train_then_table_and_bad_input(tmp_path, capsys):
     common = ["--expert", f"app={tmp_path / 'app.npz'}", "--expert", f"mot={tmp_path / 'mot.npz'}",
               "--captions", str(tmp_path / "captions.json"), "--text", str(tmp_path / "vec.txt")]
     common += [f"--{s}-ids={tmp_path / (s + '.txt')}" for s in ("train", "val", "test")]
+    return ids, common
+
+
+def test_train_then_table_and_bad_input(tmp_path, capsys):
+    _, common = _files(tmp_path)
     out = tmp_path / "run"
     assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1",
                  "--batch-size", "4", "--out", str(out)]) == 0
@@ -36,3 +43,31 @@ def test_train_then_table_and_bad_input(tmp_path, capsys):
     (tmp_path / "test.txt").write_text("v7\nnot_a_video")
     assert main(["retrieval", "train", *common, "--seeds", "0", "--epochs", "1", "--out", str(out)]) == 2
     assert "'not_a_video'" in capsys.readouterr().err
+
+
+def test_figure_ranks_the_split_and_draws_the_clips(tmp_path, capsys):
+    av = pytest.importorskip("av")
+    ids, common = _files(tmp_path)
+    out = tmp_path / "run"
+    assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1",
+                 "--batch-size", "4", "--out", str(out)]) == 0
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for video in ids[7:]:  # the test split
+        with av.open(str(clips / f"{video}.avi"), "w") as container:
+            stream = container.add_stream("ffv1", rate=5)
+            stream.width, stream.height, stream.pix_fmt = 16, 16, "bgr0"
+            frame = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), dtype=np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+            container.mux(stream.encode())
+    figure = ["retrieval", "figure", *common, "--checkpoint", str(out / "seed0.pt"), "--clips", str(clips)]
+    capsys.readouterr()
+    assert main([*figure, "--caption", "2", "--top", "1", "--out", str(tmp_path / "fig.png")]) == 0
+    printed = capsys.readouterr().out
+    # caption 2 of the test split is the first caption of v8 (two captions per video)
+    assert "query: dog runs\n" in printed and "the caption's video, v8, is at rank" in printed
+    assert printed.count("\n1. v") == 1 and (tmp_path / "fig.png").stat().st_size > 0
+    assert main([*figure, "--caption", "4", "--out", str(tmp_path / "x.png")]) == 2
+    assert "the test split has captions 0 to 3" in capsys.readouterr().err
+    assert main([*figure, "--query", " ", "--out", str(tmp_path / "x.png")]) == 2
+    assert "--query is empty" in capsys.readouterr().err
