@@ -152,3 +152,30 @@ def test_cli_rejects_bad_options(capsys):
     assert "unknown model" in capsys.readouterr().err
     assert main(["bench", "complexity", "--exact-memory-bound", "lots", "--quiet"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_trained_model_errors_switch_the_estimator_of_each_layer(tmp_path):
+    """The layers pass their own estimator to multilinear_attention: the benchmark must set
+    it on them (a patched default went unnoticed and gave ARF = gerf)."""
+    from polyfuse.engine.config import deep_merge, resolve_config
+    from polyfuse.engine.run import load_model, train
+
+    config = {
+        "output_dir": str(tmp_path / "runs"), "task": {"type": "sentiment"},
+        "data": {"source": "synthetic:samples=80,lengths=5/6/4,dims=4/3/5,signal=4.0", "batch_size": 16},
+        "model": {"fusion": "man", "fusion_dim": 8, "out_dim": 8,
+                  "encoder": {"type": "linear", "hidden_dim": 8},
+                  "options": {"man": {"hidden_dim": 8, "heads": 2, "num_random_features": 4, "chunks": 2}}},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "progress_bar": False, "quiet": True,
+                    "num_threads": 1, "patience": 0},
+    }
+    run = tmp_path / "run"
+    train(resolve_config(deep_merge({}, config)), run_dir=run)
+    checkpoint = str(run / "checkpoints" / "best.safetensors")
+    result = approximation.trained_model_errors(checkpoint, split="test")
+    gerf, arf = result["relative_error_had_gerf"], result["relative_error_had_arf"]
+    assert gerf > 0 and arf > 0 and abs(gerf - arf) > 1e-3 * max(gerf, arf)
+    # exact attention has no random features: its metrics differ from had's
+    assert result["metrics_exact"] != result["metrics_had_gerf"]
+    task, _ = load_model(checkpoint)
+    assert {(layer.mode, layer.estimator) for layer in task.modules() if hasattr(layer, "estimator")} == {("had", "gerf")}

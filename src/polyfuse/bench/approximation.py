@@ -20,12 +20,10 @@ Three measurements, all in float64:
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -224,20 +222,6 @@ def run_approximation(
     return payload
 
 
-@contextlib.contextmanager
-def _man_estimator(estimator: str) -> Iterator[None]:
-    """Make MAN layers call had mode with ``estimator`` (a benchmark instrument: the
-    layers themselves always use the library default)."""
-    from polyfuse.nn import man
-
-    original = man.multilinear_attention
-    man.multilinear_attention = functools.partial(original, estimator=estimator)
-    try:
-        yield
-    finally:
-        man.multilinear_attention = original
-
-
 def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | None = None) -> dict[str, Any]:
     """A trained MAN checkpoint with had attention (gerf, ARF) and exact attention:
     the task metrics of each and the relative error |had - exact| / |exact| of the MAN
@@ -279,14 +263,16 @@ def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | 
 
     result: dict[str, Any] = {"checkpoint": str(checkpoint), "split": split}
     outputs = {}
-    for name, mode, estimator in (("had_gerf", "had", "gerf"), ("had_arf", "had", "arf"), ("exact", "exact", "gerf")):
-        for layer in layers:
-            layer.mode = mode
-        with _man_estimator(estimator):
+    trained = [(layer.mode, layer.estimator) for layer in layers]
+    try:
+        for name, mode, estimator in (("had_gerf", "had", "gerf"), ("had_arf", "had", "arf"), ("exact", "exact", "gerf")):
+            for layer in layers:  # each layer passes its own estimator to multilinear_attention
+                layer.mode, layer.estimator = mode, estimator
             outputs[name] = fused_outputs()
             result[f"metrics_{name}"] = metrics()
-    for layer in layers:
-        layer.mode = "had"
+    finally:
+        for layer, (mode, estimator) in zip(layers, trained, strict=True):
+            layer.mode, layer.estimator = mode, estimator
     norm = float(outputs["exact"].norm())
     for name in ("had_gerf", "had_arf"):
         result[f"relative_error_{name}"] = float((outputs[name] - outputs["exact"]).norm()) / norm
