@@ -97,3 +97,29 @@ def test_pca_matches_covariance_eigenvectors():
     assert projected[0, 2].abs().sum() == 0
     real = projected.reshape(-1, 2)[torch.from_numpy(np.abs(features.reshape(-1, 6).numpy()).sum(1) != 0)]
     np.testing.assert_allclose(real.var(dim=0).numpy(), values[::-1][:2], rtol=1e-8)
+
+
+def test_question_encoder_checks_and_sizes():
+    encoder = QuestionEncoder(4, embedding_dim=3, hidden_dim=5)
+    assert encoder.hidden_dim == 5 and encoder.num_words == 4
+    assert encoder.embedding.weight.shape == (5, 3) and encoder.embedding.padding_idx == 4
+    assert encoder.embedding.weight[4].abs().sum() == 0
+    assert encoder(torch.tensor([[0, 4], [3, 4]])).shape == (2, 2, 5)  # 0 .. V, V the padding
+    message = r"^QuestionEncoder: word indices must lie in \[0, 4\]$"
+    for bad in ([[-1, 0]], [[0, 5]]):
+        with pytest.raises(ValueError, match=message):
+            encoder(torch.tensor(bad))
+    with pytest.raises(ValueError, match=r"^QuestionEncoder: tokens must be a \(B, L\) long tensor, got \(2,\) torch.int64$"):
+        encoder(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"^QuestionEncoder: tokens must be a \(B, L\) long tensor, got \(1, 2\) torch.int32$"):
+        encoder(torch.tensor([[0, 1]], dtype=torch.int32))
+    for name, value in [("num_words", 0), ("num_words", True), ("embedding_dim", 0), ("hidden_dim", 2.0)]:
+        options = {"embedding_dim": 3, "hidden_dim": 5, name: value}
+        num_words = options.pop("num_words", 4)
+        with pytest.raises(ValueError, match=f"^QuestionEncoder: {name} must be a positive integer, got {value!r}$"):
+            QuestionEncoder(num_words, **options)
+    with pytest.raises(ValueError, match=r"^QuestionEncoder: word_vectors has shape \(4, 3\), expected \(4, 2\)$"):
+        QuestionEncoder(4, embedding_dim=2, word_vectors=torch.zeros(4, 3))
+    defaults = QuestionEncoder(2)
+    assert defaults.embedding.embedding_dim == 300 and defaults.hidden_dim == 1024  # BAN section 5.4
+    assert defaults.gru.num_layers == 1 and defaults.gru.batch_first
