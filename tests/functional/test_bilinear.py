@@ -436,3 +436,24 @@ def test_pooling_rejects_bad_pool_and_attention():
             bilinear_attention_pooling(p["x"], p["y"], bad, *weights)
     with pytest.raises(ValueError, match=owner + r"y_weight has shape \(6, 2\), but y has feature size 3 \(expected \(rank, 3\)\)$"):
         bilinear_attention_pooling(p["x"], p["y"], attention, p["x_weight"], p["y_weight"][:, :2])
+
+
+def test_map_errors_name_the_function_and_what_is_wrong():
+    p = _problem()
+    logits = _logits(p)
+    owner = "^bilinear_attention_map: "
+    shapes = r"logits must be a float tensor \(B, G, T_x, T_y\), got "
+    for bad, got in [(logits[0], r"\(2, 4, 3\)"), (logits.tolist(), "list"), (logits.long(), r"\(2, 2, 4, 3\)")]:
+        with pytest.raises(ValueError, match=owner + shapes + got + "$"):
+            bilinear_attention_map(bad)
+    for value in (float("nan"), float("inf")):
+        bad = logits.clone()
+        bad[0, 1, 2, 0] = value
+        with pytest.raises(ValueError, match=owner + r"logits contain NaN or \+Inf$"):
+            bilinear_attention_map(bad)
+    with pytest.raises(ValueError, match=owner + r"a glimpse's map has no finite logit \(every pair is -inf\)$"):
+        bilinear_attention_map(torch.full_like(logits, float("-inf")))
+    with pytest.raises(ValueError, match=owner + r"x_mask has shape \(2, 3\), expected \(2, 4\)$"):
+        bilinear_attention_map(logits, x_mask=p["x_mask"][:, :3])
+    with pytest.raises(ValueError, match=owner + r"y_mask must be a bool tensor"):
+        bilinear_attention_map(logits, y_mask=p["y_mask"].int())
