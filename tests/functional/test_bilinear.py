@@ -453,6 +453,10 @@ def test_map_errors_name_the_function_and_what_is_wrong():
             bilinear_attention_map(bad)
     with pytest.raises(ValueError, match=owner + r"a glimpse's map has no finite logit \(every pair is -inf\)$"):
         bilinear_attention_map(torch.full_like(logits, float("-inf")))
+    one_empty = logits.clone()
+    one_empty[0, 1] = float("-inf")  # one glimpse of one sample only
+    with pytest.raises(ValueError, match=owner + r"a glimpse's map has no finite logit"):
+        bilinear_attention_map(one_empty)
     with pytest.raises(ValueError, match=owner + r"x_mask has shape \(2, 3\), expected \(2, 4\)$"):
         bilinear_attention_map(logits, x_mask=p["x_mask"][:, :3])
     with pytest.raises(ValueError, match=owner + r"y_mask must be a bool tensor"):
