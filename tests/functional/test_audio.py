@@ -46,10 +46,31 @@ def test_mel_filterbank_matches_triangles_computed_bin_by_bin(n_fft, n_mels, rat
 
 
 def test_mel_filterbank_refuses_bad_ranges():
-    with pytest.raises(ValueError, match="f_max"):
+    ranges = r"^mel_filterbank: need 0 <= f_min < f_max <= sample_rate / 2, got "
+    with pytest.raises(ValueError, match=ranges + r"0\.0, 9000\.0, 16000$"):
         mel_filterbank(201, 10, 16000, f_max=9000.0)
-    with pytest.raises(ValueError, match="n_mels"):
+    with pytest.raises(ValueError, match=ranges + r"-1\.0, 8000\.0, 16000$"):
+        mel_filterbank(201, 10, 16000, f_min=-1.0)
+    with pytest.raises(ValueError, match=ranges + r"300\.0, 300\.0, 16000$"):
+        mel_filterbank(201, 10, 16000, f_min=300.0, f_max=300.0)
+    sizes = r"^mel_filterbank: need n_freqs >= 2 and n_mels >= 1, got "
+    with pytest.raises(ValueError, match=sizes + "201 and 0$"):
         mel_filterbank(201, 0, 16000)
+    with pytest.raises(ValueError, match=sizes + "1 and 3$"):
+        mel_filterbank(1, 3, 16000)
+
+
+def test_mel_filterbank_smallest_sizes_by_hand():
+    """One band at 4 kHz, corners 0, mel^-1(mel(2000) / 2) and 2000 Hz. With two bins (0 and
+    2000 Hz) both sit on the corners: weight 0; with three, 1000 Hz is inside the triangle."""
+    middle = 700 * (10 ** ((2595 * math.log10(1 + 2000 / 700) / 2) / 2595) - 1)
+    got = mel_filterbank(2, 1, 4000)
+    assert got.shape == (2, 1) and got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), [[0.0], [0.0]], atol=1e-12)
+    # three bins: 0, 1000, 2000 Hz; the middle one lies on the rising side of the triangle
+    got = mel_filterbank(3, 1, 4000).numpy()
+    expected = max(0.0, min(1000 / middle, (2000 - 1000) / (2000 - middle)))  # min(rising, falling)
+    np.testing.assert_allclose(got[:, 0], [0.0, expected, 0.0], rtol=1e-12)
 
 
 def test_log_mel_of_one_window_matches_numpy_fft():
@@ -78,11 +99,41 @@ def test_a_pure_tone_is_loudest_in_the_band_around_it(frequency):
     assert loudest in nearest
 
 
+def test_log_mel_defaults_are_25_ms_windows_every_10_ms_and_64_bands():
+    """At 16 kHz: n_fft 400, hop 160, 64 bands, eps 1e-6 (numpy's FFT as the oracle); a
+    float32 wave is computed in float64."""
+    rate, n_fft, hop = 16000, 400, 160
+    wave = np.random.default_rng(1).standard_normal(1700).astype(np.float32)
+    got = log_mel_spectrogram(torch.from_numpy(wave), rate)
+    assert got.shape == (1 + 1700 // hop, 64) and got.dtype == torch.float64
+    padded = np.concatenate([np.zeros(n_fft // 2), wave.astype(np.float64), np.zeros(n_fft // 2)])
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+    filters = mel_filterbank(n_fft // 2 + 1, 64, rate).numpy()
+    for frame in (0, 5, 10):
+        power = np.abs(np.fft.rfft(padded[frame * hop : frame * hop + n_fft] * window)) ** 2
+        np.testing.assert_allclose(got[frame].numpy(), np.log(power @ filters + 1e-6), rtol=1e-9)
+    silent = log_mel_spectrogram(torch.zeros(320, dtype=torch.float64), rate)
+    np.testing.assert_allclose(silent.numpy(), np.full((3, 64), np.log(1e-6)), rtol=1e-12)  # log(eps)
+
+
+def test_log_mel_smallest_window_and_hop():
+    """n_fft = 2 and hop 1 are accepted: 1 + n frames; with two bins the single band's
+    corners sit on them, so its weights are 0 and every entry is log(eps)."""
+    wave = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    got = log_mel_spectrogram(wave, 8, n_fft=2, hop_length=1, n_mels=1, eps=0.5)
+    np.testing.assert_allclose(got.numpy(), np.full((4, 1), np.log(0.5)), rtol=1e-12)
+
+
 def test_log_mel_refuses_bad_input():
-    with pytest.raises(ValueError, match="one channel"):
+    with pytest.raises(ValueError, match=r"^log_mel_spectrogram: wave must be one channel \(n,\), got shape \(2, 100\)$"):
         log_mel_spectrogram(torch.zeros(2, 100), 16000)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match=r"^log_mel_spectrogram: wave is empty$"):
         log_mel_spectrogram(torch.zeros(0), 16000)
+    sizes = "^log_mel_spectrogram: need n_fft >= 2 and hop_length >= 1, got "
+    with pytest.raises(ValueError, match=sizes + "1 and 160$"):
+        log_mel_spectrogram(torch.zeros(100), 16000, n_fft=1)
+    with pytest.raises(ValueError, match=sizes + "400 and 0$"):
+        log_mel_spectrogram(torch.zeros(100), 16000, hop_length=0)
 
 
 @pytest.mark.parametrize(("length", "segments"), [(10, 3), (12, 4), (3, 5), (1, 2), (100, 80)])
@@ -101,8 +152,17 @@ def test_segment_mean_std_matches_slices(length, segments):
         np.testing.assert_allclose((got[:, :3] * sizes[:, None]).sum(0) / length, array.mean(0), atol=1e-12)
 
 
+def test_segment_mean_std_one_segment_is_the_whole_sequence():
+    sequence = torch.tensor([[1.0, 0.0], [3.0, 0.0], [8.0, 3.0]], dtype=torch.float64)
+    torch.testing.assert_close(
+        segment_mean_std(sequence, 1), torch.tensor([[4.0, 1.0, math.sqrt(26 / 3), math.sqrt(2.0)]], dtype=torch.float64)
+    )
+
+
 def test_segment_mean_std_refuses_empty():
-    with pytest.raises(ValueError, match="L >= 1"):
+    with pytest.raises(ValueError, match=r"^segment_mean_std: sequence must be \(L >= 1, d\), got shape \(0, 3\)$"):
         segment_mean_std(torch.zeros(0, 3), 2)
-    with pytest.raises(ValueError, match="segments"):
+    with pytest.raises(ValueError, match=r"^segment_mean_std: sequence must be \(L >= 1, d\), got shape \(4,\)$"):
+        segment_mean_std(torch.zeros(4), 2)
+    with pytest.raises(ValueError, match=r"^segment_mean_std: segments must be >= 1, got 0$"):
         segment_mean_std(torch.zeros(4, 3), 0)

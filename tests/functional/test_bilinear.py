@@ -399,3 +399,65 @@ def test_pooling_of_features_matches_loops_with_and_without_glimpse_axis():
     torch.testing.assert_close(bilinear_pooling_of_features(x, y, maps[:, 1]), expected[:, 1])
     pooled = bilinear_pooling_of_features(x, y, maps, pool=3)  # sums of 3 consecutive features
     torch.testing.assert_close(pooled, expected.unflatten(-1, (2, 3)).sum(-1))
+
+
+def test_pooling_with_biases_ignores_padded_pairs_and_keeps_a_glimpse_axis_of_one():
+    """With biases relu(U'^T 0 + u) is not 0 at a padded step, so only the pair mask keeps
+    the attention on a pair with one padded side (x or y) out of f'; T_y != d_y here."""
+    p = _problem(length_y=4)  # y: (2, 4, 3)
+    weights = (p["x_weight"][:4], p["y_weight"][:4], p["x_bias"][:4].abs(), p["y_bias"][:4].abs())
+    attention = bilinear_attention_map(_logits(p))  # (B, G, T_x, T_y)
+
+    def pooled(att):
+        return bilinear_attention_pooling(
+            p["x"], p["y"], att, weights[0], weights[1], x_bias=weights[2], y_bias=weights[3],
+            x_mask=p["x_mask"], y_mask=p["y_mask"],
+        )
+
+    dirty = attention.clone()
+    dirty[1, :, -1, 0] = 0.9  # x padded, y real
+    dirty[1, :, 0, -1] = float("nan")  # x real, y padded
+    one = pooled(dirty[:, :1])
+    assert one.shape == (2, 1, 4)
+    torch.testing.assert_close(one[:, 0], _pooling_by_loops(p, attention[:, 0], weights, 1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pooled(dirty[:, 1]), _pooling_by_loops(p, attention[:, 1], weights, 1), rtol=1e-12, atol=1e-12)
+
+
+def test_pooling_rejects_bad_pool_and_attention():
+    p = _problem()
+    attention = bilinear_attention_map(_logits(p))
+    weights = (p["x_weight"], p["y_weight"])
+    owner = "^bilinear_attention_pooling: "
+    for pool in (0, -2, True, 2.0, 4):
+        with pytest.raises(ValueError, match=owner + f"pool must be a positive divisor of the rank 6, got {pool}$"):
+            bilinear_attention_pooling(p["x"], p["y"], attention, *weights, pool=pool)
+    for bad in (attention.tolist(), attention[0, 0], attention[None]):
+        with pytest.raises(ValueError, match=owner + r"attention must have shape \(B, T_x, T_y\) or \(B, G, T_x, T_y\)$"):
+            bilinear_attention_pooling(p["x"], p["y"], bad, *weights)
+    with pytest.raises(ValueError, match=owner + r"y_weight has shape \(6, 2\), but y has feature size 3 \(expected \(rank, 3\)\)$"):
+        bilinear_attention_pooling(p["x"], p["y"], attention, p["x_weight"], p["y_weight"][:, :2])
+
+
+def test_map_errors_name_the_function_and_what_is_wrong():
+    p = _problem()
+    logits = _logits(p)
+    owner = "^bilinear_attention_map: "
+    shapes = r"logits must be a float tensor \(B, G, T_x, T_y\), got "
+    for bad, got in [(logits[0], r"\(2, 4, 3\)"), (logits.tolist(), "list"), (logits.long(), r"\(2, 2, 4, 3\)")]:
+        with pytest.raises(ValueError, match=owner + shapes + got + "$"):
+            bilinear_attention_map(bad)
+    for value in (float("nan"), float("inf")):
+        bad = logits.clone()
+        bad[0, 1, 2, 0] = value
+        with pytest.raises(ValueError, match=owner + r"logits contain NaN or \+Inf$"):
+            bilinear_attention_map(bad)
+    with pytest.raises(ValueError, match=owner + r"a glimpse's map has no finite logit \(every pair is -inf\)$"):
+        bilinear_attention_map(torch.full_like(logits, float("-inf")))
+    one_empty = logits.clone()
+    one_empty[0, 1] = float("-inf")  # one glimpse of one sample only
+    with pytest.raises(ValueError, match=owner + r"a glimpse's map has no finite logit"):
+        bilinear_attention_map(one_empty)
+    with pytest.raises(ValueError, match=owner + r"x_mask has shape \(2, 3\), expected \(2, 4\)$"):
+        bilinear_attention_map(logits, x_mask=p["x_mask"][:, :3])
+    with pytest.raises(ValueError, match=owner + r"y_mask must be a bool tensor"):
+        bilinear_attention_map(logits, y_mask=p["y_mask"].int())

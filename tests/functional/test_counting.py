@@ -153,3 +153,92 @@ def test_bad_input_is_named():
         Counter(11)(_separated_boxes(1, 10).float(), torch.zeros(1, 10))
     with pytest.raises(ValueError, match="attention has shape"):
         Counter(2)(_separated_boxes(1, 10).float(), torch.zeros(1, 9))
+
+
+def test_piecewise_linear_uses_absolute_weights_and_accepts_one_piece():
+    # |[0, -1, 3]| normalised: [0, 1/4, 3/4], as test_piecewise_linear_hand_values
+    weight = torch.tensor([0.0, -1.0, 3.0], dtype=torch.float64)
+    x = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
+    expected = torch.tensor([0.0, 0.125, 0.25, 0.625, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(piecewise_linear(x, weight), expected)
+    # n = 1: w = [1/3, 2/3], f(x) = 1/3 + 2/3 x; a value at 0 that is not 0 stays
+    one_piece = torch.tensor([-1.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(piecewise_linear(x, one_piece), 1 / 3 + 2 / 3 * x)
+    for bad in (torch.ones(1), torch.ones(2, 3)):
+        with pytest.raises(ValueError, match=r"^piecewise_linear: weight must have shape \(n \+ 1,\), n >= 1, got \("):
+            piecewise_linear(x, bad)
+
+
+def test_box_iou_of_inverted_and_empty_boxes_is_zero():
+    boxes = torch.tensor(
+        [[[0, 0, 2, 2], [2, 2, 0, 0], [1, 1, 1, 1], [-1, -1, 3, 3]]], dtype=torch.float64
+    )  # box 1 is inverted (area 0, not 4), box 2 empty, box 3 contains box 0
+    iou = box_iou(boxes)[0]
+    assert iou[0, 1].item() == 0.0 and iou[1, 1].item() == 0.0 and iou[2, 2].item() == 0.0
+    assert iou[0, 3].item() == pytest.approx(4 / 16)
+    assert iou[3, 0].item() == pytest.approx(4 / 16)
+    with pytest.raises(ValueError, match=r"^box_iou: boxes must have shape \(B, M, 4\), got \(4, 4\)$"):
+        box_iou(boxes[0])
+    with pytest.raises(ValueError, match=r"^box_iou: boxes must have shape \(B, M, 4\), got \(1, 4, 3\)$"):
+        box_iou(boxes[..., :3])
+
+
+def test_one_hot_clamps_negative_counts_and_keeps_the_dtype():
+    one_hot = count_to_one_hot(torch.tensor([[-0.5], [3.0], [1.5]], dtype=torch.float64), 3)
+    expected = torch.tensor([[1, 0, 0, 0], [0, 0, 0, 1.0], [0, 0.5, 0.5, 0]], dtype=torch.float64)
+    torch.testing.assert_close(one_hot, expected)
+
+
+def test_count_features_checks_name_the_argument():
+    boxes = _separated_boxes(3, 6)
+    attention = torch.zeros(1, 6, dtype=torch.float64)
+    weights = _identity_weights(4)
+    owner = "^count_features: "
+    with pytest.raises(ValueError, match=owner + r"boxes must have shape \(B, M, 4\), got \(6, 4\)$"):
+        count_features(boxes[0], attention, weights, objects=3)
+    with pytest.raises(ValueError, match=owner + r"boxes must have shape \(B, M, 4\), got \(1, 6, 3\)$"):
+        count_features(boxes[..., :3], attention, weights, objects=3)
+    with pytest.raises(ValueError, match=owner + r"attention has shape \(1, 5\), but boxes give \(B, M\) = \(1, 6\)$"):
+        count_features(boxes, attention[:, :5], weights, objects=3)
+    for bad in (weights[:7], weights[:, :1], weights[0]):
+        with pytest.raises(ValueError, match=owner + r"weights must have shape \(8, n \+ 1\), got "):
+            count_features(boxes, attention, bad, objects=3)
+    for objects in (0, 7):
+        with pytest.raises(ValueError, match=owner + f"objects={objects} must lie in \\[1, M\\] with M = 6 boxes given$"):
+            count_features(boxes, attention, weights, objects=objects)
+
+
+def test_count_of_one_kept_box_two_pieces_and_extra_weight_rows():
+    """objects = 1 and objects = M are accepted; weights of one piece (f_k(x) = x) and a
+    ninth row, which is ignored, count k separated boxes with attention 1 as k."""
+    boxes = _separated_boxes(2, 4)
+    attention = torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
+    weights = torch.cat([_identity_weights(1), torch.full((1, 2), 7.0, dtype=torch.float64)])
+    score, kept, distance = count_score(boxes, attention, weights, objects=4, already_sigmoided=True)
+    assert score.item() == pytest.approx(2.0)
+    assert sorted(kept[0].tolist()) == [0.0, 0.0, 1.0, 1.0]
+    assert distance.shape == (1, 4, 4)
+    one, kept, _ = count_score(boxes, attention, weights, objects=1, already_sigmoided=True)
+    assert one.item() == pytest.approx(1.0) and kept.tolist() == [[1.0]]
+    # logits: sigmoid(0) = 1/2 for one box; C = f_1(a a) = 1/4, c = 1/2
+    half, kept, _ = count_score(boxes, torch.zeros(1, 4, dtype=torch.float64), weights, objects=1)
+    assert half.item() == pytest.approx(0.5) and kept.tolist() == [[0.5]]
+
+
+def test_counter_module_defaults_repr_and_checks():
+    counter = Counter()
+    assert counter.objects == 10 and counter.pieces == 16 and not counter.already_sigmoided
+    expected = torch.ones(8, 17)
+    expected[:, 0] = 0.0
+    torch.testing.assert_close(counter.weight.detach(), expected)
+    assert counter.extra_repr() == "objects=10, pieces=16, already_sigmoided=False"
+    sigmoided = Counter(2, pieces=3, already_sigmoided=1)
+    assert sigmoided.extra_repr() == "objects=2, pieces=3, already_sigmoided=True"
+    boxes = _separated_boxes(2, 3).float()
+    attention = torch.tensor([[1.0, 1.0, 0.0]])
+    torch.testing.assert_close(sigmoided(boxes, attention), count_features(boxes, attention, sigmoided.weight, objects=2, already_sigmoided=True))
+    assert sigmoided(boxes, attention)[0].argmax().item() == 2  # two boxes counted
+    for args, name, value in [((0,), "objects", "0"), ((True,), "objects", "True"), ((2.0,), "objects", "2.0"), ((3, 0), "pieces", "0")]:
+        options = {"pieces": args[1]} if len(args) > 1 else {}
+        with pytest.raises(ValueError, match=f"^Counter: {name} must be a positive integer, got {value}$"):
+            Counter(args[0], **options)

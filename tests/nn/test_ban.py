@@ -168,3 +168,38 @@ def test_dropout_only_in_training():
     assert not torch.allclose(model([x, y], masks=[x_mask, y_mask]), evaluated)
     no_dropout = _model(dropout=0.0, attention_dropout=0.0).train()
     torch.testing.assert_close(no_dropout([x, y], masks=[x_mask, y_mask]), evaluated)
+
+
+def test_options_defaults_and_their_checks():
+    """Defaults of the reference (ban-vqa: gamma 8, k 3, dropout .2 and .5); every option
+    refused by name when it is not a positive integer."""
+    torch.manual_seed(0)
+    model = BAN([X_DIM, Y_DIM], 16)
+    assert (model.hidden_dim, model.glimpses, model.attention_rank, model.joint_pool) == (16, 8, 48, 1)
+    assert (model.dropout, model.attention_dropout) == (0.2, 0.5)
+    assert model.attention_x.weight.shape == (48, X_DIM) and model.attention_y.weight.shape == (48, Y_DIM)
+    assert model.attention_glimpses.weight.shape == (8, 48) and model.attention_glimpses.bias is None
+    assert len(model.joint_x) == len(model.joint_y) == len(model.joint_projections) == 8
+    assert model.joint_x[0].weight.shape == (16, X_DIM) and model.joint_y[7].weight.shape == (16, Y_DIM)
+    assert model.joint_projections[3].weight.shape == (Y_DIM, 16)
+    assert model.output_projection.weight.shape == (16, Y_DIM)
+    # p_g drawn from N(0, 1) as the reference's h_mat (not the default uniform(+-1/sqrt(48)))
+    assert 0.85 < float(model.attention_glimpses.weight.detach().std()) < 1.15
+    # weight norm over the whole matrix: one scalar gain per linear map
+    for linear in [model.attention_x, model.attention_glimpses, model.joint_y[1], model.output_projection]:
+        assert linear.parametrizations.weight.original0.shape == ()
+    assert model.extra_repr() == (
+        f"input_dims=[{X_DIM}, {Y_DIM}], out_dim=16, hidden_dim=16, glimpses=8, attention_rank=48, "
+        "joint_pool=1, dropout=0.2, attention_dropout=0.5"
+    )
+    other = BAN([X_DIM, Y_DIM], 4, hidden_dim=3, glimpses=2, k=2, joint_pool=2, dropout=0.1, attention_dropout=0.3)
+    assert (other.hidden_dim, other.attention_rank, other.joint_x[1].weight.shape[0]) == (3, 6, 6)
+    assert (other.dropout, other.attention_dropout) == (0.1, 0.3)
+    assert BAN([X_DIM, Y_DIM], 4, k=2, attention_rank=5).attention_rank == 5
+    for name, value in [("hidden_dim", 0), ("glimpses", 0), ("glimpses", 1.5), ("k", 0), ("attention_rank", 0), ("joint_pool", 0)]:
+        with pytest.raises(ValueError, match=f"^BAN: {name} must be a positive integer, got {value}$"):
+            BAN([X_DIM, Y_DIM], 4, **{name: value})
+    with pytest.raises(ValueError, match=r"^BAN: dropout must lie in \[0, 1\), got 1.0$"):
+        BAN([X_DIM, Y_DIM], 4, dropout=1.0)
+    with pytest.raises(ValueError, match=r"^BAN: attention_dropout must lie in \[0, 1\), got -0.1$"):
+        BAN([X_DIM, Y_DIM], 4, attention_dropout=-0.1)

@@ -97,3 +97,118 @@ def test_pca_matches_covariance_eigenvectors():
     assert projected[0, 2].abs().sum() == 0
     real = projected.reshape(-1, 2)[torch.from_numpy(np.abs(features.reshape(-1, 6).numpy()).sum(1) != 0)]
     np.testing.assert_allclose(real.var(dim=0).numpy(), values[::-1][:2], rtol=1e-8)
+
+
+def test_question_encoder_checks_and_sizes():
+    encoder = QuestionEncoder(4, embedding_dim=3, hidden_dim=5)
+    assert encoder.hidden_dim == 5 and encoder.num_words == 4
+    assert encoder.embedding.weight.shape == (5, 3) and encoder.embedding.padding_idx == 4
+    assert encoder.embedding.weight[4].abs().sum() == 0
+    assert encoder(torch.tensor([[0, 4], [3, 4]])).shape == (2, 2, 5)  # 0 .. V, V the padding
+    message = r"^QuestionEncoder: word indices must lie in \[0, 4\]$"
+    for bad in ([[-1, 0]], [[0, 5]]):
+        with pytest.raises(ValueError, match=message):
+            encoder(torch.tensor(bad))
+    with pytest.raises(ValueError, match=r"^QuestionEncoder: tokens must be a \(B, L\) long tensor, got \(2,\) torch.int64$"):
+        encoder(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"^QuestionEncoder: tokens must be a \(B, L\) long tensor, got \(1, 2\) torch.int32$"):
+        encoder(torch.tensor([[0, 1]], dtype=torch.int32))
+    for name, value in [("num_words", 0), ("num_words", True), ("embedding_dim", 0), ("hidden_dim", 2.0)]:
+        options = {"embedding_dim": 3, "hidden_dim": 5, name: value}
+        num_words = options.pop("num_words", 4)
+        with pytest.raises(ValueError, match=f"^QuestionEncoder: {name} must be a positive integer, got {value!r}$"):
+            QuestionEncoder(num_words, **options)
+    with pytest.raises(ValueError, match=r"^QuestionEncoder: word_vectors has shape \(4, 3\), expected \(4, 2\)$"):
+        QuestionEncoder(4, embedding_dim=2, word_vectors=torch.zeros(4, 3))
+    defaults = QuestionEncoder(2)
+    assert defaults.embedding.embedding_dim == 300 and defaults.hidden_dim == 1024  # BAN section 5.4
+    assert defaults.gru.num_layers == 1 and defaults.gru.batch_first
+
+
+def test_image_mask_and_classifier_by_hand():
+    from polyfuse.nn.vqa import answer_classifier, image_mask
+
+    image = torch.tensor([[[0.0, 0.0], [1.0, -1.0], [0.0, 2.0]]])
+    assert image_mask(image).tolist() == [[False, True, True]]  # |1| + |-1| is not 0
+    torch.manual_seed(0)
+    classifier = answer_classifier(3, 2, dropout=0.25)
+    first, last = classifier[0], classifier[3]
+    assert first.weight.shape == (6, 3) and last.weight.shape == (2, 6)
+    assert first.parametrizations.weight.original0.shape == ()  # one gain for the whole matrix
+    x = torch.randn(4, 3)
+    expected = torch.relu(x @ first.weight.T + first.bias) @ last.weight.T + last.bias
+    torch.testing.assert_close(classifier.eval()(x), expected)
+    classifier.train()
+    torch.manual_seed(1)
+    trained = classifier(x)
+    torch.manual_seed(1)
+    keep = torch.nn.functional.dropout(torch.ones(4, 6), 0.25, True)  # the same draw
+    expected = (torch.relu(x @ first.weight.T + first.bias) * keep) @ last.weight.T + last.bias
+    torch.testing.assert_close(trained, expected)
+    assert answer_classifier(3, 2)[2].p == 0.5  # the reference's classifier dropout
+
+
+def test_vqa_model_defaults_are_the_papers():
+    """BAN section 5.4 and ban-vqa: H 1024, 8 glimpses, 10 boxes counted, 300-d words, dropout
+    0.2 / 0.5 / 0.5 (read from the signatures: building the full-size model is slow)."""
+    import inspect
+
+    ban = inspect.signature(BanVQA).parameters
+    assert {name: ban[name].default for name in ("hidden_dim", "glimpses", "counter_objects", "embedding_dim", "dropout", "attention_dropout", "classifier_dropout")} == {
+        "hidden_dim": 1024, "glimpses": 8, "counter_objects": 10, "embedding_dim": 300, "dropout": 0.2, "attention_dropout": 0.5, "classifier_dropout": 0.5
+    }
+    fusion = inspect.signature(FusionVQA).parameters
+    assert (fusion["hidden_dim"].default, fusion["embedding_dim"].default, fusion["classifier_dropout"].default) == (1024, 300, 0.5)
+    model = BanVQA(6, 4, 5, hidden_dim=8, glimpses=2, counter_objects=3, embedding_dim=7, dropout=0.1, attention_dropout=0.3, classifier_dropout=0.4)
+    assert (model.ban.attention_rank, model.ban.joint_pool, model.ban.hidden_dim, model.glimpses) == (24, 1, 8, 2)
+    assert (model.ban.dropout, model.ban.attention_dropout, model.classifier[2].p) == (0.1, 0.3, 0.4)
+    assert model.question.embedding.embedding_dim == 7 and model.question.hidden_dim == 8
+    assert model.counter.objects == 3 and model.attention_bias.shape == (2,)
+    assert [tuple(p.weight.shape) for p in model.count_projections] == [(8, 4), (8, 4)]
+    assert model.classifier[3].weight.shape == (4, 16)
+
+
+@pytest.mark.parametrize("owner", ["BanVQA", "FusionVQA"])
+def test_vqa_batch_checks_name_the_model(owner):
+    model = BanVQA(6, 4, 5, hidden_dim=8, glimpses=1) if owner == "BanVQA" else FusionVQA("concat", 6, 4, 5, hidden_dim=8)
+    tokens, image, boxes = torch.zeros(2, 3, dtype=torch.long), torch.randn(2, 4, 5), torch.rand(2, 4, 4)
+    with pytest.raises(ValueError, match=f"^{owner}: " + r"image must have shape \(B, O, 5\), got \(4, 5\)$"):
+        model(tokens, image[0], boxes)
+    with pytest.raises(ValueError, match=f"^{owner}: " + r"tokens must have shape \(B, L\) with B = 2, got \(1, 3\)$"):
+        model(tokens[:1], image, boxes)
+    with pytest.raises(ValueError, match=f"^{owner}: " + r"tokens must have shape \(B, L\) with B = 2, got \(2, 3, 1\)$"):
+        model(tokens[..., None], image, boxes)
+    with pytest.raises(ValueError, match=f"^{owner}: " + r"boxes must have shape \(B, O, 4\) = \(2, 4, 4\), got \(2, 3, 4\)$"):
+        model(tokens, image, boxes[:, :3])
+    if owner == "BanVQA":
+        with pytest.raises(ValueError, match=r"^BanVQA: the counter needs boxes \(B, O, 4\); use grid_boxes for grid features$"):
+            model(tokens, image)
+
+
+def test_fusion_vqa_is_the_fusion_between_encoder_and_classifier():
+    torch.manual_seed(0)
+    model = FusionVQA("ban", 6, 4, 5, hidden_dim=8, fusion_options={"glimpses": 2}).eval()
+    assert model.fusion.glimpses == 2 and model.fusion.input_dims == [5, 8] and model.fusion.out_dim == 8
+    tokens, image = torch.tensor([[1, 2, 6]]), torch.randn(1, 4, 5)
+    image[0, 3] = 0.0  # a padding object
+    logits, nothing = model(tokens, image)
+    question = model.question(tokens)
+    mask = torch.tensor([[True, True, True, False]])
+    expected = model.classifier(model.fusion([image[:, :3], question], masks=[mask[:, :3], None]))
+    torch.testing.assert_close(logits, expected)
+    assert nothing is None and logits.shape == (1, 4)
+
+
+def test_ban_vqa_dropout_only_in_training():
+    torch.manual_seed(0)
+    model = BanVQA(6, 4, 5, hidden_dim=8, glimpses=2, counter_objects=2)
+    tokens, image, boxes = torch.tensor([[1, 2, 6]]), torch.randn(1, 4, 5), torch.rand(1, 4, 4)
+    evaluated, _ = model.eval()(tokens, image, boxes)
+    trained, _ = model.train()(tokens, image, boxes)
+    assert not torch.allclose(trained, evaluated)
+    only_fusion = BanVQA(6, 4, 5, hidden_dim=8, glimpses=2, counter_objects=2, attention_dropout=0.0, classifier_dropout=0.0)
+    only_fusion.load_state_dict(model.state_dict())
+    assert not torch.allclose(only_fusion.train()(tokens, image, boxes)[0], evaluated)  # the 0.2 before each map
+    none = BanVQA(6, 4, 5, hidden_dim=8, glimpses=2, counter_objects=2, dropout=0.0, attention_dropout=0.0, classifier_dropout=0.0)
+    none.load_state_dict(model.state_dict())
+    torch.testing.assert_close(none.train()(tokens, image, boxes)[0], evaluated)

@@ -33,9 +33,9 @@ def mel_filterbank(
     and falling to ``j + 2``."""
     f_max = sample_rate / 2 if f_max is None else f_max
     if not 0 <= f_min < f_max <= sample_rate / 2:
-        raise ValueError(f"need 0 <= f_min < f_max <= sample_rate / 2, got {f_min}, {f_max}, {sample_rate}")
+        raise ValueError(f"mel_filterbank: need 0 <= f_min < f_max <= sample_rate / 2, got {f_min}, {f_max}, {sample_rate}")
     if n_freqs < 2 or n_mels < 1:
-        raise ValueError(f"need n_freqs >= 2 and n_mels >= 1, got {n_freqs} and {n_mels}")
+        raise ValueError(f"mel_filterbank: need n_freqs >= 2 and n_mels >= 1, got {n_freqs} and {n_mels}")
     bins = torch.linspace(0, sample_rate / 2, n_freqs, dtype=torch.float64)  # (F,)
     edges = torch.tensor([f_min, f_max], dtype=torch.float64)
     corners = mel_to_hz(torch.linspace(*hz_to_mel(edges).tolist(), n_mels + 2, dtype=torch.float64))
@@ -58,11 +58,11 @@ def log_mel_spectrogram(
     periodic Hann windows of ``n_fft`` samples every ``hop_length``, centred (zero padding);
     at 16 kHz the defaults are 25 ms windows every 10 ms and 64 bands."""
     if wave.dim() != 1:
-        raise ValueError(f"wave must be one channel (n,), got shape {tuple(wave.shape)}")
+        raise ValueError(f"log_mel_spectrogram: wave must be one channel (n,), got shape {tuple(wave.shape)}")
     if wave.numel() == 0:
-        raise ValueError("wave is empty")
+        raise ValueError("log_mel_spectrogram: wave is empty")
     if n_fft < 2 or hop_length < 1:
-        raise ValueError(f"need n_fft >= 2 and hop_length >= 1, got {n_fft} and {hop_length}")
+        raise ValueError(f"log_mel_spectrogram: need n_fft >= 2 and hop_length >= 1, got {n_fft} and {hop_length}")
     wave = wave.to(torch.float64)
     spectrum = torch.stft(
         wave,
@@ -83,9 +83,9 @@ def segment_mean_std(sequence: torch.Tensor, segments: int) -> torch.Tensor:
     of ``N`` equal segments, rows ``floor(k L / N)`` to ``floor((k + 1) L / N)`` (at least
     one row, so segments repeat rows when ``L < N``)."""
     if sequence.dim() != 2 or sequence.shape[0] == 0:
-        raise ValueError(f"sequence must be (L >= 1, d), got shape {tuple(sequence.shape)}")
+        raise ValueError(f"segment_mean_std: sequence must be (L >= 1, d), got shape {tuple(sequence.shape)}")
     if segments < 1:
-        raise ValueError(f"segments must be >= 1, got {segments}")
+        raise ValueError(f"segment_mean_std: segments must be >= 1, got {segments}")
     length = sequence.shape[0]
     rows = []
     for k in range(segments):
