@@ -627,6 +627,7 @@ def test_defaults_of_the_modules():
     maf_fusion = polyfuse.nn.create("maf", input_dims=[3, 2], out_dim=4)
     assert maf_fusion.maf.subsets == [(0,), (1,), (0, 1)] and not maf_fusion.maf.low_rank
     assert maf_fusion.maf.terms["0_1"].max_elements == 2**26 and maf_fusion.maf.query_dim == 32
+    assert polyfuse.nn.create("maf", input_dims=[3, 2], out_dim=4, low_rank=True).maf.terms["0_1"].rank == 1
 
 
 def test_adapters_pass_every_option_to_maf():
@@ -742,3 +743,24 @@ def test_maf_with_one_modality_and_the_half_precision_paths():
     got = maf(query, [x.half() for x in inputs], masks)
     assert got.dtype == torch.float32  # the query's dtype
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_fuse_prepared_checks_the_query_and_the_lengths_under_the_owners_name():
+    """fuse_prepared (the decoder's and the adapters' entry) checks the query and the
+    lengths itself, naming the modality by its index among all modalities."""
+    torch.manual_seed(16)
+    maf = MAF(INPUT_DIMS, 3, 4, orders=[2], attention_dim=4, max_lengths=[5, 7, 2]).double()
+    inputs, masks = random_batch(16, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    with pytest.raises(ValueError, match=r"^MAF: modality 2 has 3 time steps, more than max_lengths\[2\] = 2; "):
+        maf.fuse_prepared(query, inputs, masks)
+    cut = [inputs[0], inputs[1], inputs[2][:, :2]]
+    cut_masks = [masks[0], masks[1], masks[2][:, :2] | (torch.arange(2) == 0)]
+    with pytest.raises(ValueError, match=r"^MAF: query has shape \(4, 2\), expected \(B, d_q\) = \(4, 3\)$"):
+        maf.fuse_prepared(query[:, :2], cut, cut_masks)
+    details = maf.fuse_prepared(query, cut, cut_masks)
+    torch.testing.assert_close(details.fused, loop_maf(maf, query, cut, cut_masks)[0], rtol=0, atol=1e-12)
+    adapter = HOCAFusion(INPUT_DIMS, 4, orders="U", attention_dim=4, max_lengths=[5, 6, 2])  # unary only:
+    adapter(*random_batch(16))  # no length limit applies
+    with pytest.raises(ValueError, match=r"^HOCAFusion: modality 1 has 7 time steps, more than max_lengths\[1\] = 6"):
+        HOCAFusion(INPUT_DIMS, 4, orders="UB", attention_dim=4, max_lengths=[5, 6, 3])(*random_batch(16))
