@@ -190,3 +190,243 @@ def test_errors_name_what_is_wrong():
         model(inputs, masks)
     with pytest.raises(ValueError, match="modality 2 has shape"):
         model([*inputs[:2], torch.randn(4, 6, 9)], batch()[1])
+
+
+# ---------------------------------------------------------------------------
+# Whole-model oracles: the wiring of MulT's encoders and of LMF's subnetworks, written
+# from the module docstrings (MulT section 3.2, LMF section 3), with per-sample loops.
+# The building blocks they reuse (CrossmodalLayer, nn.LSTM, the subnetworks) are
+# checked against loops above.
+# ---------------------------------------------------------------------------
+
+
+def loop_positions(length, dim):
+    """MulT's sinusoidal positions 1..length: sines then cosines, w_i = 10000^(-i/(h-1))."""
+    half = dim // 2
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    for p in range(length):
+        for i in range(half):
+            w = 10000.0 ** (-i / max(half - 1, 1))
+            table[p, i], table[p, half + i] = math.sin((p + 1) * w), math.cos((p + 1) * w)
+    return table
+
+
+def loop_layer_norm(norm, x):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def loop_encoder(encoder, target, target_mask, source=None, source_mask=None):
+    """sqrt(D) x + positions on real steps, the layers, a final LayerNorm, zero padding."""
+    def embed(x, mask):
+        return (math.sqrt(encoder.dim) * x + loop_positions(x.shape[1], encoder.dim).to(x.dtype)) * mask[..., None]
+
+    x = embed(target, target_mask)
+    keys = None if source is None else embed(source, source_mask)
+    for layer in encoder.layers:
+        x = layer(x, keys, target_mask if source is None else source_mask)
+    return loop_layer_norm(encoder.final_norm, x) * target_mask[..., None]
+
+
+def test_crossmodal_encoder_embeds_runs_its_layers_and_normalises():
+    torch.manual_seed(4)
+    encoder = backbones.CrossmodalEncoder(4, 2, 3).double().eval()
+    with torch.no_grad():  # a non-trivial final LayerNorm
+        encoder.final_norm.weight.uniform_(0.5, 1.5)
+        encoder.final_norm.bias.normal_()
+    target, source = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 5, 4, dtype=torch.float64)
+    target_mask = torch.arange(3) < torch.tensor([3, 2])[:, None]
+    source_mask = torch.arange(5) < torch.tensor([4, 2])[:, None]
+    torch.testing.assert_close(encoder(target, target_mask, source, source_mask),
+                               loop_encoder(encoder, target, target_mask, source, source_mask), rtol=0, atol=1e-12)
+    torch.testing.assert_close(encoder(target, target_mask), loop_encoder(encoder, target, target_mask),
+                               rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^CrossmodalEncoder: a source needs its mask$"):
+        encoder(target, target_mask, source)
+
+
+def mult_oracle(model, inputs, masks, centre=None):
+    """MulT (module docstring, steps 1 to 5) per modality pair, with the extra module's part."""
+    count = len(inputs)
+    projected = [(x @ p.weight.T) * m[..., None] for p, x, m in zip(model.projections, inputs, masks, strict=True)]
+    pooled = []
+    for alpha in range(count):
+        crossed = [loop_encoder(model.crossmodal[alpha][k], projected[alpha], masks[alpha], projected[beta], masks[beta])
+                   for k, beta in enumerate(b for b in range(count) if b != alpha)]  # CM_{beta -> alpha}
+        memory = loop_encoder(model.memories[alpha], torch.cat(crossed, -1), masks[alpha])
+        rows = []
+        for b in range(memory.shape[0]):
+            real = int(masks[alpha][b].sum())
+            if centre is not None:
+                rows.append(memory[b, int(centre[b])])
+            else:
+                rows.append(memory[b, real - 1] if real else torch.zeros_like(memory[b, 0]))  # the last real step
+        pooled.append(torch.stack(rows))
+    last = torch.cat(pooled, -1)
+    hidden = torch.relu(last @ model.project_in.weight.T + model.project_in.bias) @ model.project_out.weight.T
+    parts = [last + hidden + model.project_out.bias]
+    if model.extra is not None:
+        parts.append(model.extra(*backbones.extra_module_inputs(projected, masks)))
+    return torch.cat(parts, -1)
+
+
+@pytest.mark.parametrize("extra", [None, small_man])
+def test_mult_is_crossmodal_encoders_memories_last_step_and_residual_projection(extra):
+    model = build("mult", extra=extra).double()
+    assert len(model.memories[0].layers) == 3 and len(model.crossmodal[0][0].layers) == 2  # max(layers, 3)
+    inputs, masks = batch()
+    inputs = [x.double() for x in inputs]
+    masks[1] = masks[1].clone()
+    masks[1][3] = False  # sample 3 misses modality 1: its pooled vector is zero
+    with torch.no_grad():
+        expected = mult_oracle(model, inputs, masks)
+        torch.testing.assert_close(model(inputs, masks), expected, rtol=0, atol=1e-10)
+        window = [torch.ones(4, 6, dtype=torch.bool)] * 3
+        inputs = [torch.randn(4, 6, d, dtype=torch.float64) for d in DIMS]
+        centre = torch.tensor([0, 2, 5, 3])
+        torch.testing.assert_close(model(inputs, window, centre), mult_oracle(model, inputs, window, centre),
+                                   rtol=0, atol=1e-10)
+    assert model.out_dim == 3 * 2 * 6 + (6 if extra else 0) and model.mult_dim == 36
+
+
+class RecordingExtra(torch.nn.Module):
+    """An extra module that keeps what it was given and returns sum_t x_j per modality."""
+
+    def __init__(self, dims):
+        super().__init__()
+        self.dims, self.out_dim, self.seen = list(dims), sum(dims), None
+
+    def forward(self, inputs, masks):
+        self.seen = ([x.detach().clone() for x in inputs], [m.clone() for m in masks])
+        return torch.cat([x.sum(1) for x in inputs], -1)
+
+
+def test_lstm_lmf_gives_the_extra_module_the_encoded_sequences():
+    torch.manual_seed(5)
+    model = backbones.create("lstm_lmf", input_dims=DIMS, extra=RecordingExtra, text_hidden=7, text_out=5,
+                             hidden=[99, 4, 3], out=6).double().eval()
+    assert model.extra.dims == [7, 4, 3] and model.out_dim == 6 + 14 and model.vector_dims == [5, 4, 3]
+    inputs, masks = batch()
+    inputs = [x.double() for x in inputs]
+    masks[2] = masks[2].clone()
+    masks[2][1] = False  # sample 1 misses modality 2
+    with torch.no_grad():
+        got = model(inputs, masks)
+        seen_inputs, seen_masks = model.extra.seen
+        for b in range(4):
+            n = int(masks[0][b].sum())
+            steps, _ = model.lstm(inputs[0][b : b + 1, :n])  # LSTM outputs over the real steps only
+            torch.testing.assert_close(seen_inputs[0][b, :n], steps[0], rtol=0, atol=1e-12)
+            assert bool((seen_inputs[0][b, n:] == 0).all())
+            for j in (1, 2):
+                layer = model.step_encoders[str(j)][0]
+                real = masks[j][b]
+                if real.any():
+                    expected = torch.relu(inputs[j][b] @ layer.weight.T + layer.bias) * real[:, None]
+                    torch.testing.assert_close(seen_inputs[j][b], expected, rtol=0, atol=1e-12)
+                    assert torch.equal(seen_masks[j][b], real)
+                else:  # a missing modality: one real step of zeros
+                    assert bool((seen_inputs[j][b] == 0).all())
+                    assert seen_masks[j][b].tolist() == [True] + [False] * (real.numel() - 1)
+        torch.testing.assert_close(got[:, 6:], torch.cat([x.sum(1) for x in seen_inputs], -1), rtol=0, atol=0)
+        alone = backbones.create("lstm_lmf", input_dims=DIMS, text_hidden=7, text_out=5, hidden=[99, 4, 3],
+                                 out=6).double().eval()
+        alone.load_state_dict(model.state_dict())
+        torch.testing.assert_close(got[:, :6], alone(inputs, masks), rtol=0, atol=0)
+
+
+def test_lstm_lmf_contextual_mode_reads_the_centre_step():
+    model = build("lstm_lmf", extra=None).double()
+    inputs = [torch.randn(3, 5, d, dtype=torch.float64) for d in DIMS]
+    masks = [torch.ones(3, 5, dtype=torch.bool)] * 3
+    centre = torch.tensor([0, 3, 4])
+    with torch.no_grad():
+        got = model(inputs, masks, centre)
+        steps, _ = model.lstm(inputs[0])  # every step real: the LSTM's output at the centre
+        text = model.text_out(steps[torch.arange(3), centre])
+        others = [model.subnetworks[str(j)](inputs[j][torch.arange(3), centre]) for j in (1, 2)]
+        expected = low_rank_fusion([text, *others], list(model.factors), model.rank_weights, bias=model.bias)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_lstm_lmf_subnetworks_and_initialisation_follow_lmf():
+    torch.manual_seed(6)
+    model = backbones.create("lstm_lmf", input_dims=[3, 40, 30], text=1, text_hidden=5, text_out=60, hidden=50,
+                             out=70, rank=400, dropout=0.3)
+    assert model.text == 1 and model.lstm.input_size == 40 and sorted(model.subnetworks) == ["0", "2"]
+    network = model.subnetworks["0"]
+    assert [type(layer).__name__ for layer in network] == [
+        "BatchNorm1d", "Dropout", "Linear", "ReLU", "Linear", "ReLU", "Linear", "ReLU"]
+    assert network[1].p == 0.3 and model.text_dropout.p == 0.3
+    assert [(layer.in_features, layer.out_features) for layer in network if isinstance(layer, torch.nn.Linear)] == [
+        (3, 50), (50, 50), (50, 50)]
+    assert model.vector_dims == [50, 60, 50] and model.rank == 400 and model.fusion_dim == 70
+    # LMF's code: Xavier-normal factors (std sqrt(2 / (fan_in + fan_out))), zero bias
+    for h, factor in zip(model.vector_dims, model.factors, strict=True):
+        assert factor.shape == (400, h + 1, 70)
+        assert float(factor.detach().std()) == pytest.approx(math.sqrt(2.0 / (h + 1 + 70)), rel=0.02)
+    assert float(model.rank_weights.detach().std()) == pytest.approx(math.sqrt(2.0 / 401), rel=0.1)
+    assert bool((model.bias == 0).all()) and model.bias.shape == (70,)
+
+
+def test_backbone_construction_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"^LSTMLMF needs at least 2 modalities, got input_dims=\[4\]$"):
+        backbones.create("lstm_lmf", input_dims=[4])
+    with pytest.raises(ValueError, match=r"^LSTMLMF: text=3 is not a modality index \(0..2\)$"):
+        backbones.create("lstm_lmf", input_dims=DIMS, text=3)
+    with pytest.raises(ValueError, match=r"^LSTMLMF: text=-1 is not"):
+        backbones.create("lstm_lmf", input_dims=DIMS, text=-1)
+    for bad in ({"hidden": [4, 4]}, {"hidden": 0}, {"hidden": [4, 0, 4]}, {"text_hidden": 0}, {"text_out": 0},
+                {"out": 0}, {"rank": 0}):
+        with pytest.raises(ValueError, match=r"^LSTMLMF: sizes must be positive \(hidden="):
+            backbones.create("lstm_lmf", input_dims=DIMS, **bad)
+    with pytest.raises(ValueError, match=r"^MulT needs at least 2 modalities, got input_dims=\[4\]$"):
+        backbones.create("mult", input_dims=[4])
+    with pytest.raises(ValueError, match=r"^CrossmodalAttention: dim=6 is not divisible by heads=4$"):
+        CrossmodalAttention(6, 4)
+    with pytest.raises(ValueError, match=r"^CrossmodalEncoder: layers must be >= 1, got 0$"):
+        backbones.CrossmodalEncoder(4, 2, 0)
+    assert backbones.available() == ["lstm_lmf", "mult"]
+    assert backbones.get("MulT") is backbones.MulT and backbones.MulT.registry_name == "mult"
+
+
+def test_backbone_input_errors_name_the_modality():
+    model = build("mult", extra=None)
+    inputs, masks = batch()
+    cases = [
+        (inputs[:2], masks, r"^MulT: expected a list of 3 modality tensors$"),
+        (inputs[0], masks, r"^MulT: expected a list of 3 modality tensors$"),
+        (inputs, masks[:2], r"^MulT: expected one mask per modality$"),
+        (inputs, masks[0], r"^MulT: expected one mask per modality$"),
+        ([inputs[0], inputs[1][..., :3], inputs[2]], masks,
+         r"^MulT: modality 1 has shape \(4, 4, 3\) torch.float32; expected float \(B, T, 5\)$"),
+        ([inputs[0], inputs[1][0], inputs[2]], masks, r"^MulT: modality 1 has shape \(4, 5\)"),
+        ([inputs[0], inputs[1].long(), inputs[2]], masks, r"^MulT: modality 1 has shape \(4, 4, 5\) torch.int64"),
+        ([inputs[0], inputs[1][:2], inputs[2]], masks, r"^MulT: modality 1 has batch size 2, modality 0 has 4$"),
+        (inputs, [masks[0], masks[1].float(), masks[2]],
+         r"^MulT: mask 1 must be bool of shape \(4, 4\), got torch.float32 \(4, 4\)$"),
+        (inputs, [masks[0], masks[1][:, :3], masks[2]], r"^MulT: mask 1 must be bool of shape \(4, 4\), got torch.bool \(4, 3\)$"),
+    ]
+    for bad_inputs, bad_masks, message in cases:
+        with pytest.raises(ValueError, match=message):
+            model(bad_inputs, bad_masks)
+    torch.testing.assert_close(model(inputs), model(inputs, [torch.ones(x.shape[:2], dtype=torch.bool) for x in inputs]))
+    with pytest.raises(ValueError, match=r"^unknown pooling 'max'; expected last or mean$"):
+        backbones.pool_steps(inputs[0], masks[0], None, "max")
+
+
+def test_pool_steps_and_extra_inputs_by_hand():
+    x = torch.arange(2 * 4 * 2, dtype=torch.float64).view(2, 4, 2) + 1
+    mask = torch.tensor([[True, True, True, False], [False, False, False, False]])
+    assert backbones.pool_steps(x, mask, None, "last").tolist() == [[5.0, 6.0], [0.0, 0.0]]
+    assert backbones.pool_steps(x, mask, None, "mean").tolist() == [[3.0, 4.0], [0.0, 0.0]]
+    assert backbones.pool_steps(x, mask, torch.tensor([1, 2]), "mean").tolist() == [[3.0, 4.0], [0.0, 0.0]]
+    gaps = torch.tensor([[True, False, True, False], [False, True, False, False]])  # last real step: 2, 1
+    assert backbones.pool_steps(x, gaps, None, "last").tolist() == [[5.0, 6.0], [11.0, 12.0]]
+    cleaned, masks = backbones.check_backbone_inputs([x.masked_fill(~mask[..., None], float("nan"))], [mask], [2], "T")
+    assert cleaned[0].tolist() == (x * mask[..., None]).tolist() and masks[0] is mask
+    new_inputs, new_masks = backbones.extra_module_inputs([x, x], [mask, gaps])
+    assert new_masks[0].tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert new_inputs[0].tolist() == [(x[0] * mask[0, :, None]).tolist(), [[0.0, 0.0]] * 4]  # padding zeroed
+    assert new_masks[1] is gaps and new_inputs[1] is x  # nothing missing: unchanged

@@ -8,7 +8,14 @@ import math
 import pytest
 import torch
 
-from polyfuse.nn.beam_search import beam_search, greedy_search, score_captions
+from polyfuse.nn.beam_search import (
+    Generated,
+    _better,
+    beam_search,
+    greedy_search,
+    normalised_score,
+    score_captions,
+)
 from polyfuse.nn.decoding import CaptionDecoder
 
 PAD, BOS, EOS = 0, 1, 2
@@ -116,3 +123,57 @@ def test_bad_generation_arguments_are_named() -> None:
         beam_search(decoder, inputs, begin_index=BOS, end_index=BOS)
     with pytest.raises(ValueError, match="max_length"):
         greedy_search(decoder, inputs, begin_index=BOS, end_index=EOS, max_length=0)
+
+
+def test_generation_errors_name_the_argument_and_the_vocabulary() -> None:
+    decoder, inputs = _decoder(0)
+    cases = [
+        ({"begin_index": BOS, "end_index": EOS, "max_length": 0}, r"^caption generation: max_length must be >= 1, got 0$"),
+        ({"begin_index": 6, "end_index": EOS}, r"^caption generation: begin_index 6 is not a token id \(V = 6\)$"),
+        ({"begin_index": -1, "end_index": EOS}, r"^caption generation: begin_index -1 is not a token id \(V = 6\)$"),
+        ({"begin_index": BOS, "end_index": 6}, r"^caption generation: end_index 6 is not a token id \(V = 6\)$"),
+        ({"begin_index": BOS, "end_index": PAD},
+         r"^caption generation: the end token must differ from the begin and padding tokens$"),
+        ({"begin_index": BOS, "end_index": BOS}, r"^caption generation: the end token must differ"),
+    ]
+    for options, message in cases:
+        for search in (beam_search, greedy_search):
+            with pytest.raises(ValueError, match=message):
+                search(decoder, inputs, **options)
+    with pytest.raises(ValueError, match=r"^beam_search: beam_size must be >= 1, got 0$"):
+        beam_search(decoder, inputs, begin_index=BOS, end_index=EOS, beam_size=0)
+    with pytest.raises(ValueError, match=r"^caption generation: end_index 6 is not a token id"):
+        score_captions(decoder, inputs, None, torch.tensor([[3]] * 3), begin_index=BOS, end_index=6)
+
+
+def test_normalised_score_and_the_better_of_two_generations_by_hand() -> None:
+    log_prob = torch.tensor([-6.0, -2.0, -3.0])
+    length = torch.tensor([4, 0, 2])
+    assert normalised_score(log_prob, length, 0.5).tolist() == pytest.approx([-3.0, -2.0, -3.0 / math.sqrt(2)])
+    assert normalised_score(log_prob, length, 1.0).tolist() == [-1.5, -2.0, -1.5]
+    first = Generated(torch.tensor([[3, EOS, PAD], [4, 4, EOS]]), torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -6.0]))
+    second = Generated(torch.tensor([[5, 3, 4, EOS], [3, EOS, PAD, PAD]]), torch.tensor([-1.0, -1.5]),
+                       torch.tensor([-4.0, -3.0]))
+    best = _better(first, second, PAD)  # row 0: a tie keeps the first; row 1: the second scores higher
+    assert best.tokens.tolist() == [[3, EOS], [3, EOS]]  # cut to the longest caption
+    assert best.scores.tolist() == [-1.0, -1.5] and best.log_probs.tolist() == [-2.0, -3.0]
+    assert _better(first, second._replace(scores=torch.tensor([-9.0, -9.0])), PAD) is first
+    wide = _better(first, second._replace(scores=torch.tensor([0.0, -9.0])), PAD)
+    assert wide.tokens.tolist() == [[5, 3, 4, EOS], [4, 4, EOS, PAD]] and wide.log_probs.tolist() == [-4.0, -6.0]
+
+
+@pytest.mark.parametrize("penalty", [1.0, 0.5])
+def test_score_captions_normalises_by_the_generated_length(penalty: float) -> None:
+    decoder, inputs = _decoder(1)
+    tokens = torch.tensor([[3, EOS, PAD], [5, 4, 3], [EOS, PAD, PAD]])
+    generated, _ = score_captions(decoder, inputs, None, tokens, begin_index=BOS, end_index=EOS,
+                                  **({"length_penalty": penalty} if penalty != 1.0 else {}))
+    for b, row in enumerate(tokens.tolist()):
+        ids = [t for t in row if t != PAD]
+        raw = _oracle_log_prob(decoder, inputs, ids)[b]
+        assert generated.log_probs[b].item() == pytest.approx(raw, abs=1e-5)
+        assert generated.scores[b].item() == pytest.approx(raw / len(ids) ** penalty, abs=1e-5)
+    assert torch.equal(generated.tokens, tokens)
+    empty, steps = score_captions(decoder, inputs, None, torch.zeros(3, 0, dtype=torch.long), begin_index=BOS,
+                                  end_index=EOS)
+    assert empty.scores.tolist() == [0.0] * 3 and steps == []

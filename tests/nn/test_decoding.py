@@ -197,3 +197,151 @@ def test_bad_input_is_refused_with_a_clear_error():
         decoder.greedy(inputs, masks, begin_index=1, end_index=9)
     with pytest.raises(ValueError, match="padding_index 7"):
         CaptionDecoder(DIMS, VOCAB, padding_index=7)
+
+
+def reference_lstm(decoder, embedded, hidden, cell):
+    """The LSTM cell's gate equations (i, f, g, o) for one sample."""
+    lstm = decoder.lstm
+    gates = lstm.weight_ih @ embedded + lstm.bias_ih + lstm.weight_hh @ hidden + lstm.bias_hh
+    i, f, g, o = gates.chunk(4)
+    cell = sigmoid(f) * cell + sigmoid(i) * torch.tanh(g)
+    return sigmoid(o) * torch.tanh(cell), cell
+
+
+def test_mean_pooled_baseline_sees_the_same_masked_means_every_step():
+    """orders=None: p_t = softmax(W_p^h h_t + b_p + sum_k W_p^k mean(x_k)), uniform attention."""
+    torch.manual_seed(4)
+    decoder = CaptionDecoder(DIMS, VOCAB, embed_dim=4, hidden_dim=5, orders=None).double()
+    assert not hasattr(decoder.maf, "terms")
+    inputs, masks = make_inputs(seed=4)
+    captions = torch.tensor([[1, 4, 5], [1, 3, 2], [1, 6, 6]])
+    logits = decoder(captions, inputs, masks)
+    with torch.no_grad():
+        for b in range(3):
+            xs, real = sample(inputs, masks, b)
+            means = [sum(x[r] for r in range(x.shape[0]) if m[r]) / sum(m) for x, m in zip(xs, real, strict=True)]
+            fused = sum(p.weight @ mean for p, mean in zip(decoder.maf.output_projections, means, strict=True))
+            hidden, cell = reference_initial_state(decoder, xs, real)
+            for t in range(2):
+                hidden, cell = reference_lstm(decoder, decoder.embedding.weight[captions[b, t]], hidden, cell)
+                expected = decoder.state_output.weight @ hidden + decoder.state_output.bias + fused
+                torch.testing.assert_close(logits[b, t], expected, rtol=0, atol=1e-12)
+        sequences, full = decoder.prepare(inputs, masks)
+        step = decoder.step(captions[:, 0], decoder.initial_state(sequences, full), sequences, full)
+    for m in range(2):
+        count = masks[m].sum(-1, keepdim=True)
+        torch.testing.assert_close(step.attention[m], masks[m].float() / count, rtol=0, atol=0)  # float32
+    torch.testing.assert_close(step.modality_weights, torch.full((3, 2), 0.5, dtype=F64), rtol=0, atol=0)
+
+
+def test_dropout_drops_the_word_embedding_and_the_state_term_only():
+    """With p = 1 dropout is deterministic (all zero): the LSTM reads zeros and Eq. 22's
+    state term keeps only b_p, while MAF still attends from the undropped h_t."""
+    decoder = make_decoder()
+    dropped = CaptionDecoder(DIMS, VOCAB, embed_dim=4, hidden_dim=5, orders="UB", attention_dim=3,
+                             dropout=1.0).double()
+    dropped.load_state_dict(decoder.state_dict())
+    dropped.train()
+    inputs, masks = make_inputs(seed=5)
+    captions = torch.tensor([[1, 4, 5], [1, 3, 2], [1, 6, 6]])
+    logits = dropped(captions, inputs, masks)
+    for b in range(3):
+        xs, real = sample(inputs, masks, b)
+        hidden, cell = reference_initial_state(decoder, xs, real)
+        for t in range(2):
+            with torch.no_grad():
+                new_hidden, _new_cell = reference_lstm(decoder, torch.zeros(4, dtype=F64), hidden, cell)
+            # reference_step's LSTM reads word 0 (padding), whose embedding is zero: the same input
+            full, hidden, cell, _ = reference_step(decoder, 0, hidden, cell, xs, real)
+            torch.testing.assert_close(hidden, new_hidden, rtol=0, atol=1e-12)
+            expected = full - decoder.state_output.weight.detach() @ hidden
+            torch.testing.assert_close(logits[b, t], expected, rtol=0, atol=1e-12)
+    dropped.eval()  # no dropout in evaluation
+    torch.testing.assert_close(dropped(captions, inputs, masks), decoder(captions, inputs, masks), rtol=0, atol=0)
+
+
+def test_constructor_passes_its_options_to_maf_and_checks_its_sizes():
+    decoder = CaptionDecoder([3, 2, 4], 9, orders="UBT", low_rank=True, attention_dim=6, rank=3,
+                             max_lengths=[5, 6, 7], combination="literal", padding_index=4)
+    maf = decoder.maf
+    assert maf.low_rank and maf.combination == "literal" and maf.max_lengths == [5, 6, 7]
+    assert maf.subsets[-1] == (0, 1, 2) and maf.terms["0_1"].rank == 3 and maf.terms["0"].score_vector.shape == (6,)
+    assert maf.query_dim == 256 and maf.out_dim == 9 and decoder.embedding.weight.shape == (9, 128)
+    assert decoder.lstm.input_size == 128 and decoder.lstm.hidden_size == 256 and decoder.dropout.p == 0.0
+    assert decoder.initial_hidden.in_features == 9 and decoder.state_output.out_features == 9
+    assert decoder.embedding.padding_idx == 4 and bool((decoder.embedding.weight[4] == 0).all())
+    default = CaptionDecoder([3, 2], 5)
+    assert default.maf.subsets == [(0,), (1,), (0, 1)] and not default.maf.low_rank
+    assert default.maf.combination == "log" and default.padding_index == 0
+    assert default.maf.terms["0_1"].mapping.query_projections[0].out_features == 64
+    for kwargs, message in (
+        ({"vocab_size": 1}, r"^CaptionDecoder: vocab_size must be >= 2 and sizes positive, got vocab_size=1, "
+                            r"embed_dim=128, hidden_dim=256$"),
+        ({"embed_dim": 0}, r"embed_dim=0, hidden_dim=256$"),
+        ({"hidden_dim": 0}, r"hidden_dim=0$"),
+        ({"padding_index": -1}, r"^CaptionDecoder: padding_index -1 is not a token id in \[0, 4\]$"),
+        ({"padding_index": 5}, r"^CaptionDecoder: padding_index 5 is not a token id in \[0, 4\]$"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            CaptionDecoder(**{"input_dims": [3, 2], "vocab_size": 5, **kwargs})
+
+
+def test_token_and_greedy_errors_name_what_is_wrong():
+    decoder = make_decoder()
+    inputs, masks = make_inputs()
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: captions must be a LongTensor of token ids$"):
+        decoder([[1, 2]] * 3, inputs, masks)
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: captions holds token ids outside \[0, 6\] \(min -1, max 2\)$"):
+        decoder(torch.tensor([[1, 2], [1, -1], [1, 2]]), inputs, masks)
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: captions has batch size 2, the features 3$"):
+        decoder(torch.tensor([[1, 2], [1, 2]]), inputs, masks)
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: captions has shape \(3, 1\); expected \(B, L\) with L >= 2"):
+        decoder(torch.tensor([[1], [1], [1]]), inputs, masks)
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: captions has shape \(3,\); expected"):
+        decoder(torch.tensor([1, 1, 1]), inputs, masks)
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: modality 1 has feature size 3"):
+        decoder(torch.tensor([[1, 2]] * 3), [inputs[0], inputs[0]], None)
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: max_length must be >= 1, got 0$"):
+        decoder.greedy(inputs, masks, begin_index=1, end_index=2, max_length=0)
+    for name, bad in (("begin_index", {"begin_index": 7, "end_index": 2}),
+                      ("begin_index", {"begin_index": -1, "end_index": 2}),
+                      ("end_index", {"begin_index": 1, "end_index": 7})):
+        with pytest.raises(ValueError, match=rf"^CaptionDecoder: {name} -?\d is not a token id$"):
+            decoder.greedy(inputs, masks, **bad)
+
+
+def test_greedy_runs_to_max_length_without_an_end_and_never_emits_begin_or_padding():
+    decoder = make_decoder()
+    with torch.no_grad():  # padding (0) and begin (3) are the most probable words
+        decoder.state_output.bias.copy_(torch.tensor([50.0, 0, 0, 40.0, 0, 0, 0], dtype=F64))
+    inputs, masks = make_inputs(seed=6)
+    tokens, steps = decoder.greedy(inputs, masks, begin_index=3, end_index=6)  # default max_length 20
+    for b in range(3):
+        xs, real = sample(inputs, masks, b)
+        hidden, cell = reference_initial_state(decoder, xs, real)
+        word, expected = 3, []
+        for _ in range(20):
+            logits, hidden, cell, _ = reference_step(decoder, word, hidden, cell, xs, real)
+            logits[[0, 3]] = -math.inf
+            word = int(logits.argmax())
+            expected.append(word)
+            if word == 6:
+                break
+        assert [t for t in tokens[b].tolist() if t != 0] == expected
+    assert tokens.shape[1] == len(steps) and len(steps) <= 20 and bool((tokens != 3).all())
+
+
+def test_caption_cross_entropy_ignores_the_given_padding_index_and_checks_shapes():
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(2, 3, VOCAB, generator=gen, dtype=F64)
+    targets = torch.tensor([[4, 2, 3], [3, 0, 3]])  # padding index 3
+    terms = [-torch.log_softmax(logits[b, t], -1)[targets[b, t]] for b in range(2) for t in range(3)
+             if targets[b, t] != 3]
+    got = caption_cross_entropy(logits, targets, padding_index=3)
+    assert abs(float(got) - float(sum(terms) / len(terms))) < 1e-12
+    with pytest.raises(ValueError, match=r"^caption_cross_entropy: logits \(2, 3, 7\) and targets \(2, 2\) must be"):
+        caption_cross_entropy(logits, targets[:, :2])
+    with pytest.raises(ValueError, match=r"^caption_cross_entropy: logits \(6, 7\) and targets \(6,\) must be"):
+        caption_cross_entropy(logits.flatten(0, 1), targets.flatten())
+    with pytest.raises(ValueError, match=r"^caption_cross_entropy: label_smoothing must lie in \[0, 1\), got -0.1$"):
+        caption_cross_entropy(logits, targets, label_smoothing=-0.1)

@@ -568,3 +568,199 @@ def test_helpers_and_forward_checks_name_the_module():
         with pytest.raises(ValueError, match=r"^HOCA: max_lengths must be a positive int or 3"):
             HOCA(INPUT_DIMS, 3, max_lengths=bad)
     assert HOCA([2, 2], 3, max_lengths=1).max_lengths == [1, 1]
+
+
+# ---------------------------------------------------------------------------
+# Construction: the documented initialisation, defaults, reprs and full messages
+# ---------------------------------------------------------------------------
+
+
+def test_initialisation_follows_the_documented_scales():
+    """HOCA weights N(0, 1/P) over their P entries, Low-Rank factors N(0, 1/T_i), score
+    vectors N(0, 1/d), w^{I_l} = 1_d (sample moments of large draws, seeded)."""
+    torch.manual_seed(12)
+    exact = HOCA([2, 2, 2], 3, attention_dim=4, max_lengths=[40, 50, 60])
+    for weight, entries in zip(exact.weights, [3000, 2400, 2000], strict=True):
+        assert float(weight.detach().std()) == pytest.approx(1 / math.sqrt(entries), rel=0.05)
+        assert abs(float(weight.detach().mean())) < 3 / entries
+    low_rank = LowRankHOCA([2, 2], 3, attention_dim=4, rank=300, max_lengths=[40, 90])
+    for factor, length in zip(low_rank.factors, [40, 90], strict=True):
+        assert factor.shape == (300, length)
+        assert float(factor.detach().std()) == pytest.approx(1 / math.sqrt(length), rel=0.05)
+    assert [tuple(v.shape) for v in low_rank.weight_vectors] == [(4,), (4,)]
+    unary = BahdanauAttention(3, 2, attention_dim=4000)
+    assert float(unary.score_vector.detach().std()) == pytest.approx(1 / math.sqrt(4000), rel=0.05)
+    maf = MAF([2, 3], 2, 3, orders="U", attention_dim=5, fusion_dim=4000)
+    assert float(maf.fusion_score.detach().std()) == pytest.approx(1 / math.sqrt(4000), rel=0.05)
+    assert maf.fusion_query.out_features == 4000 and maf.fusion_contexts[1].in_features == 3
+    assert all(bool((theta == 1).all()) for theta in MAF([2, 3], 2, 3, orders="UB").order_weights)
+
+
+def test_defaults_of_the_modules():
+    unary = BahdanauAttention(3, 2)
+    assert unary.query_projection.out_features == 64 and unary.feature_projection.bias is None
+    exact = HOCA([3, 2], 5)
+    assert exact.attention_dim == 64 and exact.max_lengths == [64, 64] and exact.max_elements == 2**26
+    assert exact.mapping.query_projections[1].in_features == 5
+    assert exact.mapping.feature_projections[1].in_features == 2
+    assert exact.mapping.query_projections[1].out_features == 64
+    low_rank = LowRankHOCA([3, 2], 5)
+    assert low_rank.rank == 1 and low_rank.attention_dim == 64 and low_rank.max_lengths == [512, 512]
+    maf = MAF([3, 2], 5, 4)
+    assert maf.subsets == [(0,), (1,), (0, 1)] and not maf.low_rank and maf.combination == "log"
+    assert maf.max_lengths == [64, 64] and maf.terms["0_1"].max_elements == 2**26
+    assert maf.fusion_query.out_features == 64 and maf.terms["0"].score_vector.shape == (64,)
+    assert MAF([3, 2], 5, 4, orders="U").max_lengths == [64, 64]
+    assert MAF([3, 2], 5, 4, low_rank=True).max_lengths == [512, 512]
+    assert MAF([3, 2], 5, 4, low_rank=True, rank=2).terms["0_1"].rank == 2
+    assert MAF([3, 2, 2, 2, 2], 5, 4, orders=[1, 5]).max_lengths == [32] * 5  # the largest subset
+    assert MAF([3, 2], 5, 4, max_elements=5000, max_lengths=[40, 50]).terms["0_1"].max_elements == 5000
+    hoca = polyfuse.nn.create("hoca", input_dims=[3, 2], out_dim=4)
+    assert hoca.maf.subsets == [(0,), (1,), (0, 1)] and hoca.query_mode == "pooled"
+    assert hoca.query_projection.out_features == 32 and hoca.maf.terms["0"].score_vector.shape == (32,)
+    assert hoca.maf.combination == "log" and not hoca.maf.low_rank and hoca.maf.out_dim == 4
+    assert hoca.maf.owner == "HOCAFusion" and hoca.maf.terms["0_1"].max_elements == 2**26
+    low = polyfuse.nn.create("lowrank_hoca", input_dims=[3, 2, 4], out_dim=4)
+    assert low.maf.subsets[-1] == (0, 1, 2) and low.maf.low_rank and low.maf.terms["0_1_2"].rank == 1
+    assert low.maf.terms["0"].score_vector.shape == (32,) and low.query_mode == "pooled"
+    assert low.maf.query_dim == 32 and low.maf.combination == "log" and low.maf.owner == "LowRankHOCAFusion"
+    maf_fusion = polyfuse.nn.create("maf", input_dims=[3, 2], out_dim=4)
+    assert maf_fusion.maf.subsets == [(0,), (1,), (0, 1)] and not maf_fusion.maf.low_rank
+    assert maf_fusion.maf.terms["0_1"].max_elements == 2**26 and maf_fusion.maf.query_dim == 32
+    assert polyfuse.nn.create("maf", input_dims=[3, 2], out_dim=4, low_rank=True).maf.terms["0_1"].rank == 1
+
+
+def test_adapters_pass_every_option_to_maf():
+    for name in ("hoca", "lowrank_hoca", "maf"):
+        options = {"orders": "UT", "attention_dim": 6, "query": "learned", "query_dim": 5, "max_lengths": [7, 8, 9],
+                       "combination": "literal"}
+        if name == "hoca":
+            options["max_elements"] = 10_000
+        if name != "hoca":
+            options["rank"] = 2
+        module = polyfuse.nn.create(name, input_dims=[3, 2, 4], out_dim=4, **options)
+        maf = module.maf
+        assert maf.subsets == [(0,), (1,), (2,), (0, 1, 2)] and maf.combination == "literal"
+        assert maf.query_dim == 5 and module.learned_query.shape == (5,) and module.query_mode == "learned"
+        assert maf.max_lengths == [7, 8, 9] and maf.terms["0"].score_vector.shape == (6,)
+        assert maf.low_rank == (name == "lowrank_hoca")
+        if name == "hoca":
+            assert maf.terms["0_1_2"].max_elements == 10_000
+        if name != "hoca":
+            assert getattr(maf.terms["0_1_2"], "rank", 2) == 2
+    with pytest.raises(ValueError, match=r"^HOCAFusion: query must be 'pooled' or 'learned', got 'mean'$"):
+        HOCAFusion([3, 2], 5, query="mean")
+    with pytest.raises(ValueError, match=r"^LowRankHOCAFusion: combination must be one of \('log', 'literal'\)"):
+        LowRankHOCAFusion([3, 2], 5, combination="mean")
+
+
+def test_reprs_name_the_configuration():
+    assert repr(HOCA([3, 2], 5, attention_dim=4, max_lengths=[6, 7])).startswith(
+        "HOCA(\n  input_dims=[3, 2], query_dim=5, attention_dim=4, max_lengths=[6, 7]\n")
+    assert "input_dims=[3, 2], query_dim=5, attention_dim=4, max_lengths=[6, 7], rank=2\n" in repr(
+        LowRankHOCA([3, 2], 5, attention_dim=4, rank=2, max_lengths=[6, 7]))
+    assert repr(MAF([3, 2], 5, 4, orders="U", max_lengths=9)).startswith(
+        "MAF(\n  input_dims=[3, 2], query_dim=5, out_dim=4, subsets=[(0,), (1,)], low_rank=False, "
+        "max_lengths=[9, 9], combination='log'\n")
+    assert repr(HOCAFusion([3, 2], 5, query="learned")).startswith(
+        "HOCAFusion(\n  input_dims=[3, 2], out_dim=5, query='learned'\n")
+
+
+def test_construction_messages_name_the_argument():
+    with pytest.raises(ValueError, match=r"^HOCA needs at least 2 modalities, got input_dims=\[3\]$"):
+        HOCA([3], 2)
+    with pytest.raises(ValueError, match=r"^LowRankHOCA needs at least 2 modalities"):
+        LowRankHOCA([3], 2)
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: rank must be positive, got 0$"):
+        LowRankHOCA([3, 2], 2, rank=0)
+    with pytest.raises(
+        ValueError,
+        match=r"^HOCA: the weight tensor of modality 2 would have 12 entries \(max_lengths \[3, 4, 2\]\), more "
+        r"than max_elements=11; lower max_lengths, raise max_elements or use LowRankHOCA$",
+    ):
+        HOCA([2, 2, 2], 3, max_lengths=[3, 4, 2], max_elements=11)
+    assert HOCA([2, 2, 2], 3, max_lengths=[3, 4, 2], max_elements=12).max_elements == 12  # 3 x 4 fits exactly
+    with pytest.raises(ValueError, match=r"^LowRankHOCA: max_lengths must be a positive int or 2 positive ints, "
+                                         r"got \[3, 4, 5\]$"):
+        LowRankHOCA([3, 2], 2, max_lengths=[3, 4, 5])
+    for kwargs in ({"query_dim": 0}, {"out_dim": 0}, {"attention_dim": 0}, {"input_dims": []}):
+        arguments = {"input_dims": [3, 2], "query_dim": 2, "out_dim": 4, **kwargs}
+        with pytest.raises(ValueError, match=r"^MAF: sizes must be positive and at least one modality is needed, "
+                                             r"got input_dims=\[.*\], query_dim=-?\d, out_dim=\d$"):
+            MAF(**arguments)
+    with pytest.raises(ValueError, match=r"^MAF: combination must be one of \('log', 'literal'\) \(HOCA Eq. 19\), "
+                                         r"got 'mean'$"):
+        MAF([3, 2], 2, 4, combination="mean")
+    with pytest.raises(ValueError, match=r"^MAF: combination must be one of \('log', 'literal'\) \(HOCA Eq. 19\), "
+                                         r"got 'mean'$"):
+        combine_attentions(torch.ones(1, 2, 1), torch.ones(1), torch.ones(1, 2, dtype=torch.bool), "mean")
+    with pytest.raises(ValueError, match=r"^orders: unknown order 'x' in 'UX'; use the letters U, B, T, the names "
+                                         r"'unary', 'binary', 'ternary', or ints k \(subsets of k modalities\)$"):
+        parse_orders("UX", 3)
+    with pytest.raises(ValueError, match=r"^orders: unknown order True in \[True\]"):
+        parse_orders([True], 3)
+    with pytest.raises(ValueError, match=r"^orders: order 0 needs 0 modalities, there are 3$"):
+        parse_orders([0], 3)
+    assert parse_orders([" Unary ", "B"], 2) == [(0,), (1,), (0, 1)]
+    assert parse_orders(" t ", 2) == [(0, 1)] and parse_orders("TERNARY", 3) == [(0, 1, 2)]
+    assert parse_orders(["u", "b", "t"], 3) == parse_orders("UBT", 3)
+
+
+def test_forward_messages_name_the_module_and_the_limit():
+    inputs, masks = random_batch(13, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    module = HOCA(INPUT_DIMS, 3, max_lengths=[5, 6, 3]).double()
+    with pytest.raises(ValueError, match=r"^HOCA: modality 1 has 7 time steps, more than max_lengths\[1\] = 6; "
+                                         r"build the module with a larger max_lengths \(its weights have one entry "
+                                         r"per time step\)$"):
+        module(query, inputs, masks)
+    with pytest.raises(ValueError, match=r"^HOCA: query has shape \(4, 2\), expected \(B, d_q\) = \(4, 3\)$"):
+        module(query[:, :2], inputs, masks)
+    with pytest.raises(ValueError, match=r"^HOCA: query has shape \(3, 3\), expected \(B, d_q\) = \(4, 3\)$"):
+        module(query[:3], inputs, masks)
+    with pytest.raises(ValueError, match=r"^HOCA: query has shape \(1, 4, 3\), expected"):
+        module(query[None], inputs, masks)
+
+
+def test_maf_with_one_modality_and_the_half_precision_paths():
+    torch.manual_seed(14)
+    single = MAF([4], 3, 2, orders="U", attention_dim=5).double()
+    (x,), (mask,) = random_batch(14, [4], [6], batch=3, dtype=F64)
+    query = torch.randn(3, 3, dtype=F64)
+    torch.testing.assert_close(single(query, [x], [mask]), loop_maf(single, query, [x], [mask])[0],
+                               rtol=0, atol=1e-12)
+    assert single(query[:0], [x[:0]], [mask[:0]]).shape == (0, 2)
+    with pytest.raises(ValueError, match=r"^MAF: query has shape \(3, 2\), expected \(B, d_q\) = \(3, 3\)$"):
+        single(query[:, :2], [x], [mask])
+    # a float16 query or float16 inputs with float32 weights: computed in float32
+    maf = MAF([4, 2], 3, 2, orders="UB", attention_dim=5, max_lengths=6)
+    inputs, masks = random_batch(15, [4, 2], [6, 5], batch=3)
+    query = torch.randn(3, 3)
+    rounded = [x.half().float() for x in inputs]
+    expected = maf(query.half().float(), inputs, masks)
+    torch.testing.assert_close(maf(query.half(), inputs, masks), expected.half(), rtol=0, atol=0)
+    expected = maf(query, rounded, masks)
+    got = maf(query, [x.half() for x in inputs], masks)
+    assert got.dtype == torch.float32  # the query's dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_fuse_prepared_checks_the_query_and_the_lengths_under_the_owners_name():
+    """fuse_prepared (the decoder's and the adapters' entry) checks the query and the
+    lengths itself, naming the modality by its index among all modalities."""
+    torch.manual_seed(16)
+    maf = MAF(INPUT_DIMS, 3, 4, orders=[2], attention_dim=4, max_lengths=[5, 7, 2]).double()
+    inputs, masks = random_batch(16, dtype=F64)
+    query = torch.randn(4, 3, dtype=F64)
+    with pytest.raises(ValueError, match=r"^MAF: modality 2 has 3 time steps, more than max_lengths\[2\] = 2; "):
+        maf.fuse_prepared(query, inputs, masks)
+    cut = [inputs[0], inputs[1], inputs[2][:, :2]]
+    cut_masks = [masks[0], masks[1], masks[2][:, :2] | (torch.arange(2) == 0)]
+    with pytest.raises(ValueError, match=r"^MAF: query has shape \(4, 2\), expected \(B, d_q\) = \(4, 3\)$"):
+        maf.fuse_prepared(query[:, :2], cut, cut_masks)
+    details = maf.fuse_prepared(query, cut, cut_masks)
+    torch.testing.assert_close(details.fused, loop_maf(maf, query, cut, cut_masks)[0], rtol=0, atol=1e-12)
+    adapter = HOCAFusion(INPUT_DIMS, 4, orders="U", attention_dim=4, max_lengths=[5, 6, 2])  # unary only:
+    adapter(*random_batch(16))  # no length limit applies
+    with pytest.raises(ValueError, match=r"^HOCAFusion: modality 1 has 7 time steps, more than max_lengths\[1\] = 6"):
+        HOCAFusion(INPUT_DIMS, 4, orders="UB", attention_dim=4, max_lengths=[5, 6, 3])(*random_batch(16))
