@@ -161,3 +161,5 @@ def test_bad_inputs_are_refused_with_the_argument_named():
         max_margin_ranking_loss(scores, positives, margin=0.0)
     with pytest.raises(ValueError, match=r"^temperature must be positive, got -1.0$"):
         info_nce_loss(scores, positives, temperature=-1.0)
+    with pytest.raises(ValueError, match=r"^temperature must be positive, got 0.0$"):
+        info_nce_loss(scores, positives, temperature=0.0)
