@@ -645,3 +645,26 @@ def test_klein_functions_on_batched_points_against_loops():
         lambda: einstein_midpoint(klein, weights, lorentz_factors=own_factors[:1]),
         r"^lorentz_factors has shape \(1, 3\), expected \(2, 3\)$",
     )
+
+
+def test_pairwise_distance_keeps_float32_and_a_single_query_row_keeps_its_axis():
+    x = random_points(2, 3, 4, seed=45)
+    y = random_points(2, 5, 4, seed=46)
+    single = lorentz_pairwise_distance(x.float(), y.float())
+    assert single.dtype == torch.float32
+    assert torch.allclose(single.double(), geoopt_math.dist(x[:, :, None], y[:, None], k=UNIT), rtol=1e-5)
+    # Einstein midpoint with (..., Q, N) weights and Q = 1: the Q axis stays
+    klein = lorentz_to_klein(y)
+    weights = torch.rand(2, 1, 5, generator=torch.Generator().manual_seed(4), dtype=DOUBLE)
+    midpoint = einstein_midpoint(klein, weights)
+    assert midpoint.shape == (2, 1, 4)
+    assert torch.allclose(midpoint[:, 0], einstein_midpoint(klein, weights[:, 0]), rtol=1e-12)
+
+
+def test_logmap0_at_the_origin_has_the_identity_jacobian():
+    # log_0 is the inverse of exp_0, whose Jacobian at 0 is (0; I): log_0's is (0 | I)
+    origin = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=DOUBLE)
+    jacobian = torch.autograd.functional.jacobian(lorentz_logmap0, origin)
+    expected = torch.cat((torch.zeros(3, 1, dtype=DOUBLE), torch.eye(3, dtype=DOUBLE)), dim=1)
+    assert torch.equal(lorentz_logmap0(origin), torch.zeros(3, dtype=DOUBLE))
+    assert torch.allclose(jacobian, expected)
