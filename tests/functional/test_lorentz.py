@@ -528,6 +528,9 @@ def test_the_upper_sheet_and_the_unit_ball_are_checked_at_their_boundaries():
         lambda: lorentz_to_klein(on_the_null_cone),
         r"^points must have a positive time coordinate x_0 \(upper sheet\)$",
     )
+    # the origin (x_0 = 1) is the centre of the Klein ball
+    origin = torch.tensor([[1.0, 0.0, 0.0]], dtype=DOUBLE)
+    assert torch.equal(lorentz_to_klein(origin), torch.zeros(1, 2, dtype=DOUBLE))
     # |v|^2 up to 1 + 1e-4 is accepted as rounding of a point on the boundary
     inside = torch.tensor([[1.00004, 0.0], [0.0, 0.5]], dtype=DOUBLE)
     factors = lorentz_factor(inside)
