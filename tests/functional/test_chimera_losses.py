@@ -272,3 +272,134 @@ def test_chimera_objective_errors():
         chimera_objective(topic_lm=torch.tensor(float("nan")))
     with pytest.raises(ValueError, match="distortion_weight"):
         chimera_objective(distortion=torch.tensor(1.0), distortion_weight=-1.0)
+
+
+# ------------------------------------------------------- defaults and messages, by hand
+
+
+def test_default_margin_eps_and_reduction_by_hand():
+    # two texts and two images on one geodesic, at radii 0, 1 (texts) and 0.25, 0.5
+    # (images): squared distances d^2(w_k, v_j) = (r_k - s_j)^2
+    direction = torch.tensor([0.0, 1.0], dtype=DOUBLE)
+    texts = lorentz_expmap0(torch.tensor([[0.0], [1.0]], dtype=DOUBLE) * direction)
+    images = lorentz_expmap0(torch.tensor([[0.25], [0.5]], dtype=DOUBLE) * direction)
+    positives = [0.25**2, 0.5**2]
+    # column j: [1 + d^2(w_j, v_j) - d^2(w_k, v_j)]_+ for k != j, margin 1 by default
+    terms = [1 + positives[0] - 0.75**2, 1 + positives[1] - 0.5**2]
+    assert float(hyperbolic_matching_loss(texts, images)) == pytest.approx(sum(terms) / 2, rel=1e-12)
+    # row i (symmetric): [1 + d^2(w_i, v_i) - d^2(w_i, v_l)]_+ for l != i
+    rows = [1 + positives[0] - 0.5**2, 1 + positives[1] - 0.75**2]
+    both = hyperbolic_matching_loss(texts, images, symmetric=True, reduction="sum")
+    assert float(both) == pytest.approx(sum(terms) + sum(rows), rel=1e-12)
+    # L_D with the default eps: coinciding embeddings give |d_L - 0| / 1e-6
+    tangents = torch.tensor([[0.0, 0.0], [0.0, 0.0]], dtype=DOUBLE)
+    loss = distortion_loss(texts, images, tangents, tangents)
+    distances = [0.25, 0.5, 0.75, 0.5]  # (w_0, v_0), (w_0, v_1), (w_1, v_0), (w_1, v_1)
+    assert float(loss) == pytest.approx(sum(distances) / 4 / 1e-6, rel=1e-9)
+    # and the default temperature 1 and direction (text to image) of L_TLM
+    text_topics = torch.tensor([[0.7, 0.3], [0.2, 0.8]], dtype=DOUBLE)
+    image_topics = torch.tensor([[0.6, 0.4], [0.5, 0.5]], dtype=DOUBLE)
+    scores = [[0.54, 0.5], [0.44, 0.5]]
+    expected = sum(
+        -math.log(math.exp(scores[b][b]) / sum(math.exp(s) for s in scores[b])) for b in range(2)
+    ) / 2
+    assert float(topic_matching_loss(text_topics, image_topics)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_topic_lm_loss_messages_name_the_argument():
+    vocab_logits, topic_logits = randn(2, 3, 2, 4, seed=8), randn(2, 3, 2, seed=9)
+    targets = torch.tensor([[0, 3, -100], [2, 1, 1]])
+    with pytest.raises(ValueError, match=r"^reduction must be one of \('mean', 'sum'\), got 'none'$"):
+        topic_lm_loss(vocab_logits, topic_logits, targets, reduction="none")
+    with pytest.raises(ValueError, match=r"^targets must be an int64 tensor of token ids$"):
+        topic_lm_loss(vocab_logits, topic_logits, targets.tolist())
+    with pytest.raises(
+        ValueError,
+        match=r"^topic_logits has shape \(2, 3, 1\), expected \(2, 3, 2\) for topic_vocab_logits \(2, 3, 2, 4\)$",
+    ):
+        topic_lm_loss(vocab_logits, topic_logits[..., :1], targets)
+    with pytest.raises(ValueError, match=r"^targets has shape \(2, 2\), expected \(2, 3\)$"):
+        topic_lm_loss(vocab_logits, topic_logits, targets[:, :2])
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    message = r"^mask must be a bool tensor of shape \(2, 3\) \(True = counts\)$"
+    for bad_mask in (mask.long(), mask[:, :2], mask.tolist()):
+        with pytest.raises(ValueError, match=message):
+            topic_lm_loss(vocab_logits, topic_logits, targets, bad_mask)
+    with pytest.raises(ValueError, match=r"^targets must lie in \[0, 4\) at counted positions$"):
+        topic_lm_loss(vocab_logits, topic_logits, torch.tensor([[0, 3, -100], [2, -1, 1]]))
+    bad = topic_logits.clone()
+    bad[1, 2, 1] = float("inf")
+    with pytest.raises(ValueError, match=r"^topic_logits \(at counted positions\) contains Inf"):
+        topic_lm_loss(vocab_logits, bad, targets)
+    # an Inf at a position the mask leaves out is never read
+    mask[1, 2] = False
+    assert torch.isfinite(topic_lm_loss(vocab_logits, bad, targets, mask))
+    # a target out of range where the mask leaves it out is not read either
+    out_of_range = targets.clone()
+    out_of_range[1, 2] = 99
+    assert torch.isfinite(topic_lm_loss(vocab_logits, topic_logits, out_of_range, mask))
+
+
+def test_pair_losses_messages_name_the_arguments():
+    texts = lorentz_expmap0(randn(3, 2, seed=16))
+    images = lorentz_expmap0(randn(3, 2, seed=17))
+    with pytest.raises(
+        ValueError, match=r"^text_points and image_points must be \(B, size\) tensors, got \(3,\) and \(3,\)$"
+    ):
+        hyperbolic_matching_loss(texts[0], images[0])
+    with pytest.raises(
+        ValueError, match=r"^text_points and image_points must be \(B, size\) tensors, got \(3, 3\) and \(1, 3, 3\)$"
+    ):
+        hyperbolic_matching_loss(texts, images[None])
+    with pytest.raises(
+        ValueError,
+        match=r"^text_points \(3, 3\) and image_points \(2, 3\) must have the same shape \(one pair per row\)$",
+    ):
+        hyperbolic_matching_loss(texts, images[:2])
+    with pytest.raises(ValueError, match=r"^hyperbolic_matching_loss needs a batch of at least 2 pairs"):
+        hyperbolic_matching_loss(texts[:1], images[:1])
+    with pytest.raises(ValueError, match=r"^margin must be positive, got -1.0$"):
+        hyperbolic_matching_loss(texts, images, margin=-1.0)
+    with pytest.raises(ValueError, match=r"^reduction must be one of"):
+        hyperbolic_matching_loss(texts, images, reduction="max")
+    with pytest.raises(ValueError, match=r"^topic_matching_loss needs a batch of at least 2 pairs"):
+        topic_matching_loss(randn(1, 4), randn(1, 4))
+    with pytest.raises(ValueError, match=r"^temperature must be positive, got 0.0$"):
+        topic_matching_loss(randn(2, 4), randn(2, 4), temperature=0.0)
+    with pytest.raises(ValueError, match=r"^text_topics contains NaN"):
+        topic_matching_loss(torch.full((2, 4), float("nan"), dtype=DOUBLE), randn(2, 4))
+    tangents = randn(3, 2, seed=18)
+    with pytest.raises(ValueError, match=r"^text_embeddings \(3, 2\) and image_embeddings \(2, 2\) must have"):
+        distortion_loss(texts, images, tangents, tangents[:2])
+    with pytest.raises(ValueError, match=r"^text_embeddings has 3 rows but text_points has 2$"):
+        distortion_loss(texts[:2], images[:2], tangents, tangents)
+    with pytest.raises(ValueError, match=r"^eps must be positive, got 0.0$"):
+        distortion_loss(texts, images, tangents, tangents, eps=0.0)
+    with pytest.raises(ValueError, match=r"^reduction must be one of"):
+        distortion_loss(texts, images, tangents, tangents, reduction="none")
+    bad = tangents.clone()
+    bad[2, 1] = float("inf")
+    with pytest.raises(ValueError, match=r"^image_embeddings contains Inf"):
+        distortion_loss(texts, images, tangents, bad)
+    with pytest.raises(ValueError, match=r"^text_embeddings contains Inf"):
+        distortion_loss(texts, images, bad, tangents)
+
+
+def test_chimera_objective_messages_and_weights_by_hand():
+    one = torch.tensor(1.0, dtype=DOUBLE)
+    for name in ("topic_lm", "topic_matching", "hyperbolic_matching", "distortion", "model_loss"):
+        with pytest.raises(ValueError, match=rf"^{name}_weight must be finite and non-negative, got inf$"):
+            chimera_objective(**{name: one, f"{name}_weight": float("inf")})
+        with pytest.raises(ValueError, match=rf"^{name}_weight must be finite and non-negative, got nan$"):
+            chimera_objective(**{name: one, f"{name}_weight": float("nan")})
+        with pytest.raises(ValueError, match=rf"^{name} must be a scalar float tensor$"):
+            chimera_objective(**{name: torch.tensor(1)})
+        with pytest.raises(ValueError, match=rf"^{name} must be a scalar float tensor$"):
+            chimera_objective(**{name: 1.0})
+        # each term alone, with its default lambda (0.5, 0.5, 0.5, 0.5, 1.0), and a (1,)-shaped loss
+        alone = chimera_objective(**{name: torch.tensor([3.0], dtype=DOUBLE)})
+        assert alone.shape == () and float(alone) == (3.0 if name == "model_loss" else 1.5)
+        # a weight of 0 keeps the term (at zero), unlike a missing term
+        assert float(chimera_objective(**{name: one, f"{name}_weight": 0.0})) == 0.0
+    with pytest.raises(ValueError, match=r"^chimera_objective needs at least one loss term$"):
+        chimera_objective(topic_lm_weight=1.0)

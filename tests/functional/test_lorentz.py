@@ -462,3 +462,212 @@ def test_bad_attention_inputs_raise_value_errors():
         lorentz_attention(queries, bad, values, mask, beta=1.0, offset=0.0)
     with pytest.raises(ValueError, match="beta must be finite"):
         lorentz_attention(queries, keys, values, beta=float("nan"), offset=0.0)
+
+
+# ------------------------------------------------------- every message names its argument
+
+
+def _refuses(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_every_check_names_the_argument_and_the_shapes():
+    points = random_points(2, 3, seed=40)  # (2, 4)
+    batched = random_points(2, 5, 3, seed=41)  # (2, 5, 4)
+    ints = torch.ones(2, 4, dtype=torch.long)
+    cases = [
+        # inner and distance: x, y, coordinates, broadcasting
+        (lambda: lorentz_inner(ints, points), r"^x must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_inner(points, ints), r"^y must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_inner(points, batched[..., :3]), r"^x has 4 coordinates but y has 3$"),
+        (lambda: lorentz_inner(points, random_points(3, 3)), r"^x \(2, 4\) and y \(3, 4\) do not broadcast$"),
+        (lambda: lorentz_distance(ints, points), r"^x must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_distance(points, ints), r"^y must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_distance(batched[..., :3], batched), r"^x has 3 coordinates but y has 4$"),
+        (lambda: lorentz_distance(batched, random_points(3, 1, 3)), r"^x \(2, 5, 4\) and y \(3, 1, 4\) do not broadcast$"),
+        # pairwise: at least (N, n + 1), leading dims broadcast
+        (lambda: lorentz_pairwise_distance(points[0], points), r"^x must have at least 2 dims, got shape \(4,\)$"),
+        (lambda: lorentz_pairwise_distance(points, points[0]), r"^y must have at least 2 dims, got shape \(4,\)$"),
+        (lambda: lorentz_pairwise_distance(ints, points), r"^x must be a float tensor"),
+        (lambda: lorentz_pairwise_distance(points, ints), r"^y must be a float tensor"),
+        (lambda: lorentz_pairwise_distance(batched, batched[..., :3]), r"^x has 4 coordinates but y has 3$"),
+        (lambda: lorentz_pairwise_distance(batched[..., :3], batched), r"^x has 3 coordinates but y has 4$"),
+        (
+            lambda: lorentz_pairwise_distance(batched, random_points(3, 5, 3)),
+            r"^x \(2,\) and y \(3,\) do not broadcast$",
+        ),
+        # maps and projection
+        (lambda: clip_radius(ints, 1.0), r"^tangent must be a float tensor, got dtype torch.int64$"),
+        (lambda: clip_radius(points, 0.0), r"^max_radius must be positive, got 0.0$"),
+        (lambda: lorentz_expmap0(ints), r"^tangent must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_expmap0(points, max_radius=0.0), r"^max_radius must be positive or None, got 0.0$"),
+        (lambda: lorentz_logmap0(ints), r"^points must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_project(ints), r"^points must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_project(points[:, :1]), r"^points must have n \+ 1 >= 2 coordinates"),
+        (lambda: lorentz_to_klein(ints), r"^points must be a float tensor, got dtype torch.int64$"),
+        # Klein model
+        (lambda: klein_to_lorentz(ints), r"^points_klein must be a float tensor, got dtype torch.int64$"),
+        (lambda: lorentz_factor(ints), r"^points_klein must be a float tensor, got dtype torch.int64$"),
+        (
+            lambda: klein_to_lorentz(torch.tensor([0.8, 0.61])),
+            r"^points_klein has points outside the unit ball \(\|v\| > 1\): not Klein points$",
+        ),
+        (
+            lambda: klein_to_lorentz(torch.tensor([float("nan"), 0.0])),
+            r"^points_klein contains NaN at index \(0,\)$",
+        ),
+    ]
+    for call, message in cases:
+        _refuses(call, message)
+
+
+def test_the_upper_sheet_and_the_unit_ball_are_checked_at_their_boundaries():
+    on_the_null_cone = torch.tensor([[0.0, 0.0], [1.0, 0.0]], dtype=DOUBLE)
+    _refuses(
+        lambda: lorentz_to_klein(on_the_null_cone),
+        r"^points must have a positive time coordinate x_0 \(upper sheet\)$",
+    )
+    # the origin (x_0 = 1) is the centre of the Klein ball
+    origin = torch.tensor([[1.0, 0.0, 0.0]], dtype=DOUBLE)
+    assert torch.equal(lorentz_to_klein(origin), torch.zeros(1, 2, dtype=DOUBLE))
+    # |v|^2 up to 1 + 1e-4 is accepted as rounding of a point on the boundary
+    inside = torch.tensor([[1.00004, 0.0], [0.0, 0.5]], dtype=DOUBLE)
+    factors = lorentz_factor(inside)
+    eps = torch.finfo(DOUBLE).eps
+    assert torch.allclose(factors, torch.tensor([eps**-0.5, 1 / math.sqrt(0.75)], dtype=DOUBLE))
+    _refuses(lambda: lorentz_factor(torch.tensor([1.0001, 0.01], dtype=DOUBLE)), "outside the unit ball")
+
+
+def test_einstein_midpoint_checks_name_the_argument():
+    klein = lorentz_to_klein(random_points(2, 3, seed=42))  # (2, 3)
+    weights = torch.ones(2, dtype=DOUBLE)
+    cases = [
+        (lambda: einstein_midpoint(klein.long(), weights), r"^points_klein must be a float tensor"),
+        (lambda: einstein_midpoint(klein[0], weights), r"^points_klein must have at least 2 dims, got shape \(3,\)$"),
+        (lambda: einstein_midpoint(klein, weights.long()), r"^weights must be a float tensor, got dtype torch.int64$"),
+        (
+            lambda: einstein_midpoint(klein, torch.ones(1, 1, 2, dtype=DOUBLE)),
+            r"^weights must have shape \(\.\.\., N\) or \(\.\.\., Q, N\) for points_klein of shape "
+            r"\(\.\.\., N, n\) = \(2, 3\), got \(1, 1, 2\)$",
+        ),
+        (lambda: einstein_midpoint(klein, torch.ones(3, 3, dtype=DOUBLE)), r"^weights has 3 entries per row, points_klein has N = 2$"),
+        (lambda: einstein_midpoint(klein, weights, torch.ones(2)), r"^mask must be a bool tensor \(True = real step\)$"),
+        (lambda: einstein_midpoint(klein, weights, torch.ones(3, dtype=torch.bool)), r"^mask has shape \(3,\), expected \(2,\)$"),
+        (lambda: einstein_midpoint(klein * 2.0, weights), r"^points_klein has points outside the unit ball"),
+        (lambda: einstein_midpoint(klein, weights * math.inf), r"^weights contains Inf at index \(0,\)$"),
+        (lambda: einstein_midpoint(klein, -weights), r"^weights must be non-negative$"),
+        (lambda: einstein_midpoint(klein, weights, lorentz_factors=weights.long()), r"^lorentz_factors must be a float tensor"),
+        (
+            lambda: einstein_midpoint(klein, weights, lorentz_factors=weights[:1]),
+            r"^lorentz_factors has shape \(1,\), expected \(2,\)$",
+        ),
+        (lambda: einstein_midpoint(klein, weights, lorentz_factors=weights * math.nan), r"^lorentz_factors contains NaN at index \(0,\)$"),
+        (lambda: einstein_midpoint(klein, weights, lorentz_factors=weights * 0.0), r"^lorentz_factors must be positive$"),
+        (
+            lambda: einstein_midpoint(klein, torch.tensor([0.0, 1.0], dtype=DOUBLE), torch.tensor([True, False])),
+            r"^weights must have a positive sum over the real points of every row$",
+        ),
+    ]
+    for call, message in cases:
+        _refuses(call, message)
+    # a padded point may lie anywhere (even outside the ball): its content is never read
+    outside = klein.clone()
+    outside[1] = 5.0
+    mask = torch.tensor([True, False])
+    assert torch.allclose(einstein_midpoint(outside, weights, mask), klein[0], rtol=1e-12)
+
+
+def test_lorentz_attention_checks_name_the_argument():
+    queries, keys, values, mask = attention_inputs(seed=43)  # (2, 3, 4), (2, 4, 4), (2, 4, 3)
+
+    def attend(q=queries, k=keys, v=values, m=None, beta=1.0, offset=0.0):
+        return lorentz_attention(q, k, v, m, beta=beta, offset=offset)
+
+    upper = values.clone()
+    upper[0, 2, 0] = -upper[0, 2, 0]  # a real value on the lower sheet
+    lower_padded = values.clone()
+    lower_padded[0, 1, 0] = -1.0  # the same at a padded key: never read
+    cases = [
+        (lambda: attend(q=queries[0, 0]), r"^queries must have at least 2 dims, got shape \(4,\)$"),
+        (lambda: attend(q=queries.long()), r"^queries must be a float tensor, got dtype torch.int64$"),
+        (lambda: attend(q=queries[..., :1]), r"^queries must have n \+ 1 >= 2 coordinates"),
+        (lambda: attend(k=keys[0, 0]), r"^keys must have at least 2 dims, got shape \(4,\)$"),
+        (lambda: attend(k=keys.long()), r"^keys must be a float tensor, got dtype torch.int64$"),
+        (lambda: attend(v=values[0, 0]), r"^values must have at least 2 dims, got shape \(3,\)$"),
+        (lambda: attend(v=values.long()), r"^values must be a float tensor, got dtype torch.int64$"),
+        (lambda: attend(k=keys[..., :3]), r"^queries have 4 coordinates but keys have 3$"),
+        (
+            lambda: attend(v=values[:, :3]),
+            r"^keys \(2, 4, 4\) and values \(2, 3, 3\) must agree in all dims but the last$",
+        ),
+        (
+            lambda: attend(q=random_points(3, 3, 3)),
+            r"^queries \(3,\) and keys \(2,\) do not broadcast$",
+        ),
+        (lambda: attend(m=mask.float()), r"^masks must be a bool tensor \(True = real step\)$"),
+        (lambda: attend(m=mask[:, :2]), r"^masks has shape \(2, 2\), expected \(2, 4\)$"),
+        (lambda: attend(k=keys * math.inf), r"^keys contains Inf at index \(0, 0, 0\)$"),
+        (lambda: attend(v=values * math.nan), r"^values contains NaN at index \(0, 0, 0\)$"),
+        (lambda: attend(v=upper), r"^values must have a positive time coordinate x_0 \(upper sheet\)$"),
+        (lambda: attend(v=upper, m=mask), r"^values must have a positive time coordinate x_0 \(upper sheet\)$"),
+        (lambda: attend(beta=torch.tensor(1)), r"^beta must be a float tensor or a number, got torch.int64$"),
+        (lambda: attend(offset=torch.tensor(1)), r"^offset must be a float tensor or a number, got torch.int64$"),
+        (lambda: attend(beta=torch.tensor(math.inf)), r"^beta contains Inf at index \(\)$"),
+        (lambda: attend(offset=torch.tensor(math.nan)), r"^offset contains NaN at index \(\)$"),
+        (lambda: attend(beta=math.inf), r"^beta must be finite, got inf$"),
+        (lambda: attend(offset=-math.inf), r"^offset must be finite, got -inf$"),
+    ]
+    for call, message in cases:
+        _refuses(call, message)
+    # at padded keys the values (and keys) may be anything: masked in, same as without
+    garbage_keys = keys.clone()
+    garbage_keys[~mask] = math.nan
+    padded = attend(k=garbage_keys, v=lower_padded, m=mask)
+    assert torch.allclose(padded, attend(m=mask), rtol=1e-12)
+
+
+def test_klein_functions_on_batched_points_against_loops():
+    points = random_points(2, 3, 4, scale=1.2, seed=44)  # (B, N, n + 1)
+    klein = lorentz_to_klein(points)  # (B, N, n)
+    factors = lorentz_factor(klein)
+    weights = torch.rand(2, 3, generator=torch.Generator().manual_seed(3), dtype=DOUBLE) + 0.1
+    # any positive factors are accepted, below 1 too (a caller's own weighting)
+    own_factors = torch.tensor([[0.5, 1.0, 2.0], [1.0, 0.25, 3.0]], dtype=DOUBLE)
+    midpoints = einstein_midpoint(klein, weights, lorentz_factors=own_factors)
+    assert factors.shape == (2, 3) and midpoints.shape == (2, 4)
+    for b in range(2):
+        numerator, denominator = torch.zeros(4, dtype=DOUBLE), 0.0
+        for j in range(3):
+            v = klein[b, j]
+            assert math.isclose(float(factors[b, j]), 1 / math.sqrt(1 - float(v @ v)), rel_tol=1e-12)
+            numerator += weights[b, j] * own_factors[b, j] * v
+            denominator += float(weights[b, j] * own_factors[b, j])
+        assert torch.allclose(midpoints[b], numerator / denominator, rtol=1e-12)
+    _refuses(
+        lambda: einstein_midpoint(klein, weights, lorentz_factors=own_factors[:1]),
+        r"^lorentz_factors has shape \(1, 3\), expected \(2, 3\)$",
+    )
+
+
+def test_pairwise_distance_keeps_float32_and_a_single_query_row_keeps_its_axis():
+    x = random_points(2, 3, 4, seed=45)
+    y = random_points(2, 5, 4, seed=46)
+    single = lorentz_pairwise_distance(x.float(), y.float())
+    assert single.dtype == torch.float32
+    assert torch.allclose(single.double(), geoopt_math.dist(x[:, :, None], y[:, None], k=UNIT), rtol=1e-5)
+    # Einstein midpoint with (..., Q, N) weights and Q = 1: the Q axis stays
+    klein = lorentz_to_klein(y)
+    weights = torch.rand(2, 1, 5, generator=torch.Generator().manual_seed(4), dtype=DOUBLE)
+    midpoint = einstein_midpoint(klein, weights)
+    assert midpoint.shape == (2, 1, 4)
+    assert torch.allclose(midpoint[:, 0], einstein_midpoint(klein, weights[:, 0]), rtol=1e-12)
+
+
+def test_logmap0_at_the_origin_has_the_identity_jacobian():
+    # log_0 is the inverse of exp_0, whose Jacobian at 0 is (0; I): log_0's is (0 | I)
+    origin = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=DOUBLE)
+    jacobian = torch.autograd.functional.jacobian(lorentz_logmap0, origin)
+    expected = torch.cat((torch.zeros(3, 1, dtype=DOUBLE), torch.eye(3, dtype=DOUBLE)), dim=1)
+    assert torch.equal(lorentz_logmap0(origin), torch.zeros(3, dtype=DOUBLE))
+    assert torch.allclose(jacobian, expected)

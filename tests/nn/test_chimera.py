@@ -312,3 +312,141 @@ def test_chimera_input_errors():
         model(text, image, text_mask, image_mask.float())
     with pytest.raises(ValueError, match="text_mask is all padding for sample"):
         model(text, image, torch.zeros_like(text_mask), image_mask)
+
+
+# ------------------------------------------------ defaults, initial values, messages
+
+
+def test_defaults_are_table_4s_best_and_the_initial_values_are_as_documented():
+    torch.manual_seed(23)
+    model = Chimera(64)
+    for topic in (model.text_topic, model.image_topic):
+        assert (topic.hidden_size, topic.num_topics, topic.variant) == (64, 20, "affine")
+        assert topic.norm.eps == 1e-5 and topic.topic_prior.bias is None
+        # W_{R|z} = I + N(0, 0.02^2), b_z = 0 for the 19 topics z > 0
+        noise = topic.topic_weights.detach() - torch.eye(64)
+        assert topic.topic_weights.shape == (19, 64, 64)
+        assert abs(float(noise.std()) - 0.02) < 0.001 and abs(float(noise.mean())) < 0.001
+        assert torch.equal(topic.topic_biases.detach(), torch.zeros(19, 64))
+    hyperbolic = model.hyperbolic
+    assert (hyperbolic.hidden_size, hyperbolic.hyperbolic_dim, hyperbolic.max_radius) == (64, 20, 10.0)
+    assert float(hyperbolic.beta.detach()) == pytest.approx(1.0) and float(hyperbolic.offset.detach()) == 0.0
+    assert float(model.matching.topic_weight.detach()) == pytest.approx(0.5)
+    assert float(model.matching.visual_weight.detach()) == pytest.approx(0.5)
+    assert model.hidden_size == 64
+    addition = TopicLayer(64, 5, variant="addition")
+    assert float(addition.addition_weight.detach()) == 0.5  # omega starts at 0.5
+    assert abs(float(addition.topic_vectors.detach().std()) - 0.02) < 0.002
+    multiplication = TopicLayer(64, 5, variant="multiplication", init_std=0.1)
+    factors = multiplication.topic_vectors.detach()
+    assert factors.shape == (4, 64)
+    assert abs(float(factors.mean()) - 1.0) < 0.02 and abs(float(factors.std()) - 0.1) < 0.01
+    layer = TopicLayer(3, 2, layer_norm_eps=0.5)
+    assert layer.norm.eps == 0.5
+    # the layer normalisation's eps reaches Eq. 4's prior
+    hidden = torch.tensor([[[0.1, -0.2, 0.4]]])
+    centred = hidden - hidden.mean(-1, keepdim=True)
+    normed = centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 0.5)
+    expected = torch.softmax(normed @ layer.topic_prior.weight.T, dim=-1)
+    assert torch.allclose(layer(hidden).topic_probs, expected, atol=1e-6)
+
+
+def test_extra_repr_lists_the_settings():
+    assert TopicLayer(4, 3, variant="addition").extra_repr() == "hidden_size=4, num_topics=3, variant='addition'"
+    assert HyperbolicLayer(4, 2, max_radius=3.0).extra_repr() == "hidden_size=4, hyperbolic_dim=2, max_radius=3.0"
+
+
+def test_one_sized_layers_are_accepted():
+    hidden = torch.ones(1, 2, 1)
+    assert torch.equal(TopicLayer(1, 1)(hidden).hidden, hidden)
+    out = HyperbolicLayer(1, 1)(hidden)
+    assert out.points.shape == (1, 2, 2)
+
+
+def test_constructor_and_forward_messages_name_the_argument():
+    cases = [
+        (lambda: TopicLayer(0, 3), r"^hidden_size and num_topics must be positive, got 0 and 3$"),
+        (lambda: TopicLayer(3, 0), r"^hidden_size and num_topics must be positive, got 3 and 0$"),
+        (lambda: HyperbolicLayer(0, 3), r"^hidden_size and hyperbolic_dim must be positive, got 0 and 3$"),
+        (lambda: HyperbolicLayer(3, 0), r"^hidden_size and hyperbolic_dim must be positive, got 3 and 0$"),
+        (lambda: HyperbolicLayer(3, beta=0.0), r"^beta must be positive and finite, got 0.0$"),
+        (lambda: HyperbolicLayer(3, beta=math.inf), r"^beta must be positive and finite, got inf$"),
+        (lambda: HyperbolicLayer(3, offset=math.nan), r"^offset must be finite, got nan$"),
+        (lambda: HyperbolicLayer(3, max_radius=0.0), r"^max_radius must be positive, got 0.0$"),
+        (lambda: MatchingLayer(topic_weight=0.0), r"^topic_weight must lie strictly between 0 and 1, got 0.0$"),
+        (lambda: MatchingLayer(visual_weight=1.0), r"^visual_weight must lie strictly between 0 and 1, got 1.0$"),
+        (lambda: TopicLayer(3, 2).addition_weight, None),
+    ]
+    for call, message in cases:
+        if message is None:
+            # nn.Module.__getattr__ replaces a property's AttributeError by its own
+            # message, which still names the attribute
+            with pytest.raises(AttributeError, match="addition_weight"):
+                call()
+            continue
+        with pytest.raises(ValueError, match=message):
+            call()
+    layer = TopicLayer(HIDDEN, 2)
+    with pytest.raises(ValueError, match=r"^hidden must be a float tensor of shape \(B, N, 12\)$"):
+        layer(torch.zeros(2, 3, HIDDEN, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^hidden must be a float tensor of shape \(B, N, 12\)$"):
+        layer.topic_states([[0.0] * HIDDEN])
+    with pytest.raises(ValueError, match=r"^hidden has shape \(2, 0, 12\), expected \(B, N, 12\) with N >= 1$"):
+        layer(torch.zeros(2, 0, HIDDEN))
+    with pytest.raises(ValueError, match=r"^hidden has shape \(3, 12\), expected \(B, N, 12\) with N >= 1$"):
+        layer(torch.zeros(3, HIDDEN))
+    with pytest.raises(ValueError, match=r"^mask has shape \(2, 2\), expected \(2, 3\)$"):
+        layer.topic_states(torch.zeros(2, 3, HIDDEN), torch.ones(2, 2, dtype=torch.bool))
+    matching = MatchingLayer()
+    good = torch.zeros(2, 3, 4)
+    for position, name in enumerate(("hyperbolic_hidden", "text_topic_hidden", "image_topic_hidden")):
+        args = [good, good, good]
+        args[position] = good.long()
+        with pytest.raises(ValueError, match=rf"^{name} must be a float tensor$"):
+            matching(*args)
+        args[position] = good.clone()
+        args[position][1, 2, 3] = math.nan
+        with pytest.raises(ValueError, match=rf"^{name} contains NaN at index \(1, 2, 3\)$"):
+            matching(*args)
+    with pytest.raises(ValueError, match=r"^text_topic_hidden has shape \(2, 2, 4\), hyperbolic_hidden has \(2, 3, 4\)$"):
+        matching(good, good[:, :2], good)
+    model = Chimera(HIDDEN, num_topics=2, hyperbolic_dim=3)
+    text, image, text_mask, image_mask = chimera_inputs(seed=24)
+    with pytest.raises(ValueError, match=r"^text_hidden has batch size 3, image_hidden has 2$"):
+        model(text, image[:2], text_mask, image_mask[:2])
+    with pytest.raises(ValueError, match=r"^text_hidden has shape \(3, 6, 5\)"):
+        model(text[..., :5], image)
+    with pytest.raises(ValueError, match=r"^text_mask has shape \(3, 5\), expected \(3, 6\)$"):
+        model(text, image, text_mask[:, :5], image_mask)
+    bad = image.clone()
+    bad[2, 0, 1] = math.inf
+    with pytest.raises(ValueError, match=r"^image_hidden contains Inf at index \(2, 0, 1\)$"):
+        model(text, bad, text_mask, image_mask)
+
+
+@pytest.mark.parametrize("variant", TOPIC_VARIANTS)
+def test_topic_states_and_mixture_at_padded_tokens_are_zero(variant):
+    torch.manual_seed(25)
+    layer = TopicLayer(HIDDEN, 3, variant=variant, init_std=0.3)
+    hidden = hidden_states(2, 4, seed=26)
+    mask = lengths_to_mask([4, 2], 4)
+    states = layer.topic_states(pad_with_garbage(hidden, mask, 7.0), mask)
+    assert torch.equal(states[1, 2:], torch.zeros(2, 3, HIDDEN))
+    short = layer.topic_states(hidden[1:, :2])
+    assert torch.allclose(states[1:, :2], short, atol=1e-6)
+    out = layer(pad_with_garbage(hidden, mask, 7.0), mask)
+    assert torch.equal(out.hidden[1, 2:], torch.zeros(2, HIDDEN))
+    assert torch.equal(out.topic_logits[1, 2:], torch.zeros(2, 3))
+    assert torch.allclose(out.hidden[1:, :2], layer(hidden[1:, :2]).hidden, atol=1e-6)
+
+
+def test_chimera_in_float16_is_computed_in_float32():
+    torch.manual_seed(27)
+    model = Chimera(HIDDEN, num_topics=3, hyperbolic_dim=4)
+    text, image, text_mask, image_mask = chimera_inputs(seed=28)
+    text, image = text.half(), image.half()
+    reference = model(text.float(), image.float(), text_mask, image_mask)
+    out = model(text, image, text_mask, image_mask)
+    assert out.hidden.dtype == torch.float16
+    assert torch.allclose(out.hidden.float(), reference.hidden, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(out.text_points.float(), reference.text_points, atol=2e-3, rtol=1e-3)
