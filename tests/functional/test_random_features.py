@@ -73,6 +73,10 @@ def test_positive_random_features_match_eq_11_by_loops():
     torch.testing.assert_close(F.positive_random_features(x, w, log=True), exponent, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="x has feature size 4 but random_features rows have size 3"):
         F.positive_random_features(x, w[:, :3])
+    # One matrix per sample, (B, H, K'): the rows' size is still the last dim.
+    per_sample = torch.stack([w, w.flip(0)])
+    expected = torch.stack([exponent[0], exponent[1].flip(-1)])
+    torch.testing.assert_close(F.positive_random_features(x, per_sample, log=True), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_antithetic_rows_by_hand():
