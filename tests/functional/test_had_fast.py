@@ -208,6 +208,11 @@ def test_large_inputs_match_the_oracle_in_float64_and_stay_accurate_in_float32(s
     features, values, masks, matrix = make_case((3, 4, 5), lead=(2,), scale=scale, seed=5)
     expected = oracle(features, values, masks, matrix)
     assert_same(fast(features, values, masks, matrix), expected, rtol=1e-9, atol=1e-9)
+    # The paths with gradients stabilise too: the custom function, the whole-tensor path.
+    inputs = [a.clone().requires_grad_() for a in features]
+    for attention in (False, True):
+        assert_same(fast(inputs, values, masks, matrix, grad=True, attention=attention), expected,
+                    rtol=1e-9, atol=1e-9)
     single = ([a.float() for a in features], [v.float() for v in values], masks, matrix.float())
     output32, _ = fast(*single)
     assert torch.isfinite(output32).all()
@@ -301,6 +306,10 @@ def test_max_over_steps_equals_amax(features, dtype):
     exponent[0, 1, 3] = float("-inf")  # a padded step
     torch.testing.assert_close(_had.max_over_steps(exponent), exponent.amax(dim=-2), rtol=0, atol=0)
     assert _had.max_over_steps(exponent[:, :, ::2]).equal(exponent[:, :, ::2].amax(dim=-2))
+    # Five dims (the per-modality view of had_whole): the steps are still axis -2, not 2.
+    by_modality = torch.randn(2, 3, 4, 5, features, dtype=dtype)
+    assert _had.max_over_steps(by_modality).equal(by_modality.amax(dim=-2))
+    assert _had.max_over_steps(by_modality[:, :, :, ::2]).equal(by_modality[:, :, :, ::2].amax(dim=-2))
 
 
 def test_broadcast_shape_agrees_with_torch():

@@ -438,3 +438,24 @@ def test_orthogonal_random_matrix_rows_are_orthogonal_within_blocks(num_features
         num_features, dim, orthogonal=True, generator=torch.Generator().manual_seed(0), dtype=DOUBLE
     )
     torch.testing.assert_close(again, matrix)  # seeded: reproducible
+
+
+def test_pooling_had_and_lsc_errors_name_the_argument():
+    x, y = torch.randn(2, 3, dtype=DOUBLE), torch.randn(2, 4, dtype=DOUBLE)
+    u, v, pooling = torch.randn(3, 5, dtype=DOUBLE), torch.randn(4, 5, dtype=DOUBLE), torch.randn(5, 2, dtype=DOUBLE)
+    with pytest.raises(ValueError, match="got 2 inputs but 1 projections"):
+        F.multilinear_pooling([x, y], [u], pooling)
+    with pytest.raises(ValueError, match=r"inputs\[1\] has feature size 4 but projections\[1\] has 3 rows"):
+        F.multilinear_pooling([x, y], [u, u], pooling)
+    with pytest.raises(ValueError, match=r"projections\[1\] has rank 4 but pooling has 5 rows"):
+        F.multilinear_pooling([x, y], [u, v[:, :4]], pooling)
+    features, values = make_inputs((3, 4))
+    with pytest.raises(ValueError, match="random_matrix has rows of size 3, features have K' = 4"):
+        F.multilinear_attention(features, values, mode="had", random_matrix=torch.randn(5, 3, dtype=DOUBLE))
+    for temperature in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=rf'mode="had" needs temperature > 0, got {temperature}'):
+            F.multilinear_attention(features, values, mode="had", random_matrix=torch.randn(5, 4, dtype=DOUBLE),
+                                    temperature=temperature)
+    for length, chunks in ((0, 4), (4, 0)):
+        with pytest.raises(ValueError, match=f"length and chunks must be positive, got {length} and {chunks}"):
+            F.lsc_encoding(length, chunks, 0.5)
