@@ -353,7 +353,7 @@ def test_max_over_steps_equals_amax(features, dtype):
 def test_broadcast_shape_agrees_with_torch():
     for shapes in [((2, 3), (3,)), ((1, 4), (5, 1), ()), ((2, 0), (1,)), ((3, 1, 2), (4, 1))]:
         assert ML._broadcast_shape(*shapes) == torch.broadcast_shapes(*shapes)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"^shapes \[\(2, 3\), \(4,\)\] do not broadcast$"):
         ML._broadcast_shape((2, 3), (4,))
 
 

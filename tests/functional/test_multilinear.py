@@ -490,6 +490,17 @@ def _message_case(name):
         values[1] = values[1][:3]
     elif name == "modality 0 batch":
         features[0], values[0] = features[0][:3], values[0][:3]
+    elif name == "modality 0 features and values batch":
+        features[0] = features[0][:3]
+    elif name == "modalities 1 and 2 batch":  # each broadcasts with modality 0's (1,), not with each other
+        features[0], values[0] = features[0][:1], values[0][:1]
+        features[2], values[2] = features[2][:3], values[2][:3]
+    elif name == "features dtype":
+        features[1] = features[1].float()
+    elif name == "values dtype":
+        values[2] = values[2].float()
+    elif name == "random matrix batch":
+        kwargs.update(mode="had", random_matrix=torch.randn(3, 5, 4, dtype=DOUBLE))
     elif name == "no random matrix":
         kwargs["mode"] = "had"
     elif name == "random matrix K'":
@@ -507,9 +518,14 @@ def _message_case(name):
         ("unknown mode", "unknown mode 'fast'; expected one of exact, hadamard, had"),
         ("features K'", "features[1] (modality 1) has shape (7, 5, 3); expected (B, T_1, K') with K' = 4 like modality 0"),
         ("values K", "values[1] (modality 1) has shape (7, 5, 2); expected (B, 5, K) with K = 6 like modality 0"),
-        ("features batch", "modality 1: batch dims of features (3,) and values (7,) do not match modality 0's (7,)"),
-        ("values batch", "modality 1: batch dims of features (7,) and values (3,) do not match modality 0's (7,)"),
-        ("modality 0 batch", "modality 1: batch dims of features (7,) and values (7,) do not match modality 0's (3,)"),
+        ("features batch", "modality 1: batch dims of features (3,) and values (7,) do not broadcast with each other and with (7,), those of the modalities before it"),
+        ("values batch", "modality 1: batch dims of features (7,) and values (3,) do not broadcast with each other and with (7,), those of the modalities before it"),
+        ("modality 0 batch", "modality 1: batch dims of features (7,) and values (7,) do not broadcast with each other and with (3,), those of the modalities before it"),
+        ("modality 0 features and values batch", "modality 0: batch dims of features (3,) and values (7,) do not broadcast with each other and with (), those of the modalities before it"),
+        ("modalities 1 and 2 batch", "modality 2: batch dims of features (3,) and values (3,) do not broadcast with each other and with (7,), those of the modalities before it"),
+        ("features dtype", "modality 1: features have dtype torch.float32 and values torch.float64; expected torch.float64 for both, the dtype of modality 0's features"),
+        ("values dtype", "modality 2: features have dtype torch.float64 and values torch.float32; expected torch.float64 for both, the dtype of modality 0's features"),
+        ("random matrix batch", "random_matrix has batch dims (3,), which do not broadcast with the inputs' (7,)"),
         ("no random matrix", "mode=\"had\" needs random_matrix, the random matrix W of shape (H, K')"),
         ("random matrix K'", "random_matrix has rows of size 3, features have K' = 4"),
     ],
@@ -520,13 +536,6 @@ def test_attention_errors_name_what_and_where(name, message):
     features, values, kwargs = _message_case(name)
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         F.multilinear_attention(features, values, **kwargs)
-
-
-def test_random_matrix_whose_batch_dims_do_not_broadcast_is_refused():
-    features, values = make_inputs((3, 4), batch=2)
-    matrix = torch.randn(3, 5, 4, dtype=DOUBLE)  # one matrix for each of 3 samples, but B = 2
-    with pytest.raises(RuntimeError, match=re.escape("shapes [(2,), (2,), (2,), (2,), (3,)] do not broadcast")):
-        F.multilinear_attention(features, values, mode="had", random_matrix=matrix)
 
 
 @pytest.mark.parametrize("mode", ["exact", "hadamard", "had"])
