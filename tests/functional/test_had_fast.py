@@ -102,14 +102,18 @@ def oracle(features, values, masks, matrix, temperature=0.7, estimator="gerf"):
 def fast(features, values, masks, matrix, temperature=0.7, *, grad=False, estimator="gerf", attention=True):
     with torch.set_grad_enabled(grad):
         result = ML._had_attention(features, values, masks, matrix, temperature, attention, estimator)
-    return result if attention else (result, [])
+    return result if attention else (result, None)
 
 
 def assert_same(actual, expected, rtol=1e-10, atol=1e-10):
+    """Output and, unless none were asked for (None), every marginal."""
     output, marginals = actual
     expected_output, expected_marginals = expected
     torch.testing.assert_close(output.detach(), expected_output, rtol=rtol, atol=atol)
-    for marginal, expected_marginal in zip(marginals, expected_marginals, strict=False):
+    if marginals is None:
+        return
+    assert len(marginals) == len(expected_marginals)
+    for marginal, expected_marginal in zip(marginals, expected_marginals, strict=True):
         torch.testing.assert_close(marginal.detach(), expected_marginal, rtol=rtol, atol=atol)
 
 
@@ -138,6 +142,40 @@ def test_had_equals_the_oracle_for_leading_dims_and_masks(lead, matrix_lead, pad
     assert_same(fast(features, values, masks, matrix), expected)
     if not padded:  # None: a modality without padding
         assert_same(fast(features, values, [None] * 3, matrix), expected)
+
+
+@pytest.mark.parametrize("shared", ["values", "features"])
+def test_had_broadcasts_features_and_values_against_each_other(shared):
+    """Values shared by the batch (no leading dim) against batched features, and
+    features of batch 1 against values of batch 2: the result is the oracle's on the
+    inputs expanded to the common batch."""
+    features, values, masks, matrix = make_case((3, 4, 2), lead=(2,))
+    if shared == "values":
+        given_features, given_values, given_masks = features, [v[0] for v in values], masks
+        values = [v[:1].expand(2, -1, -1) for v in values]
+        values = [v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
+    else:
+        given_features, given_values = [a[:1] for a in features], values
+        given_masks = [m[:1] for m in masks]
+        features = [a[:1].expand(2, -1, -1) for a in features]
+        masks = [m[:1].expand(2, -1) for m in masks]
+        values = [v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
+    expected = oracle(features, values, masks, matrix)
+    actual = F.multilinear_attention(given_features, given_values, given_masks, mode="had", random_matrix=matrix,
+                                     temperature=0.7, return_attention=True)
+    assert_same(actual, expected)
+
+
+def test_a_float32_random_matrix_is_used_in_the_features_dtype():
+    """W stored in float32 (as a module may keep it) with float64 inputs: the work runs
+    in float64 on W's values, so the result is the float64 oracle's."""
+    features, values, masks, matrix = make_case((3, 4, 2), lead=(2,))
+    matrix32 = matrix.float()
+    expected = oracle(features, values, masks, matrix32.double())
+    actual = F.multilinear_attention(features, values, masks, mode="had", random_matrix=matrix32,
+                                     temperature=0.7, return_attention=True)
+    assert actual[0].dtype == DOUBLE
+    assert_same(actual, expected)
 
 
 @pytest.mark.parametrize("budget", [1, 600, 3500])
@@ -315,7 +353,7 @@ def test_max_over_steps_equals_amax(features, dtype):
 def test_broadcast_shape_agrees_with_torch():
     for shapes in [((2, 3), (3,)), ((1, 4), (5, 1), ()), ((2, 0), (1,)), ((3, 1, 2), (4, 1))]:
         assert ML._broadcast_shape(*shapes) == torch.broadcast_shapes(*shapes)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"^shapes \[\(2, 3\), \(4,\)\] do not broadcast$"):
         ML._broadcast_shape((2, 3), (4,))
 
 

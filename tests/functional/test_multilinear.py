@@ -3,11 +3,13 @@ steps, the brute-force tuple tensor of the random features, the papers' identiti
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
 
 import polyfuse.functional as F
+from polyfuse._checks import validation
 
 DOUBLE = torch.float64
 
@@ -459,3 +461,175 @@ def test_pooling_had_and_lsc_errors_name_the_argument():
     for length, chunks in ((0, 4), (4, 0)):
         with pytest.raises(ValueError, match=f"length and chunks must be positive, got {length} and {chunks}"):
             F.lsc_encoding(length, chunks, 0.5)
+
+
+def _message_case(name):
+    """Inputs for one bad call of multilinear_attention: batch 7, lengths (3, 5, 2),
+    K' = 4, K = 6 (all different, so a message that reads the wrong axis shows it)."""
+    generator = torch.Generator().manual_seed(5)
+    features = [torch.randn(7, t, 4, generator=generator, dtype=DOUBLE) for t in (3, 5, 2)]
+    values = [torch.randn(7, t, 6, generator=generator, dtype=DOUBLE) for t in (3, 5, 2)]
+    kwargs = {"mode": "exact"}
+    if name == "features not a list":
+        features = features[0]
+    elif name == "values not a list":
+        values = values[0]
+    elif name == "one values too few":
+        values = values[:2]
+    elif name == "one values too many":
+        features, values = features[:2], values
+    elif name == "unknown mode":
+        kwargs["mode"] = "fast"
+    elif name == "features K'":
+        features[1] = features[1][..., :3]
+    elif name == "values K":
+        values[1] = values[1][..., :2]
+    elif name == "features batch":
+        features[1] = features[1][:3]
+    elif name == "values batch":
+        values[1] = values[1][:3]
+    elif name == "modality 0 batch":
+        features[0], values[0] = features[0][:3], values[0][:3]
+    elif name == "modality 0 features and values batch":
+        features[0] = features[0][:3]
+    elif name == "modalities 1 and 2 batch":  # each broadcasts with modality 0's (1,), not with each other
+        features[0], values[0] = features[0][:1], values[0][:1]
+        features[2], values[2] = features[2][:3], values[2][:3]
+    elif name == "features dtype":
+        features[1] = features[1].float()
+    elif name == "values dtype":
+        values[2] = values[2].float()
+    elif name == "random matrix batch":
+        kwargs.update(mode="had", random_matrix=torch.randn(3, 5, 4, dtype=DOUBLE))
+    elif name == "no random matrix":
+        kwargs["mode"] = "had"
+    elif name == "random matrix K'":
+        kwargs.update(mode="had", random_matrix=torch.randn(7, 5, 3, dtype=DOUBLE))
+    return features, values, kwargs
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("features not a list", "features must be a list with one tensor per modality, got Tensor"),
+        ("values not a list", "values must be a list with one tensor per modality, got Tensor"),
+        ("one values too few", "values: expected exactly 3 modalities, got 2"),
+        ("one values too many", "values: expected exactly 2 modalities, got 3"),
+        ("unknown mode", "unknown mode 'fast'; expected one of exact, hadamard, had"),
+        ("features K'", "features[1] (modality 1) has shape (7, 5, 3); expected (B, T_1, K') with K' = 4 like modality 0"),
+        ("values K", "values[1] (modality 1) has shape (7, 5, 2); expected (B, 5, K) with K = 6 like modality 0"),
+        ("features batch", "modality 1: batch dims of features (3,) and values (7,) do not broadcast with each other and with (7,), those of the modalities before it"),
+        ("values batch", "modality 1: batch dims of features (7,) and values (3,) do not broadcast with each other and with (7,), those of the modalities before it"),
+        ("modality 0 batch", "modality 1: batch dims of features (7,) and values (7,) do not broadcast with each other and with (3,), those of the modalities before it"),
+        ("modality 0 features and values batch", "modality 0: batch dims of features (3,) and values (7,) do not broadcast with each other and with (), those of the modalities before it"),
+        ("modalities 1 and 2 batch", "modality 2: batch dims of features (3,) and values (3,) do not broadcast with each other and with (7,), those of the modalities before it"),
+        ("features dtype", "modality 1: features have dtype torch.float32 and values torch.float64; expected torch.float64 for both, the dtype of modality 0's features"),
+        ("values dtype", "modality 2: features have dtype torch.float64 and values torch.float32; expected torch.float64 for both, the dtype of modality 0's features"),
+        ("random matrix batch", "random_matrix has batch dims (3,), which do not broadcast with the inputs' (7,)"),
+        ("no random matrix", "mode=\"had\" needs random_matrix, the random matrix W of shape (H, K')"),
+        ("random matrix K'", "random_matrix has rows of size 3, features have K' = 4"),
+    ],
+)
+def test_attention_errors_name_what_and_where(name, message):
+    """The whole message, so that a name, a size or a modality index read from the wrong
+    place (or a dropped argument name) shows."""
+    features, values, kwargs = _message_case(name)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        F.multilinear_attention(features, values, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["exact", "hadamard", "had"])
+def test_inputs_without_batch_dims_match_loops(mode):
+    """Features (T_j, K') and values (T_j, K) with no leading dim at all are accepted and
+    give the loops' result for the one sample (had: the brute-force tuple tensor)."""
+    lengths = (3, 2, 4)
+    features, values = make_inputs(lengths, batch=1)
+    masks = make_masks(lengths, batch=1)
+    matrix = F.gaussian_random_matrix(6, 4, orthogonal=False, generator=torch.Generator().manual_seed(2), dtype=DOUBLE)
+    if mode == "had":
+        expected = brute_force_had(features, values, masks, matrix, 0.6)[0][0]
+    else:
+        logit = cao_logit if mode == "exact" else hadamard_logit
+        expected = loop_attention(features, values, masks, logit(features, 0.6))[0]
+    actual = F.multilinear_attention([a[0] for a in features], [v[0] for v in values], [m[0] for m in masks],
+                                     mode=mode, temperature=0.6, random_matrix=matrix, estimator="arf")
+    assert actual.shape == (3,)
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_multilinear_pooling_of_one_modality_and_of_leading_dims():
+    """m = 1 is P^T (U^T v); inputs with two leading dims (2, 3, d_j): Eq. 3 element by
+    element; the size check reads the last dim of 3-d inputs."""
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2, 3, 4, generator=generator, dtype=DOUBLE), torch.randn(2, 3, 2, generator=generator, dtype=DOUBLE)
+    u, v = torch.randn(4, 5, generator=generator, dtype=DOUBLE), torch.randn(2, 5, generator=generator, dtype=DOUBLE)
+    pooling = torch.randn(5, 3, generator=generator, dtype=DOUBLE)
+    one = torch.zeros(2, 3, 3, dtype=DOUBLE)
+    two = torch.zeros(2, 3, 3, dtype=DOUBLE)
+    for b, s, c, i in itertools.product(range(2), range(3), range(3), range(5)):
+        one[b, s, c] += pooling[i, c] * (x[b, s] @ u[:, i])
+        two[b, s, c] += pooling[i, c] * (x[b, s] @ u[:, i]) * (y[b, s] @ v[:, i])
+    torch.testing.assert_close(F.multilinear_pooling([x], [u], pooling), one, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(F.multilinear_pooling([x, y], [u, v], pooling), two, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^inputs\[1\] has feature size 2 but projections\[1\] has 4 rows$"):
+        F.multilinear_pooling([x, y], [u, u], pooling)
+    with pytest.raises(ValueError, match=r"^inputs must be a list with one tensor per modality, got Tensor$"):
+        F.multilinear_pooling(x, [u], pooling)
+    with pytest.raises(ValueError, match=r"^inputs: expected at least 1 modalities, got 0$"):
+        F.multilinear_pooling([], [], pooling)
+
+
+def lsc_by_hand(length, chunks, scale):
+    """MAN Eq. 8 (note 3): row t holds +scale at positions i <= floor(t C / length)."""
+    return torch.tensor(
+        [[scale if i <= t * chunks // length else -scale for i in range(chunks)] for t in range(length)],
+        dtype=DOUBLE,
+    )
+
+
+def test_lsc_of_one_step_and_of_one_chunk():
+    torch.testing.assert_close(F.lsc_encoding(1, 4, 0.5, dtype=DOUBLE), torch.tensor([[0.5, -0.5, -0.5, -0.5]], dtype=DOUBLE))
+    torch.testing.assert_close(F.lsc_encoding(5, 1, 0.5, dtype=DOUBLE), torch.full((5, 1), 0.5, dtype=DOUBLE))
+
+
+def test_lsc_from_a_mask_with_two_leading_dims_matches_the_hand_formula():
+    """(2, 3, 9) masks: every row's real steps, numbered in order, get the vectors of a
+    sequence of the row's real length; padded steps get zeros."""
+    generator = torch.Generator().manual_seed(4)
+    mask = torch.rand(2, 3, 9, generator=generator) > 0.5
+    mask[..., 4] = True
+    encoding = F.lsc_encoding_from_mask(mask, 3, 0.5, dtype=DOUBLE)
+    assert encoding.shape == (2, 3, 9, 3)
+    for i, j in itertools.product(range(2), range(3)):
+        real = mask[i, j].nonzero().squeeze(-1)
+        torch.testing.assert_close(encoding[i, j, real], lsc_by_hand(len(real), 3, 0.5), rtol=0, atol=0)
+        assert torch.all(encoding[i, j, ~mask[i, j]] == 0)
+
+
+def test_outputs_are_made_on_the_inputs_device():
+    """Every tensor the functions create follows the inputs' device (here the meta
+    device, which any machine has: a tensor made on the default device instead cannot
+    be mixed with meta tensors)."""
+    meta = torch.device("meta")
+    assert F.lsc_encoding(6, 3, 0.5, device=meta).device == meta
+    assert F.lsc_encoding(6, 3, 0.5, device="meta").device == meta
+    assert F.lsc_encoding_from_mask(torch.ones(2, 6, dtype=torch.bool, device=meta), 3, 0.5, dtype=DOUBLE).device == meta
+    features = [torch.empty(2, t, 4, device=meta) for t in (3, 5)]
+    values = [torch.empty(2, t, 2, device=meta) for t in (3, 5)]
+    masks = [torch.ones(2, t, dtype=torch.bool, device=meta) for t in (3, 5)]
+    with validation("shapes"):  # values cannot be read on the meta device
+        output = F.multilinear_attention(features, values, masks, mode="had",
+                                         random_matrix=torch.empty(6, 4, device=meta))
+    assert output.device == meta and output.shape == (2, 2)
+
+
+def test_lsc_chunks_are_integer_divisions_even_for_long_sequences():
+    """c(t) = floor(t C / length) computed on integers: for length 131327 and C = 256,
+    step t = (255 length - 1) / 256 has t C / length = 255 - 1 / length, which float32
+    rounds to 255, yet its chunk is 254 (the last entry is -scale)."""
+    length, chunks = 131327, 256
+    step = (255 * length - 1) // 256
+    expected = torch.tensor([1.0] * 255 + [-1.0], dtype=torch.float16)
+    assert F.lsc_encoding(length, chunks, 1.0, dtype=torch.float16)[step].equal(expected)
+    mask = torch.ones(1, length, dtype=torch.bool)
+    assert F.lsc_encoding_from_mask(mask, chunks, 1.0, dtype=torch.float16)[0, step].equal(expected)

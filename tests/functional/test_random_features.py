@@ -36,7 +36,7 @@ def gram_schmidt_columns(matrix):
     return torch.stack(columns, dim=1)
 
 
-@pytest.mark.parametrize(("num_features", "dim"), [(3, 3), (5, 3), (7, 3), (2, 4)])
+@pytest.mark.parametrize(("num_features", "dim"), [(3, 3), (5, 3), (7, 3), (2, 4), (1, 3), (3, 1)])
 def test_orthogonal_matrix_is_gram_schmidt_of_the_generators_draws(num_features, dim):
     """Appendix G: blocks of dim orthonormal rows (the Haar-distributed Q, i.e. the QR
     factor whose R has a positive diagonal), each row scaled by the norm of an
@@ -77,6 +77,8 @@ def test_positive_random_features_match_eq_11_by_loops():
     per_sample = torch.stack([w, w.flip(0)])
     expected = torch.stack([exponent[0], exponent[1].flip(-1)])
     torch.testing.assert_close(F.positive_random_features(x, per_sample, log=True), expected, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="x has feature size 4 but random_features rows have size 3"):
+        F.positive_random_features(x, per_sample[..., :3])  # (B, H, 3): the size is the last dim, not H
 
 
 def test_antithetic_rows_by_hand():

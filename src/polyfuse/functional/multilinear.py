@@ -144,7 +144,8 @@ def multilinear_attention(
     Args:
         features: m tensors a_j of shape (B, T_j, K'): the attention features
             U''_j^T v_j (with LSC vectors appended, if used).
-        values: m tensors of shape (B, T_j, K): the values U'_j^T v_j.
+        values: m tensors of shape (B, T_j, K): the values U'_j^T v_j. Features and
+            values share one dtype; the leading dims B of all of them broadcast together.
         masks: None or m bool tensors broadcastable to (B, T_j), True at real steps.
             Padded steps get zero attention and their content is never read.
             Every sample needs at least one real step in every modality.
@@ -175,6 +176,7 @@ def multilinear_attention(
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     check_modality_list(features, "features")
     check_modality_list(values, "values", min_count=len(features), max_count=len(features))
+    lead: torch.Size = torch.Size()  # the batch dims of the modalities checked so far
     for j, (a, v) in enumerate(zip(features, values, strict=True)):
         if a.dim() < 2 or a.shape[-1] != features[0].shape[-1]:
             raise ValueError(
@@ -186,12 +188,18 @@ def multilinear_attention(
                 f"values[{j}] (modality {j}) has shape {tuple(v.shape)}; expected "
                 f"(B, {a.shape[-2]}, K) with K = {values[0].shape[-1]} like modality 0"
             )
+        if a.dtype != features[0].dtype or v.dtype != features[0].dtype:
+            raise ValueError(
+                f"modality {j}: features have dtype {a.dtype} and values {v.dtype}; expected "
+                f"{features[0].dtype} for both, the dtype of modality 0's features"
+            )
         try:
-            _broadcast_shape(a.shape[:-2], v.shape[:-2], features[0].shape[:-2])
+            lead = _broadcast_shape(lead, a.shape[:-2], v.shape[:-2])
         except RuntimeError:
             raise ValueError(
                 f"modality {j}: batch dims of features {tuple(a.shape[:-2])} and values "
-                f"{tuple(v.shape[:-2])} do not match modality 0's {tuple(features[0].shape[:-2])}"
+                f"{tuple(v.shape[:-2])} do not broadcast with each other and with "
+                f"{tuple(lead)}, those of the modalities before it"
             ) from None
     full_masks = check_masks(masks, features)
     _check_all_finite(features, values, full_masks)
@@ -219,6 +227,13 @@ def multilinear_attention(
                 f"random_matrix has rows of size {random_matrix.shape[-1]}, "
                 f"features have K' = {features[0].shape[-1]}"
             )
+        try:
+            _broadcast_shape(lead, random_matrix.shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"random_matrix has batch dims {tuple(random_matrix.shape[:-2])}, which do not "
+                f"broadcast with the inputs' {tuple(lead)}"
+            ) from None
         if not temperature > 0:
             raise ValueError(f'mode="had" needs temperature > 0, got {temperature}')
         if estimator not in ESTIMATORS:
