@@ -27,7 +27,7 @@ def test_mel_scale_known_values_and_round_trip():
     np.testing.assert_allclose(mel_to_hz(hz_to_mel(hertz)).numpy(), hertz.numpy(), rtol=1e-12)
 
 
-@pytest.mark.parametrize(("n_fft", "n_mels", "rate", "f_min", "f_max"), [(400, 64, 16000, 0.0, None), (64, 5, 8000, 100.0, 3000.0)])
+@pytest.mark.parametrize(("n_fft", "n_mels", "rate", "f_min", "f_max"), [(400, 64, 16000, 0.0, None), (64, 5, 8000, 100.0, 3000.0), (300, 20, 16000, 0.0, None)])
 def test_mel_filterbank_matches_triangles_computed_bin_by_bin(n_fft, n_mels, rate, f_min, f_max):
     top = rate / 2 if f_max is None else f_max
     low_mel, high_mel = 2595 * math.log10(1 + f_min / 700), 2595 * math.log10(1 + top / 700)
@@ -85,6 +85,16 @@ def test_log_mel_of_one_window_matches_numpy_fft():
     for frame in (0, 7, 20):
         power = np.abs(np.fft.rfft(padded[frame * hop : frame * hop + n_fft] * window)) ** 2
         np.testing.assert_allclose(got[frame].numpy(), np.log(power @ filters + 1e-6), rtol=1e-9)
+
+
+def test_log_mel_of_a_float32_wave_is_computed_in_float64():
+    # A float32 wave is cast to float64 first (exact), so its features equal those of
+    # the same samples given as float64, to float64 precision.
+    wave = torch.from_numpy(np.random.default_rng(1).standard_normal(1200).astype(np.float32))
+    got = log_mel_spectrogram(wave, 8000, n_fft=128, hop_length=64, n_mels=8)
+    assert got.dtype == torch.float64
+    expected = log_mel_spectrogram(wave.double(), 8000, n_fft=128, hop_length=64, n_mels=8)
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("frequency", [440.0, 1000.0, 3000.0])
