@@ -242,3 +242,19 @@ def test_counter_module_defaults_repr_and_checks():
         options = {"pieces": args[1]} if len(args) > 1 else {}
         with pytest.raises(ValueError, match=f"^Counter: {name} must be a positive integer, got {value}$"):
             Counter(args[0], **options)
+
+
+def test_counter_accepts_one_object_and_one_piece():
+    # objects = 1 and pieces = 1 are positive integers: accepted, and the counts still
+    # follow the loop oracle (one piece: each f_k is linear between its two weights).
+    generator = torch.Generator().manual_seed(5)
+    corners = torch.rand(1, 3, 2, generator=generator, dtype=torch.float64)
+    boxes = torch.cat([corners, corners + 0.3], dim=-1)
+    logits = torch.randn(1, 3, generator=generator, dtype=torch.float64)
+    counter = Counter(1, pieces=1).double()
+    with torch.no_grad():
+        counter.weight.copy_(torch.rand(8, 2, generator=generator, dtype=torch.float64))
+        counter.weight[:, 0] = 0.0
+    result = counter(boxes, logits)
+    expected = _oracle(boxes[0].tolist(), logits[0].tolist(), counter.weight.detach(), 1)
+    torch.testing.assert_close(result[0], torch.tensor(expected, dtype=torch.float64))

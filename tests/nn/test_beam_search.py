@@ -177,3 +177,26 @@ def test_score_captions_normalises_by_the_generated_length(penalty: float) -> No
     empty, steps = score_captions(decoder, inputs, None, torch.zeros(3, 0, dtype=torch.long), begin_index=BOS,
                                   end_index=EOS)
     assert empty.scores.tolist() == [0.0] * 3 and steps == []
+
+
+def test_normalised_score_in_the_score_dtype():
+    # log p / |y|^alpha with the length cast to the scores' dtype: float64 scores keep
+    # float64 precision (a float32 power of the length would be off by about 1e-8).
+    log_prob = torch.tensor([-3.7, -12.25, -0.5], dtype=torch.float64)
+    length = torch.tensor([3, 17, 0])
+    got = normalised_score(log_prob, length, 0.7)
+    expected = [-3.7 / 3**0.7, -12.25 / 17**0.7, -0.5 / 1**0.7]  # length 0 counts as 1
+    assert got.dtype == torch.float64
+    for value, reference in zip(got.tolist(), expected, strict=True):
+        assert math.isclose(value, reference, rel_tol=1e-14)
+
+
+def test_better_keeps_one_column_when_every_caption_is_one_token():
+    # Both generations are the end token alone (length 1), padded to different widths:
+    # the chosen rows are cut back to one column, the longest generated length.
+    pad, end = 0, 2
+    first = Generated(torch.tensor([[end, pad, pad]]), torch.tensor([-2.0]), torch.tensor([-2.0]))
+    second = Generated(torch.tensor([[end]]), torch.tensor([-1.0]), torch.tensor([-1.0]))
+    chosen = _better(first, second, padding_index=pad)
+    assert chosen.tokens.tolist() == [[end]]
+    assert chosen.scores.tolist() == [-1.0] and chosen.log_probs.tolist() == [-1.0]

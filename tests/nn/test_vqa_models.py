@@ -99,6 +99,12 @@ def test_pca_matches_covariance_eigenvectors():
     np.testing.assert_allclose(real.var(dim=0).numpy(), values[::-1][:2], rtol=1e-8)
 
 
+def test_question_encoder_accepts_sizes_of_one():
+    encoder = QuestionEncoder(1, embedding_dim=1, hidden_dim=1)  # every size a positive integer
+    assert encoder.num_words == 1 and encoder.hidden_dim == 1
+    assert encoder(torch.tensor([[0, 1]])).shape == (1, 2, 1)
+
+
 def test_question_encoder_checks_and_sizes():
     encoder = QuestionEncoder(4, embedding_dim=3, hidden_dim=5)
     assert encoder.hidden_dim == 5 and encoder.num_words == 4
