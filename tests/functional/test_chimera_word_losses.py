@@ -30,16 +30,18 @@ def _words(mask, b):
     return [i for i in range(mask.shape[1]) if mask[b, i]]
 
 
-def test_matching_loss_equals_eq11_loop():
+@pytest.mark.parametrize("batch", [3, 2])  # 2: the smallest batch, and B != N_t = 3
+def test_matching_loss_equals_eq11_loop(batch):
     _, _, wp, vp, wm, vm = _case()
+    wp, vp, wm, vm = wp[:batch], vp[:batch], wm[:batch], vm[:batch]
     m = 0.8
-    per_word = torch.zeros(3, 3, dtype=torch.float64)
+    per_word = torch.zeros(batch, 3, dtype=torch.float64)
     count = 0
-    for b in range(3):
+    for b in range(batch):
         for i in _words(wm, b):
             for j in _words(vm, b):
                 pos = _d(wp[b, i], vp[b, j]) ** 2
-                for b2 in range(3):
+                for b2 in range(batch):
                     if b2 == b:
                         continue
                     for k in _words(wm, b2):
@@ -170,5 +172,11 @@ def test_bad_inputs_are_refused_with_the_argument_named():
         word_region_distortion_loss(wp, vp, w, v[:, :1].expand(3, 3, 2), wm, vm)
     with pytest.raises(ValueError, match=r"^eps must be positive, got -1.0$"):
         word_region_distortion_loss(wp, vp, w, v, wm, vm, eps=-1.0)
+    with pytest.raises(ValueError, match=r"^eps must be positive, got 0.0$"):
+        word_region_distortion_loss(wp, vp, w, v, wm, vm, eps=0.0)
+    with pytest.raises(ValueError, match=r"^word_points must be a \(B, N, size\) float tensor$"):
+        word_region_distortion_loss(wp[0], vp, w, v, wm, vm)
+    with pytest.raises(ValueError, match=r"^region_points must be a \(B, N, size\) float tensor$"):
+        word_region_distortion_loss(wp, vp.long(), w, v, wm, vm)
     with pytest.raises(ValueError, match=r"^reduction must be"):
         word_region_distortion_loss(wp, vp, w, v, wm, vm, reduction="avg")
