@@ -13,7 +13,7 @@ from polyfuse.functional.crossmodal import multihead_attention, sinusoidal_posit
 DTYPE = torch.float64
 
 
-@pytest.mark.parametrize(("length", "dim"), [(5, 8), (3, 7), (4, 2), (2, 3)])
+@pytest.mark.parametrize(("length", "dim"), [(5, 8), (3, 7), (4, 2), (2, 3), (3, 4), (2, 5)])  # h = 2: w_1 = 10000^-1
 def test_sinusoidal_positions_by_loops(length, dim):
     """Row p: sin((p+1) w_i) for i < h, then cos((p+1) w_i), w_i = 10000^(-i / (h - 1));
     h = 1 has the single frequency 1; an odd dim ends with a zero column."""
@@ -101,11 +101,13 @@ def test_multihead_attention_dropout_on_the_weights_in_training_only():
     evaluated = multihead_attention(query, key, value, heads=2, key_mask=mask)
     assert torch.equal(multihead_attention(query, key, value, heads=2, key_mask=mask, dropout=0.5), evaluated)
     torch.manual_seed(5)
-    trained = multihead_attention(query, key, value, heads=2, key_mask=mask, dropout=0.5, training=True)
+    trained = multihead_attention(query, key, value, heads=2, key_mask=mask, dropout=0.3, training=True)
     torch.manual_seed(5)
-    keep = torch.nn.functional.dropout(torch.ones(3, 2, 4, 5, dtype=DTYPE), 0.5, True)  # the same draw
+    keep = torch.nn.functional.dropout(torch.ones(3, 2, 4, 5, dtype=DTYPE), 0.3, True)  # the same draw
     assert 0 < int((keep == 0).sum()) < keep.numel()
     torch.testing.assert_close(trained, _attention_by_loops(query, key, value, 2, mask, keep), rtol=1e-12, atol=1e-12)
+    # training without a dropout rate: no dropout (the default rate is 0)
+    assert torch.equal(multihead_attention(query, key, value, heads=2, key_mask=mask, training=True), evaluated)
 
 
 @pytest.mark.parametrize(
