@@ -461,3 +461,47 @@ def test_map_errors_name_the_function_and_what_is_wrong():
         bilinear_attention_map(logits, x_mask=p["x_mask"][:, :3])
     with pytest.raises(ValueError, match=owner + r"y_mask must be a bool tensor"):
         bilinear_attention_map(logits, y_mask=p["y_mask"].int())
+
+
+def _logits_inputs():
+    g = torch.Generator().manual_seed(11)
+    return {
+        "x": torch.randn(2, 3, 5, generator=g), "y": torch.randn(2, 4, 6, generator=g),
+        "x_weight": torch.randn(4, 5, generator=g), "y_weight": torch.randn(4, 6, generator=g),
+        "glimpse_weight": torch.randn(2, 4, generator=g),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"x": [[[1.0]]]}, r"^bilinear_attention_logits: x must be a tensor, got list$"),
+        ({"y": torch.ones(2, 4, 6, dtype=torch.long)}, r"^bilinear_attention_logits: y has dtype torch.int64; expected a float tensor$"),
+        ({"x": torch.ones(2, 0, 5)}, r"^bilinear_attention_logits: x is an empty sequence \(T_x = 0\)$"),
+        ({"y": torch.ones(2, 0, 6)}, r"^bilinear_attention_logits: y is an empty sequence \(T_y = 0\)$"),
+        ({"y": torch.ones(2, 6)}, r"^bilinear_attention_logits: y must have shape \(B, T_y, d_y\), got \(2, 6\)$"),
+        ({"x_weight": torch.ones(5)}, r"^bilinear_attention_logits: x_weight must have shape \(rank, 5\), got \(5,\)$"),
+        ({"y_weight": [[1.0] * 6]}, r"^bilinear_attention_logits: y_weight must have shape \(rank, 6\), got list$"),
+        ({"x_weight": torch.full((4, 5), float("nan"))}, r"^bilinear_attention_logits: x_weight contains NaN"),
+        ({"x_bias": torch.ones(5)}, r"^bilinear_attention_logits: x_bias must have shape \(4,\), got \(5,\)$"),
+        ({"y_bias": [0.0] * 4}, r"^bilinear_attention_logits: y_bias must have shape \(4,\), got list$"),
+        ({"y_bias": torch.full((4,), float("inf"))}, r"^bilinear_attention_logits: y_bias contains Inf"),
+    ],
+)
+def test_logits_input_messages_name_the_function_argument_and_shape(change, message):
+    inputs = {**_logits_inputs(), **change}
+    with pytest.raises(ValueError, match=message):
+        bilinear_attention_logits(**inputs)
+
+
+def test_logits_ignore_nan_at_padded_y_steps():
+    # A padded step of y may hold anything, NaN included: the real pairs' logits are those
+    # of the same input with zeros there, and the padded pairs are -inf.
+    inputs = _logits_inputs()
+    y_mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    clean = bilinear_attention_logits(**inputs, y_mask=y_mask)
+    inputs["y"] = inputs["y"].clone()
+    inputs["y"][0, 3] = float("nan")
+    dirty = bilinear_attention_logits(**inputs, y_mask=y_mask)
+    assert torch.equal(dirty, clean)
+    assert torch.isneginf(dirty[0, :, :, 3]).all() and torch.isfinite(dirty[0, :, :, :3]).all()
