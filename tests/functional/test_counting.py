@@ -258,3 +258,53 @@ def test_counter_accepts_one_object_and_one_piece():
     result = counter(boxes, logits)
     expected = _oracle(boxes[0].tolist(), logits[0].tolist(), counter.weight.detach(), 1)
     torch.testing.assert_close(result[0], torch.tensor(expected, dtype=torch.float64))
+
+
+def test_box_iou_adds_the_authors_epsilon_to_the_union():
+    """A box of area 1e-12 with itself: IoU = 1e-12 / (1e-12 + 1e-12) = 1/2, the authors'
+    ``intersection / (union + 1e-12)``; two empty boxes give 0, not NaN."""
+    boxes = torch.tensor([[[0.0, 0.0, 1e-6, 1e-6], [5.0, 5.0, 5.0, 5.0]]], dtype=torch.float64)
+    iou = box_iou(boxes)[0]
+    assert iou[0, 0].item() == pytest.approx(0.5, rel=1e-9)
+    assert iou[1, 1].item() == 0.0 and iou[0, 1].item() == 0.0
+
+
+def test_count_features_take_logits_by_default():
+    """Without ``already_sigmoided`` the attention is the sigmoid of the logits (the loop
+    oracle applies it), and the flag set to True gives the features of the raw values."""
+    generator = torch.Generator().manual_seed(5)
+    corners = torch.rand(1, 6, 2, generator=generator, dtype=torch.float64)
+    boxes = torch.cat([corners, corners + 0.3], dim=-1)
+    logits = torch.randn(1, 6, generator=generator, dtype=torch.float64)
+    weights = torch.rand(8, 4, generator=generator, dtype=torch.float64)
+    expected = _oracle(boxes[0].tolist(), logits[0].tolist(), weights, 4)
+    torch.testing.assert_close(count_features(boxes, logits, weights, objects=4)[0], torch.tensor(expected, dtype=torch.float64))
+    raw = count_features(boxes, torch.sigmoid(logits), weights, objects=4, already_sigmoided=True)
+    torch.testing.assert_close(raw[0], torch.tensor(expected, dtype=torch.float64))
+
+
+def test_one_hot_clamps_infinite_and_huge_counts_to_k():
+    """Counts are clamped to [0, K] before the floor: +inf and 1e30 (whose floor does not
+    fit an integer) put all the mass on K."""
+    one_hot = count_to_one_hot(torch.tensor([[math.inf], [1e30], [3.5]], dtype=torch.float64), 3)
+    expected = torch.tensor([[0, 0, 0, 1.0]] * 3, dtype=torch.float64)
+    torch.testing.assert_close(one_hot, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_one_hot_keeps_the_dtype_and_device_of_the_count(dtype):
+    """The rows are made in the count's dtype (a half-precision count is not promoted to
+    float32) and on its device (a meta count gives a meta result)."""
+    one_hot = count_to_one_hot(torch.tensor([[1.5], [0.0]], dtype=dtype), 2)
+    assert one_hot.dtype == dtype
+    torch.testing.assert_close(one_hot, torch.tensor([[0, 0.5, 0.5], [1, 0, 0]], dtype=dtype))
+    on_meta = count_to_one_hot(torch.zeros(2, 1, dtype=dtype, device="meta"), 2)
+    assert on_meta.device.type == "meta" and on_meta.shape == (2, 3) and on_meta.dtype == dtype
+
+
+def test_no_attention_counts_zero_through_the_authors_epsilon():
+    # Attention 0 everywhere: C = 0, and the count is sqrt(0 + 1e-20) = 1e-10, not NaN.
+    boxes = _separated_boxes(3, 10)
+    attention = torch.zeros(1, 10, dtype=torch.float64)
+    score, _, _ = count_score(boxes, attention, _identity_weights(), already_sigmoided=True)
+    assert score.item() == pytest.approx(1e-10, rel=1e-12)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,9 @@ from polyfuse.tasks.vqa import vqa_loss
 
 
 def test_grid_boxes_hand_values():
-    boxes = grid_boxes(2, 3)
+    with warnings.catch_warnings():  # the meshgrid indexing is given: torch does not warn
+        warnings.simplefilter("error")
+        boxes = grid_boxes(2, 3)
     assert boxes.shape == (6, 4)
     torch.testing.assert_close(boxes[0], torch.tensor([0.0, 0.0, 1 / 3, 0.5]))
     torch.testing.assert_close(boxes[5], torch.tensor([2 / 3, 0.5, 1.0, 1.0]))  # row-major
