@@ -213,3 +213,24 @@ def test_mixed_float16_and_float32_calls_are_computed_in_float32(name):
         mixed = reference(halves)  # float32 weights, float16 inputs
         assert mixed.dtype == torch.float16
         torch.testing.assert_close(mixed.float(), expected, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("name", ["man", "ban"])
+def test_float16_details_are_computed_in_float32_too(name):
+    # return_details=True reaches the float32 call: the same fused values, with the details.
+    low = module_in(name, torch.float16)
+    xs = [x.detach() for x in inputs_for(name, 3, (5, 4, 3), torch.float16)]
+    details = low(xs, return_details=True)
+    assert isinstance(details, polyfuse.nn.FusionOutput)
+    assert details.fused.dtype == torch.float16 and torch.equal(details.fused, low(xs))
+    assert details.attention is not None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_input_errors_name_the_module_class(name):
+    module = float32_module(name)
+    xs = [x.detach() for x in inputs_for(name, 2, (5, 4, 3), torch.float32)]
+    xs[0] = xs[0].long()
+    cls = type(module).__name__
+    with pytest.raises(ValueError, match=rf"^{cls}: modality 0 has dtype torch.int64; expected a float tensor$"):
+        module(xs)
