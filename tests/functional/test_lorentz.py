@@ -671,3 +671,50 @@ def test_logmap0_at_the_origin_has_the_identity_jacobian():
     expected = torch.cat((torch.zeros(3, 1, dtype=DOUBLE), torch.eye(3, dtype=DOUBLE)), dim=1)
     assert torch.equal(lorentz_logmap0(origin), torch.zeros(3, dtype=DOUBLE))
     assert torch.allclose(jacobian, expected)
+
+
+def test_lorentz_attention_ignores_nan_at_padded_values():
+    queries, keys, values, mask = attention_inputs(seed=21)
+    expected = lorentz_attention(queries, keys, values, mask, beta=1.0, offset=0.0)
+    dirty = values.clone()
+    dirty[~mask] = float("nan")
+    assert torch.equal(lorentz_attention(queries, keys, dirty, mask, beta=1.0, offset=0.0), expected)
+
+
+def test_lorentz_attention_of_float32_points_is_computed_in_float64():
+    # float32 points are widened exactly, so the float32 result is the float64 result of the
+    # same points rounded once; the weights come back in float32 too.
+    queries, keys, values, mask = (t.float() if t.is_floating_point() else t for t in attention_inputs(seed=22))
+    out, weights = lorentz_attention(queries, keys, values, mask, beta=1.3, offset=-0.2, return_weights=True)
+    wide, wide_weights = lorentz_attention(
+        queries.double(), keys.double(), values.double(), mask, beta=1.3, offset=-0.2, return_weights=True
+    )
+    assert out.dtype == torch.float32 and weights.dtype == torch.float32
+    assert torch.equal(out, wide.float()) and torch.equal(weights, wide_weights.float())
+
+
+def test_lorentz_attention_accepts_a_value_at_the_origin():
+    # The origin (1, 0, ..., 0) is on the upper sheet (x_0 = 1): a value there is valid.
+    queries, keys, values, mask = attention_inputs(seed=23)
+    values = values.clone()
+    values[0, 0] = torch.tensor([1.0, 0.0, 0.0], dtype=values.dtype)
+    out, weights = lorentz_attention(queries, keys, values, mask, beta=1.3, offset=-0.2, return_weights=True)
+    expected, expected_weights = loop_attention(queries, keys, values, mask, 1.3, -0.2)
+    assert torch.allclose(out, expected, rtol=1e-9) and torch.allclose(weights, expected_weights, rtol=1e-9)
+
+
+def test_lorentz_inner_keepdim_and_coordinate_message():
+    x, y = random_points(2, 3, 3, seed=24), random_points(2, 3, 3, seed=25)
+    expected = -x[..., 0] * y[..., 0] + (x[..., 1:] * y[..., 1:]).sum(-1)
+    kept = lorentz_inner(x, y, keepdim=True)
+    assert kept.shape == (2, 3, 1) and torch.allclose(kept[..., 0], expected, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"^x has 4 coordinates but y has 3$"):
+        lorentz_inner(x, y[..., :3])
+
+
+def test_lorentz_distance_to_a_point_whose_spatial_norm_is_one():
+    # y = (sqrt 2, 1, 0) is on the hyperboloid with |y_1:| = 1 exactly; d = arcosh(-<x, y>_L).
+    y = torch.tensor([math.sqrt(2.0), 1.0, 0.0], dtype=DOUBLE)
+    x = torch.tensor([math.cosh(0.7), math.sinh(0.7) * 0.6, math.sinh(0.7) * 0.8], dtype=DOUBLE)
+    expected = math.acosh(x[0].item() * y[0].item() - x[1].item() * y[1].item())
+    assert lorentz_distance(x, y).item() == pytest.approx(expected, rel=1e-10)
