@@ -222,3 +222,50 @@ def test_ban_vqa_dropout_only_in_training():
     none = BanVQA(6, 4, 5, hidden_dim=8, glimpses=2, counter_objects=2, dropout=0.0, attention_dropout=0.0, classifier_dropout=0.0)
     none.load_state_dict(model.state_dict())
     torch.testing.assert_close(none.train()(tokens, image, boxes)[0], evaluated)
+
+
+def test_vqa_models_built_with_their_defaults_have_the_papers_sizes():
+    # The defaults as built (a signature alone would not show a changed default).
+    model = BanVQA(6, 4, 5)
+    assert (model.question.hidden_dim, model.question.embedding.embedding_dim, model.glimpses) == (1024, 300, 8)
+    assert (model.ban.hidden_dim, model.ban.attention_rank, model.ban.joint_pool) == (1024, 3 * 1024, 1)
+    assert model.counter.objects == 10
+    fusion = FusionVQA("concat", 6, 4, 5)
+    assert (fusion.question.hidden_dim, fusion.question.embedding.embedding_dim) == (1024, 300)
+
+
+@pytest.mark.parametrize("kind", ["ban", "fusion"])
+def test_vqa_models_start_from_the_given_word_vectors(kind):
+    vectors = torch.randn(6, 3)
+    options = {"hidden_dim": 8, "embedding_dim": 3, "word_vectors": vectors}
+    if kind == "ban":
+        model = BanVQA(6, 4, 5, glimpses=1, counter_objects=None, **options)
+    else:
+        model = FusionVQA("concat", 6, 4, 5, **options)
+    torch.testing.assert_close(model.question.embedding.weight[:6].detach(), vectors)
+
+
+def test_ban_vqa_dropout_rates_reach_the_image_and_the_attention():
+    # dropout 0.2 on the inputs (not 1.0: the image must still matter in training), and
+    # the attention dropout in training (two draws give two maps); classifier without.
+    torch.manual_seed(0)
+    model = BanVQA(6, 4, 5, hidden_dim=8, glimpses=2, counter_objects=None, classifier_dropout=0.0).train()
+    tokens = torch.tensor([[1, 2, 6]])
+    first, second = torch.randn(1, 4, 5), torch.randn(1, 4, 5)
+    torch.manual_seed(1)
+    one, _ = model(tokens, first)
+    torch.manual_seed(1)
+    other, _ = model(tokens, second)
+    assert not torch.allclose(one, other)
+    only_attention = BanVQA(6, 4, 5, hidden_dim=8, glimpses=2, counter_objects=None, dropout=0.0, classifier_dropout=0.0)
+    only_attention.load_state_dict(model.state_dict())
+    only_attention.train()
+    torch.manual_seed(1)
+    _, attention_one = only_attention(tokens, first)
+    torch.manual_seed(2)
+    _, attention_two = only_attention(tokens, first)
+    assert not torch.allclose(attention_one, attention_two)
+
+
+def test_fusion_vqa_classifier_dropout_is_the_given_rate():
+    assert FusionVQA("concat", 6, 4, 5, hidden_dim=8, classifier_dropout=0.0).classifier[2].p == 0.0
