@@ -345,3 +345,28 @@ def test_caption_cross_entropy_ignores_the_given_padding_index_and_checks_shapes
         caption_cross_entropy(logits.flatten(0, 1), targets.flatten())
     with pytest.raises(ValueError, match=r"^caption_cross_entropy: label_smoothing must lie in \[0, 1\), got -0.1$"):
         caption_cross_entropy(logits, targets, label_smoothing=-0.1)
+
+
+def test_mean_pool_context_reports_the_masked_means_as_context():
+    # MAFOutput.context of the baseline: the masked mean of each modality (Eq. 5 with
+    # uniform attention), computed here by loops.
+    decoder = CaptionDecoder(DIMS, VOCAB, embed_dim=4, hidden_dim=5, orders=None).double()
+    inputs, masks = make_inputs(seed=6)
+    out = decoder.maf.fuse_prepared(torch.zeros(3, 5, dtype=F64), inputs, masks)  # query unused
+    for x, m, got in zip(inputs, masks, out.context, strict=True):
+        for b in range(x.shape[0]):
+            rows = [x[b, t] for t in range(x.shape[1]) if m[b, t]]
+            torch.testing.assert_close(got[b], sum(rows) / len(rows), rtol=0, atol=1e-12)
+
+
+def test_decoder_defaults_and_smallest_sizes():
+    default = CaptionDecoder([3, 2, 4], 5)  # orders "UB": unary and binary terms, no ternary
+    assert default.maf.subsets == [(0,), (1,), (2,), (0, 1), (0, 2), (1, 2)]
+    assert CaptionDecoder([3, 2], 5, low_rank=True).maf.terms["0_1"].rank == 1  # default rank
+    tiny = CaptionDecoder([3, 2], 2, embed_dim=1, hidden_dim=1)  # the smallest valid sizes
+    assert tiny.embedding.weight.shape == (2, 1) and tiny.lstm.hidden_size == 1
+    decoder = make_decoder()
+    inputs, masks = make_inputs()
+    assert decoder(torch.tensor([[1, 2]] * 3), inputs, masks).shape == (3, 1, VOCAB)  # L = 2: one step
+    with pytest.raises(ValueError, match=r"^CaptionDecoder: captions has batch size 2, the features 3$"):
+        decoder(torch.tensor([[1, 2, 3], [1, 2, 3]]), inputs, masks)
