@@ -432,3 +432,32 @@ def test_pool_steps_and_extra_inputs_by_hand():
     # nothing missing: the same mask, the padded steps zeroed (no host read decides to skip it)
     assert new_masks[1].tolist() == gaps.tolist()
     assert new_inputs[1].tolist() == (x * gaps[..., None]).tolist()
+
+
+def test_crossmodal_blocks_pass_their_dropout_rates_down():
+    from polyfuse.nn.backbones.transformer import CrossmodalEncoder
+
+    assert CrossmodalAttention(4, 2).dropout == 0.0  # MulT's defaults: 0 / 0.1 / 0.1 / 0.1 / 0.25
+    default_layer = CrossmodalLayer(4, 2)
+    assert (default_layer.attention.dropout, default_layer.relu_dropout, default_layer.residual_dropout) == (0.1, 0.1, 0.1)
+    default = CrossmodalEncoder(4, 2, 1)  # one layer is enough
+    assert len(default.layers) == 1 and default.embed_dropout == 0.25
+    assert (default.layers[0].attention.dropout, default.layers[0].relu_dropout) == (0.1, 0.1)
+    encoder = CrossmodalEncoder(4, 2, 2, attention_dropout=0.2, relu_dropout=0.3, residual_dropout=0.4, embed_dropout=0.5)
+    for layer in encoder.layers:
+        assert (layer.attention.dropout, layer.relu_dropout, layer.residual_dropout) == (0.2, 0.3, 0.4)
+
+
+def test_crossmodal_blocks_at_rate_zero_train_as_they_evaluate_and_drop_otherwise():
+    from polyfuse.nn.backbones.transformer import CrossmodalEncoder
+
+    torch.manual_seed(0)
+    target, source = torch.randn(2, 5, 4), torch.randn(2, 3, 4)
+    target_mask, source_mask = torch.ones(2, 5, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)
+    quiet = CrossmodalEncoder(4, 2, 2, attention_dropout=0.0, relu_dropout=0.0, residual_dropout=0.0, embed_dropout=0.0)
+    evaluated = quiet.eval()(target, target_mask, source, source_mask)
+    torch.testing.assert_close(quiet.train()(target, target_mask, source, source_mask), evaluated)
+    attention = CrossmodalAttention(4, 2, dropout=0.5)
+    evaluated = attention.eval()(target, source, source_mask)
+    torch.manual_seed(1)
+    assert not torch.allclose(attention.train()(target, source, source_mask), evaluated)
