@@ -461,3 +461,33 @@ def test_crossmodal_blocks_at_rate_zero_train_as_they_evaluate_and_drop_otherwis
     evaluated = attention.eval()(target, source, source_mask)
     torch.manual_seed(1)
     assert not torch.allclose(attention.train()(target, source, source_mask), evaluated)
+
+
+def test_mult_defaults_and_dropout_rates_as_built():
+    from polyfuse.nn.backbones.mult import MulT
+
+    default = MulT([3, 4])  # two modalities are enough
+    assert default.dim == 30 and default.modality_names == ["m0", "m1"] and default.output_dropout == 0.0
+    encoder = default.crossmodal[0][0]
+    assert len(encoder.layers) == 5 and encoder.layers[0].attention.heads == 5
+    assert encoder.layers[0].attention.dropout == 0.1 and len(default.memories[0].layers) == 5
+    rates = {"attention_dropout": 0.2, "relu_dropout": 0.3, "residual_dropout": 0.4, "embed_dropout": 0.5}
+    custom = MulT([3, 4], dim=4, heads=2, layers=1, **rates)
+    for encoder in (custom.crossmodal[1][0], custom.memories[1]):
+        layer = encoder.layers[0]
+        assert (layer.attention.dropout, layer.relu_dropout, layer.residual_dropout, encoder.embed_dropout) == (0.2, 0.3, 0.4, 0.5)
+
+
+def test_mult_dropout_only_in_training_and_only_at_its_rates():
+    from polyfuse.nn.backbones.mult import MulT
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(2, 4, 3), torch.randn(2, 5, 4)]
+    zero = {"attention_dropout": 0.0, "relu_dropout": 0.0, "residual_dropout": 0.0, "embed_dropout": 0.0}
+    quiet = MulT([3, 4], dim=4, heads=2, layers=1, output_dropout=0.0, **zero)
+    torch.testing.assert_close(quiet.train()(inputs), quiet.eval()(inputs))  # rate 0: no dropout
+    noisy = MulT([3, 4], dim=4, heads=2, layers=1, output_dropout=0.5, **zero).eval()
+    torch.manual_seed(1)
+    first = noisy(inputs)
+    torch.manual_seed(2)
+    torch.testing.assert_close(noisy(inputs), first)  # eval: the output dropout is off
