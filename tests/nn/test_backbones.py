@@ -491,3 +491,54 @@ def test_mult_dropout_only_in_training_and_only_at_its_rates():
     first = noisy(inputs)
     torch.manual_seed(2)
     torch.testing.assert_close(noisy(inputs), first)  # eval: the output dropout is off
+
+
+def _lstm_lmf(**options):
+    from polyfuse.nn.backbones.lstm_lmf import LSTMLMF
+
+    return LSTMLMF([3, 4], **options)
+
+
+def test_lstm_lmf_defaults_smallest_sizes_and_out_dim():
+    default = _lstm_lmf()  # two modalities are enough
+    assert (default.lstm.hidden_size, default.text_out.out_features, default.vector_dims) == (64, 32, [32, 16])
+    assert (default.fusion_dim, default.rank, default.out_dim) == (32, 4, 32)  # no extra module: LMF's size
+    tiny = _lstm_lmf(text_hidden=1, text_out=1, hidden=1, out=1, rank=1)
+    assert tiny.out_dim == 1 and tiny.vector_dims == [1, 1]
+
+
+def test_lstm_lmf_initial_factor_scales():
+    # LMF's factors ~ N(0, 2 / (h + 1 + out)) and rank weights ~ N(0, 2 / (1 + rank)) (Xavier normal).
+    torch.manual_seed(0)
+    factors = _lstm_lmf(text_out=1, hidden=1, out=1, rank=2000).factors[0].detach()  # (2000, 2, 1)
+    assert factors.std().item() == pytest.approx(math.sqrt(2 / 3), rel=0.05)
+    weights = torch.cat([_lstm_lmf(text_hidden=1, text_out=1, hidden=1, out=1, rank=3).rank_weights.detach() for _ in range(300)])
+    assert weights.std().item() == pytest.approx(math.sqrt(2 / 4), rel=0.08)
+
+
+def test_lstm_lmf_fusion_bias_messages_and_padding():
+    torch.manual_seed(1)
+    extra = lambda dims: polyfuse.nn.create("concat", input_dims=dims, out_dim=3)  # noqa: E731
+    model = _lstm_lmf(text_hidden=4, text_out=3, hidden=2, out=5, rank=2, extra=extra).eval()
+    inputs = [torch.randn(2, 4, 3), torch.randn(2, 3, 4)]
+    masks = [torch.tensor([[True, True, False, False], [True, True, True, True]]), torch.tensor([[True, True, False], [True] * 3])]
+    before = model(inputs, masks)
+    with torch.no_grad():
+        model.bias.fill_(1.0)  # LMF Eq. 6's bias reaches the output
+    torch.testing.assert_close(model(inputs, masks)[:, :5], before[:, :5] + 1.0)
+    model(inputs, masks).sum().backward()  # padded steps pass no NaN back
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    missing = [inputs[0].clone(), inputs[1]]
+    missing_masks = [masks[0].clone(), masks[1]]
+    missing_masks[0][0] = False  # sample 0 has no text: its text state is zeros, whatever the rows hold
+    first = model(missing, missing_masks)
+    missing[0][0] = 7.0
+    torch.testing.assert_close(model(missing, missing_masks), first)
+    with torch.no_grad():
+        model.lstm.bias_ih_l0.add_(1.0)  # nor on what the LSTM would make of a padded step
+    torch.testing.assert_close(model(missing, missing_masks)[0], first[0])
+    with pytest.raises(ValueError, match=r"^LSTMLMF: the text modality \(m0\) must be padded at the end \(real steps "
+                                         r"first\); read left-padded files with data.padding: left$"):
+        model(inputs, [masks[0].flip(1), masks[1]])
+    with pytest.raises(ValueError, match=r"^LSTMLMF: "):
+        model([inputs[0].long(), inputs[1]], masks)
