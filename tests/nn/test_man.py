@@ -305,3 +305,54 @@ def test_float32_survives_large_inputs():
     reference = module.double()([x.double() for x in big], masks)
     assert torch.isfinite(wide).all()
     torch.testing.assert_close(wide, reference, rtol=1e-3, atol=1e-3 * reference.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "fast"}, r"^MAN: unknown mode 'fast'; expected one of exact, hadamard, had$"),
+        ({"estimator": "orf"}, r"^MAN: unknown estimator 'orf'; expected one of gerf, arf$"),
+        ({"layers": 2, "stacking": "deep"}, r"^MAN: unknown stacking 'deep'; expected one of [a-z_]+, [a-z_]+$"),
+        ({"mode": "hadamard", "chunks": 4}, r"^MAN: hadamard mode \(w/o CAO\) cannot use LSC; set chunks=0$"),
+        ({"layers": 2, "residual": False}, r"^MAN: stacked layers \(layers > 1\) are residual \(Eq. 13\); drop residual=False$"),
+        ({"hidden_dim": 10, "heads": 4}, r"^MAN: hidden_dim 10 is not divisible by heads 4$"),
+        ({"layers": 0}, r"^MAN: layers, heads and num_random_features must be >= 1 and chunks >= 0, got layers=0, heads=4, num_random_features=64, chunks=4$"),
+        ({"heads": 0}, r"heads=0,"),
+        ({"num_random_features": 0}, r"num_random_features=0,"),
+        ({"chunks": -1}, r"chunks=-1$"),
+    ],
+)
+def test_configuration_messages_name_the_value(options, message):
+    with pytest.raises(ValueError, match=message):
+        MAN([4, 4], 2, **options)
+
+
+def test_smallest_sizes_and_defaults_as_built():
+    tiny = MAN([4, 4], 2, hidden_dim=1, heads=1, num_random_features=1, chunks=0)  # all >= 1 is valid
+    assert tiny.layers[0].random_matrix.shape[1] == 1
+    default = MAN([4, 4], 2)
+    layer = default.layers[0]
+    assert (default.mode, layer.estimator, layer.random_matrix.shape[1], default.dropout.p) == ("had", "gerf", 64, 0.0)
+    assert layer.temperature == pytest.approx(1 / math.sqrt(layer.attention_dim))  # 1 / sqrt(K') by default
+    same = MAN([64, 4], 64, layers=2)  # an input and the output of the hidden size: no projection for them
+    assert isinstance(same.output, torch.nn.Identity) and isinstance(same.input_projections[0], torch.nn.Identity)
+    assert isinstance(same.input_projections[1], torch.nn.Linear)
+
+
+def test_the_seed_alone_fixes_random_features_and_pooling():
+    # MAN's own generator (seed 0 by default) draws W and the pooling noise, whatever the global RNG.
+    torch.manual_seed(1)
+    first = MAN([4, 4], 2, layers=2)
+    torch.manual_seed(2)
+    second = MAN([4, 4], 2, layers=2)
+    for a, b in zip(first.layers, second.layers, strict=True):
+        assert torch.equal(a.random_matrix, b.random_matrix) and torch.equal(a.pooling, b.pooling)
+    assert not torch.equal(first.layers[0].random_matrix, MAN([4, 4], 2, seed=1).layers[0].random_matrix)
+    eye = torch.eye(first.layers[0].head_dim)
+    noise = first.layers[0].pooling.detach() - eye  # P = I + 0.01 N(0, 1) per head
+    assert 0 < noise.abs().max().item() < 0.06
+    torch.manual_seed(3)
+    first.redraw_random_features()  # from the module's own generator
+    torch.manual_seed(4)
+    second.redraw_random_features()
+    assert torch.equal(first.layers[0].random_matrix, second.layers[0].random_matrix)
