@@ -586,6 +586,8 @@ def test_lorentz_attention_checks_name_the_argument():
 
     upper = values.clone()
     upper[0, 2, 0] = -upper[0, 2, 0]  # a real value on the lower sheet
+    zero_time = values.clone()
+    zero_time[1, 0, 0] = 0.0  # x_0 = 0 exactly: not on the upper sheet either
     lower_padded = values.clone()
     lower_padded[0, 1, 0] = -1.0  # the same at a padded key: never read
     cases = [
@@ -611,6 +613,7 @@ def test_lorentz_attention_checks_name_the_argument():
         (lambda: attend(v=values * math.nan), r"^values contains NaN at index \(0, 0, 0\)$"),
         (lambda: attend(v=upper), r"^values must have a positive time coordinate x_0 \(upper sheet\)$"),
         (lambda: attend(v=upper, m=mask), r"^values must have a positive time coordinate x_0 \(upper sheet\)$"),
+        (lambda: attend(v=zero_time), r"^values must have a positive time coordinate x_0 \(upper sheet\)$"),
         (lambda: attend(beta=torch.tensor(1)), r"^beta must be a float tensor or a number, got torch.int64$"),
         (lambda: attend(offset=torch.tensor(1)), r"^offset must be a float tensor or a number, got torch.int64$"),
         (lambda: attend(beta=torch.tensor(math.inf)), r"^beta contains Inf at index \(\)$"),
@@ -718,3 +721,38 @@ def test_lorentz_distance_to_a_point_whose_spatial_norm_is_one():
     x = torch.tensor([math.cosh(0.7), math.sinh(0.7) * 0.6, math.sinh(0.7) * 0.8], dtype=DOUBLE)
     expected = math.acosh(x[0].item() * y[0].item() - x[1].item() * y[1].item())
     assert lorentz_distance(x, y).item() == pytest.approx(expected, rel=1e-10)
+
+
+def test_expmap0_caps_float32_radii_one_unit_below_coshs_overflow():
+    """The dtype's cap is log(max) - 1 (87.72 in float32): a radius of 87.5 is kept, 88.5 is
+    brought down to the cap, and cosh stays finite at both."""
+    for radius, expected in [(87.5, 87.5), (88.5, math.log(torch.finfo(torch.float32).max) - 1.0)]:
+        point = lorentz_expmap0(torch.tensor([radius, 0.0]))
+        assert torch.isfinite(point).all()
+        assert torch.asinh(point[1:].double().norm()).item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_distance_is_exactly_zero_on_the_diagonal_at_unit_spatial_norm():
+    """A point whose |x_{1:n}| rounds to exactly 1 while x_{1:n}.x_{1:n} does not: the
+    direction form of the angular term must be used (the dot form leaves 1e-16 behind)."""
+    generator = torch.Generator().manual_seed(0)
+    while True:
+        spatial = torch.randn(3, generator=generator, dtype=DOUBLE)
+        spatial = spatial / spatial.norm()
+        if torch.linalg.vector_norm(spatial).item() == 1.0 and (spatial @ spatial).item() != 1.0:
+            break
+    point = torch.cat([torch.tensor([math.sqrt(2.0)], dtype=DOUBLE), spatial])
+    assert lorentz_distance(point, point).item() == 0.0
+    assert lorentz_distance(point[None], point[None]).item() == 0.0
+
+
+def test_klein_points_exactly_at_the_tolerance_are_accepted():
+    """|v|^2 = 1 + 1e-4 exactly is inside the documented tolerance; one ulp more is not."""
+    inside = torch.tensor([0.8730477016258977, 0.487737337801544], dtype=DOUBLE)
+    assert inside.pow(2).sum().item() == 1.0 + 1e-4
+    assert torch.isfinite(klein_to_lorentz(inside)).all()
+    assert torch.isfinite(lorentz_factor(inside)).all()
+    outside = inside.clone()
+    outside[0] = torch.nextafter(inside[0], torch.tensor(2.0, dtype=DOUBLE))
+    with pytest.raises(ValueError, match="outside the unit ball"):
+        klein_to_lorentz(outside)

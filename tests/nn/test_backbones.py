@@ -542,3 +542,37 @@ def test_lstm_lmf_fusion_bias_messages_and_padding():
         model(inputs, [masks[0].flip(1), masks[1]])
     with pytest.raises(ValueError, match=r"^LSTMLMF: "):
         model([inputs[0].long(), inputs[1]], masks)
+
+
+def test_lstm_lmf_padded_steps_pass_no_nan_back_to_the_step_encoders():
+    """Padded steps of a non-text modality are zeroed, not divided away: with every ReLU of the
+    step encoder active (a large bias), a padded step would otherwise send 0 / 0 = NaN back."""
+    torch.manual_seed(2)
+    extra = lambda dims: polyfuse.nn.create("concat", input_dims=dims, out_dim=3)  # noqa: E731
+    model = _lstm_lmf(text_hidden=4, text_out=3, hidden=4, out=5, rank=2, extra=extra).eval()
+    with torch.no_grad():
+        model.step_encoders["1"][0].bias.fill_(5.0)
+    inputs = [torch.randn(2, 4, 3), torch.randn(2, 3, 4)]
+    masks = [torch.tensor([[True, True, False, False], [True] * 4]), torch.tensor([[True, False, False], [True] * 3])]
+    model(inputs, masks).sum().backward()
+    encoder = model.step_encoders["1"][0]
+    assert torch.isfinite(encoder.weight.grad).all() and torch.isfinite(encoder.bias.grad).all()
+    assert encoder.weight.grad.abs().sum() > 0
+
+
+def test_lstm_lmf_centre_on_a_padded_text_step_reads_a_zero_state():
+    """Contextual mode where the sample's own utterance has no text (a padded centre step):
+    the text state is the zero LSTM output there, whatever the padded rows hold."""
+    torch.manual_seed(1)
+    model = _lstm_lmf(text_hidden=4, text_out=3, hidden=2, out=5, rank=2).eval()
+    inputs = [torch.randn(2, 4, 3), torch.randn(2, 4, 4)]
+    masks = [torch.tensor([[True, True, False, False], [True] * 4]), torch.ones(2, 4, dtype=torch.bool)]
+    centre = torch.tensor([3, 1])
+    first = model(inputs, masks, centre=centre)
+    assert torch.isfinite(first).all()
+    inputs[0][0, 2:] = 9.0
+    torch.testing.assert_close(model(inputs, masks, centre=centre), first)
+    with torch.no_grad():  # the text vector of sample 0 is text_out(0) = its bias: zeroing the LSTM changes nothing
+        for parameter in model.lstm.parameters():
+            parameter.zero_()
+    torch.testing.assert_close(model(inputs, masks, centre=centre)[0], first[0])

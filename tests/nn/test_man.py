@@ -9,6 +9,7 @@ import torch
 
 import polyfuse
 from polyfuse.nn import MAN
+from polyfuse.nn.man import MultiLinearAttentionLayer
 
 DOUBLE = torch.float64
 DIMS = [6, 5, 7]
@@ -356,3 +357,39 @@ def test_the_seed_alone_fixes_random_features_and_pooling():
     torch.manual_seed(4)
     second.redraw_random_features()
     assert torch.equal(first.layers[0].random_matrix, second.layers[0].random_matrix)
+
+
+def layer_options(**overrides):
+    options = {
+        "hidden_dim": 6, "heads": 2, "attention_dim": 3, "num_random_features": 8, "orthogonal": True, "chunks": 2,
+        "lsc_scale": 0.1, "mode": "exact", "temperature": 0.7, "generator": torch.Generator().manual_seed(5),
+    }
+    options.update(overrides)
+    return options
+
+
+def test_layer_defaults_and_its_own_messages():
+    layer = MultiLinearAttentionLayer([4, 5], **layer_options())
+    assert layer.estimator == "gerf"  # the layer's own default, as MAN's
+    inputs, masks = inputs_and_masks()
+    result = layer.double()([inputs[0][:, :, :4], inputs[1]], masks[:2])  # no flag: the fused tensor alone
+    assert isinstance(result, torch.Tensor) and result.shape == (3, 6)
+    with pytest.raises(ValueError, match="hidden_dim 7 is not divisible by heads 2"):
+        MultiLinearAttentionLayer([4, 5], **layer_options(hidden_dim=7))
+
+
+def test_layer_pooling_starts_at_identity_plus_the_generators_first_noise():
+    layer = MultiLinearAttentionLayer([4, 5], **layer_options(generator=torch.Generator().manual_seed(9)))
+    noise = torch.randn(2, 3, 3, generator=torch.Generator().manual_seed(9))  # P's noise is the first draw
+    torch.testing.assert_close(layer.pooling.detach(), torch.eye(3).expand(2, 3, 3) + 0.01 * noise, rtol=0, atol=0)
+
+
+def test_float64_layer_uses_float64_lsc_vectors():
+    """lsc_scale 0.1 is not a float32 number: the LSC columns must be built in the features'
+    dtype, as the brute-force pass builds them (exact mode, 1e-13)."""
+    layer = MultiLinearAttentionLayer(DIMS, **layer_options(lsc_scale=0.1, temperature=2.0)).double()
+    inputs, masks = inputs_and_masks()
+    with torch.no_grad():
+        expected, _ = man_pass_by_brute_force(layer, inputs, masks, temperature=2.0, chunks=2, scale=0.1)
+        actual = layer(inputs, masks)
+    torch.testing.assert_close(actual, expected, rtol=1e-13, atol=1e-14)
