@@ -403,3 +403,71 @@ def test_chimera_objective_messages_and_weights_by_hand():
         assert float(chimera_objective(**{name: one, f"{name}_weight": 0.0})) == 0.0
     with pytest.raises(ValueError, match=r"^chimera_objective needs at least one loss term$"):
         chimera_objective(topic_lm_weight=1.0)
+
+
+def test_every_tensor_argument_is_named_in_its_type_and_shape_messages():
+    texts, images = lorentz_expmap0(randn(3, 2, seed=20)), lorentz_expmap0(randn(3, 2, seed=21))
+    tangents, topics = randn(3, 2, seed=22), randn(3, 4, seed=23)
+    vocab_logits, topic_logits, targets = randn(2, 3, 4, seed=24), randn(2, 3, seed=25), torch.tensor([1, 3])
+    cases = [
+        (lambda: topic_lm_loss(vocab_logits.long(), topic_logits, targets), "topic_vocab_logits must be a float"),
+        (lambda: topic_lm_loss(vocab_logits[0, 0], topic_logits, targets), r"topic_vocab_logits must have at least 2"),
+        (lambda: topic_lm_loss(vocab_logits, topic_logits.long(), targets), "topic_logits must be a float"),
+        (lambda: topic_matching_loss(topics.long(), topics), "text_topics must be a float"),
+        (lambda: topic_matching_loss(topics, topics.long()), "image_topics must be a float"),
+        (lambda: topic_matching_loss(topics, topics[:2]), r"text_topics \(3, 4\) and image_topics \(2, 4\) must"),
+        (lambda: hyperbolic_matching_loss(texts.long(), images), "text_points must be a float"),
+        (lambda: hyperbolic_matching_loss(texts, images.long()), "image_points must be a float"),
+        (lambda: distortion_loss(texts.long(), images, tangents, tangents), "text_points must be a float"),
+        (lambda: distortion_loss(texts, images.long(), tangents, tangents), "image_points must be a float"),
+        (lambda: distortion_loss(texts, images[:2], tangents, tangents), r"text_points \(3, 3\) and image_points \(2, 3\)"),
+        (lambda: distortion_loss(texts, images, tangents.long(), tangents), "text_embeddings must be a float"),
+        (lambda: distortion_loss(texts, images, tangents, tangents.long()), "image_embeddings must be a float"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match="^" + message):
+            call()
+    nan_logits = vocab_logits.clone()
+    nan_logits[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"^topic_vocab_logits \(at counted positions\) contains NaN"):
+        topic_lm_loss(nan_logits, topic_logits, targets)
+
+
+def test_topic_lm_loss_reads_the_last_two_axes_whatever_the_rank():
+    """(Z, V) is one position; (N, Z, V) is N positions: -log sum_z softmax(prior)_z softmax(logits_z)_x."""
+
+    def by_hand(vocab_logits, prior_logits, target):
+        prior = torch.softmax(prior_logits, -1)
+        return -math.log(sum(prior[z] * torch.softmax(vocab_logits[z], -1)[target] for z in range(len(prior))))
+
+    vocab_logits, prior_logits = randn(5, 3, 4, seed=26), randn(5, 3, seed=27)
+    targets = torch.tensor([0, 3, 2, 1, 3])
+    single = topic_lm_loss(vocab_logits[1], prior_logits[1], targets[1])
+    assert float(single) == pytest.approx(by_hand(vocab_logits[1], prior_logits[1], 3), rel=1e-12)
+    expected = sum(by_hand(vocab_logits[n], prior_logits[n], int(targets[n])) for n in range(5)) / 5
+    assert float(topic_lm_loss(vocab_logits, prior_logits, targets)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_hyperbolic_matching_loss_ranks_texts_per_image_by_default():
+    """Texts at radii 0, 1, 2 and images at 0.5, 1.5, 3 on one geodesic: the column terms
+    (Eq. 11, the default) and the row terms differ, so the default is told apart."""
+    direction = torch.tensor([0.0, 1.0], dtype=DOUBLE)
+    text_radii, image_radii = [0.0, 1.0, 2.0], [0.5, 1.5, 3.0]
+    texts = lorentz_expmap0(torch.tensor(text_radii, dtype=DOUBLE)[:, None] * direction)
+    images = lorentz_expmap0(torch.tensor(image_radii, dtype=DOUBLE)[:, None] * direction)
+    square = [[(r - s) ** 2 for s in image_radii] for r in text_radii]  # d^2(w_k, v_j)
+    columns = [max(0.0, 1 + square[j][j] - square[k][j]) for j in range(3) for k in range(3) if k != j]
+    rows = [max(0.0, 1 + square[i][i] - square[i][other]) for i in range(3) for other in range(3) if other != i]
+    assert sum(rows) > 0  # the symmetric loss would add them
+    assert float(hyperbolic_matching_loss(texts, images, reduction="sum")) == pytest.approx(sum(columns), rel=1e-12)
+
+
+def test_distortion_loss_is_exactly_zero_for_coinciding_pairs_and_keeps_float32():
+    point = lorentz_expmap0(torch.zeros(1, 2, dtype=DOUBLE))
+    zero = torch.zeros(1, 2, dtype=DOUBLE)
+    assert float(distortion_loss(point, point, zero, zero)) == 0.0  # d_L = d_E = 0 exactly, not sqrt(tiny)
+    texts, images = lorentz_expmap0(randn(3, 2, seed=28)).float(), lorentz_expmap0(randn(3, 2, seed=29)).float()
+    assert distortion_loss(texts, images, randn(3, 2, seed=30).float(), randn(3, 2, seed=31).float()).dtype == torch.float32
+    # mixed precisions: the terms are taken in the Euclidean embeddings' dtype
+    mixed = distortion_loss(texts.double(), images.double(), randn(3, 2, seed=30).float(), randn(3, 2, seed=31).float())
+    assert mixed.dtype == torch.float32
