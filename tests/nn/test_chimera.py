@@ -450,3 +450,76 @@ def test_chimera_in_float16_is_computed_in_float32():
     assert out.hidden.dtype == torch.float16
     assert torch.allclose(out.hidden.float(), reference.hidden, atol=2e-3, rtol=1e-3)
     assert torch.allclose(out.text_points.float(), reference.text_points, atol=2e-3, rtol=1e-3)
+
+
+def test_each_layer_built_alone_has_the_documented_defaults():
+    topic = TopicLayer(HIDDEN)
+    assert (topic.num_topics, topic.variant) == (20, "affine")
+    hyperbolic = HyperbolicLayer(HIDDEN)
+    assert (hyperbolic.hyperbolic_dim, hyperbolic.max_radius) == (20, 10.0)
+    assert float(hyperbolic.beta.detach()) == pytest.approx(1.0) and float(hyperbolic.offset.detach()) == 0.0
+    assert hyperbolic(hidden_states(2, 3)).weights is None  # weights only on request
+    small_cap = HyperbolicLayer(HIDDEN, 3, max_radius=0.5)  # any positive cap, also below 1
+    tangents = small_cap.embed(hidden_states(2, 3, scale=30.0))[1]
+    assert float(tangents.detach().norm(dim=-1).max()) <= 0.5 + 1e-6
+
+
+def test_chimera_passes_its_settings_to_its_layers():
+    model = Chimera(HIDDEN, num_topics=3, topic_variant="addition", hyperbolic_dim=4, beta=2.0, offset=0.5,
+                    max_radius=3.0)
+    assert model.text_topic.variant == model.image_topic.variant == "addition"
+    hyperbolic = model.hyperbolic
+    assert float(hyperbolic.beta.detach()) == pytest.approx(2.0) and float(hyperbolic.offset.detach()) == 0.5
+    assert hyperbolic.max_radius == 3.0
+
+
+def test_layer_messages_name_hidden_mask_and_the_variants():
+    with pytest.raises(ValueError, match=r"^unknown topic variant 'sum'; available: residual, addition, "
+                                         r"multiplication, affine$"):
+        TopicLayer(HIDDEN, 3, variant="sum")
+    hidden = hidden_states(2, 3)
+    short_mask = torch.ones(2, 2, dtype=torch.bool)
+    for layer in (TopicLayer(HIDDEN, 2), HyperbolicLayer(HIDDEN, 3)):
+        with pytest.raises(ValueError, match=r"^mask has shape \(2, 2\), expected \(2, 3\)$"):
+            layer(hidden, short_mask)
+        with pytest.raises(ValueError, match=r"^hidden has shape \(2, 3, 5\), expected \(B, N, 12\) with N >= 1$"):
+            layer(hidden[..., :5])
+
+
+def test_affine_topics_follow_eq_5_with_their_biases_and_start_apart():
+    """T_z(h) = h W_{R|z} + b_z with non-zero b_z, by hand; the initial noise differs per topic."""
+    torch.manual_seed(30)
+    layer = TopicLayer(4, 3, variant="affine", init_std=0.1).double()
+    assert not torch.equal(layer.topic_weights[0], layer.topic_weights[1])
+    with torch.no_grad():
+        layer.topic_biases.copy_(torch.arange(8, dtype=torch.float64).reshape(2, 4) / 10)
+    hidden = torch.randn(1, 2, 4, dtype=torch.float64)
+    states = layer.topic_states(hidden)
+    for z in (1, 2):
+        expected = hidden[0] @ layer.topic_weights[z - 1] + layer.topic_biases[z - 1]
+        torch.testing.assert_close(states[0, :, z], expected)
+    prior = layer(hidden).topic_probs[0]
+    mixture = sum(prior[:, z : z + 1] * states[0, :, z] for z in range(3))
+    torch.testing.assert_close(layer(hidden).hidden[0], mixture)
+
+
+def test_chimera_topic_logits_are_each_sides_own_and_zero_at_padding():
+    torch.manual_seed(31)
+    model = Chimera(HIDDEN, num_topics=3, hyperbolic_dim=4)
+    text, image, text_mask, image_mask = chimera_inputs(seed=32)
+    out = model(text, image, text_mask, image_mask)
+    torch.testing.assert_close(out.text_topic_logits, model.text_topic(text, text_mask).topic_logits)
+    torch.testing.assert_close(out.image_topic_logits, model.image_topic(image, image_mask).topic_logits)
+    assert torch.equal(out.text_topic_logits[1, 2:], torch.zeros(4, 3))  # text of sample 1 has 2 tokens
+    assert torch.equal(out.image_topic_logits[2, 1:], torch.zeros(3, 3))  # image of sample 2 has 1
+
+
+@pytest.mark.parametrize("half_side", ["text", "image"])
+def test_chimera_with_one_side_in_float16_is_computed_in_float32(half_side):
+    torch.manual_seed(33)
+    model = Chimera(HIDDEN, num_topics=3, hyperbolic_dim=4)
+    text, image, text_mask, image_mask = chimera_inputs(seed=34)
+    reference = model(text, image, text_mask, image_mask)
+    text, image = (text.half(), image) if half_side == "text" else (text, image.half())
+    out = model(text, image, text_mask, image_mask)
+    assert torch.allclose(out.hidden.float(), reference.hidden, atol=3e-3, rtol=1e-3)
