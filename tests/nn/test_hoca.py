@@ -764,3 +764,16 @@ def test_fuse_prepared_checks_the_query_and_the_lengths_under_the_owners_name():
     adapter(*random_batch(16))  # no length limit applies
     with pytest.raises(ValueError, match=r"^HOCAFusion: modality 1 has 7 time steps, more than max_lengths\[1\] = 6"):
         HOCAFusion(INPUT_DIMS, 4, orders="UB", attention_dim=4, max_lengths=[5, 6, 3])(*random_batch(16))
+
+
+@pytest.mark.parametrize("low_rank", [False, True])
+def test_maf_passes_lengths_sizes_and_rank_to_every_term(low_rank):
+    maf = MAF([3, 2, 4], 5, 1, orders="UBT", low_rank=low_rank, attention_dim=1, max_lengths=[7, 8, 9])
+    assert maf.out_dim == 1  # out_dim and attention_dim of 1 are valid
+    for subset in [(0, 1), (0, 2), (1, 2), (0, 1, 2)]:
+        term = maf.terms["_".join(map(str, subset))]
+        assert term.max_lengths == [[7, 8, 9][i] for i in subset] and term.attention_dim == 1
+        if low_rank:
+            assert term.rank == 1  # MAF's default rank
+    with pytest.raises(ValueError, match=r"^MAF: max_lengths must be a positive int or 3 positive ints"):
+        MAF([3, 2, 4], 5, 4, max_lengths=[7, 8])
