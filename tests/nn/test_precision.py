@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import polyfuse
+from polyfuse._precision import empty_output, float32_call, needs_float32
 
 NAMES = polyfuse.nn.available()
 DIMS = (4, 3, 5)
@@ -234,3 +235,94 @@ def test_input_errors_name_the_module_class(name):
     cls = type(module).__name__
     with pytest.raises(ValueError, match=rf"^{cls}: modality 0 has dtype torch.int64; expected a float tensor$"):
         module(xs)
+
+
+# ---------------------------------------------------------- the helpers of polyfuse._precision, one by one
+
+
+class _Steep(torch.nn.Module):
+    """tanh(1e5 x): a small output whose gradient at 0 (1e5) exceeds float16's range."""
+
+    def forward(self, x):
+        return torch.tanh(x * 1e5)
+
+
+class _Scale(torch.nn.Module):
+    """x * 1e5: for inputs of 1 the output itself exceeds float16's range."""
+
+    def forward(self, x):
+        return x * 1e5
+
+
+class _Buffers(torch.nn.Module):
+    """x @ M[:, index]: a float buffer in a matrix product and an int64 buffer as an index."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("matrix", torch.arange(6.0).reshape(2, 3) / 4)
+        self.register_buffer("index", torch.tensor([2, 0]))
+
+    def forward(self, x):
+        return x @ self.matrix[:, self.index]
+
+
+ADVICE = r"exceeds float16's range \(\|x\| <= 65504\) for these inputs; run this module in bfloat16 or float32, or scale the inputs \(or the loss\) down$"
+
+
+def test_float32_call_messages_name_the_module_and_what_overflowed():
+    with pytest.raises(ValueError, match=r"^_Scale: the output " + ADVICE):
+        float32_call(_Scale(), (torch.ones(2, dtype=torch.float16),))
+    x = torch.zeros(2, dtype=torch.float16, requires_grad=True)
+    out = float32_call(_Steep(), (x,))
+    assert out.dtype == torch.float16 and torch.equal(out, torch.zeros(2, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"^_Steep: a gradient " + ADVICE):
+        out.sum().backward()
+
+
+def test_float32_call_output_dtype_follows_the_first_float_input():
+    embedding = torch.nn.Embedding(4, 3).half()  # no float input: float32 out
+    out = float32_call(embedding, (torch.tensor([1, 3]),))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, embedding.weight.float()[[1, 3]])
+
+    class Add(torch.nn.Module):
+        def forward(self, a, b):
+            return a + b
+
+    half, single = torch.ones(2, dtype=torch.float16), torch.ones(2)
+    assert float32_call(Add(), (half, single)).dtype == torch.float16
+    assert float32_call(Add(), (single, half)).dtype == torch.float32
+
+
+def test_float32_call_widens_float_buffers_and_keeps_integer_ones():
+    module = _Buffers().half()
+    x = torch.tensor([[1.0, -2.0]], dtype=torch.float16)
+    out = float32_call(module, (x,))
+    expected = x.float() @ module.matrix.float()[:, [2, 0]]
+    assert out.dtype == torch.float16 and module.index.dtype == torch.int64
+    torch.testing.assert_close(out.float(), expected)
+
+
+def test_empty_output_dtype_and_gradients():
+    linear = torch.nn.Linear(3, 2)
+    linear.out_dim = 2
+    half_first = [torch.zeros(0, 4, 3, dtype=torch.float16, requires_grad=True), torch.zeros(0, 5, 3)]
+    out = empty_output(linear, half_first)  # float32 weights, float16 first input: float16, like a full batch
+    assert out.shape == (0, 2) and out.dtype == torch.float16
+    assert empty_output(linear, half_first[::-1]).dtype == torch.float32
+    with torch.no_grad():  # weights summing to zero: the graph's gradients stay zero, not 0 / 0
+        linear.weight.zero_()
+        linear.bias.zero_()
+    out = empty_output(linear, half_first)
+    out.sum().backward()
+    assert torch.equal(linear.weight.grad, torch.zeros(2, 3)) and torch.equal(linear.bias.grad, torch.zeros(2))
+    assert torch.equal(half_first[0].grad, torch.zeros(0, 4, 3, dtype=torch.float16))
+
+
+def test_needs_float32_reads_inputs_then_weights_of_any_module():
+    single, half = torch.ones(2), torch.ones(2, dtype=torch.float16)
+    assert not needs_float32(torch.nn.Linear(2, 2), single)
+    assert needs_float32(torch.nn.Linear(2, 2), half)
+    assert needs_float32(torch.nn.Linear(2, 2).half(), single)  # a plain module: its parameters are read
+    module = polyfuse.nn.create("concat", input_dims=[2, 2], out_dim=2)
+    assert not needs_float32(module, single) and needs_float32(module.half(), single)  # the cached flag
