@@ -133,7 +133,7 @@ def test_had_equals_the_tuple_oracle_for_two_to_six_modalities(m, equal_lengths,
 
 @pytest.mark.parametrize(
     ("lead", "matrix_lead"),
-    [((2,), ()), ((2, 3), (3,)), ((2, 3), ()), ((2, 3, 2), (3, 1)), ((1, 3), (2, 1))],
+    [((2,), ()), ((2, 3), (3,)), ((2, 3), ()), ((2, 3, 2), (3, 1)), ((1, 3), (2, 1)), ((2, 1, 2), (2, 3, 1))],
 )
 @pytest.mark.parametrize("padded", [False, True])
 def test_had_equals_the_oracle_for_leading_dims_and_masks(lead, matrix_lead, padded):
@@ -235,7 +235,8 @@ def test_double_backward_is_a_clear_error_not_a_wrong_zero():
     features, values, masks, matrix = make_case((2, 3), lead=(2,), num_features=3, feature_dim=2, value_dim=2)
     inputs = [t.clone().requires_grad_() for t in features]
     output = ML._had_attention(inputs, values, masks, matrix, 1.0, False)
-    with pytest.raises(RuntimeError, match="the backward is not differentiable"):
+    with pytest.raises(RuntimeError, match=r'^multilinear_attention\(mode="had"\): the backward is not differentiable '
+                                           r'\(no second derivatives\); use mode="exact" for double backward$'):
         torch.autograd.grad(output.sum(), inputs[0], create_graph=True)
 
 
@@ -373,3 +374,54 @@ def test_unknown_estimator_is_a_clear_error():
     features, values, masks, matrix = make_case((3, 4), lead=(2,))
     with pytest.raises(ValueError, match="unknown estimator 'favor'; expected one of gerf, arf"):
         F.multilinear_attention(features, values, masks, mode="had", random_matrix=matrix, estimator="favor")
+
+
+@pytest.mark.parametrize(
+    ("heads", "rows", "budget", "expected"),
+    [
+        (2, 10, 6_400 // 2, (2, 10)),  # everything is exactly twice the budget: one chunk
+        (2, 10, 6_400 // 2 - 1, (2, 4)),  # just over: all heads, as many rows as fit
+        (2, 10, 1_000, (2, 1)),  # one row of all heads fits (640 bytes), two do not
+        (2, 10, 640, (2, 1)),  # exactly one row of all heads
+        (4, 10, 700, (2, 1)),  # not even one row of all heads: as many heads as fit
+        (4, 10, 300, (1, 1)),  # not even one head of one row: one at a time
+    ],
+)
+def test_chunk_sizes_take_as_much_as_fits_the_budget(monkeypatch, heads, rows, budget, expected):
+    """One head and one row of lengths (4, 6) and H = 8 in float32 is a block of 10 x 8 x 4 =
+    320 bytes: everything when it is at most twice the budget, else all heads and
+    budget // (heads x block) rows, else budget // block heads (at least one)."""
+    monkeypatch.setitem(_had.CHUNK_BYTES, "cpu", budget)
+    layout = _had.HadLayout(torch.Size([rows, heads]), (1, 0), heads, rows, (4, 6), (0, 4, 10))
+    assert _had.chunk_sizes(layout, 8, torch.empty(0)) == expected
+
+
+def test_gradients_without_any_mask_equal_the_oracle_gradients():
+    """No modality padded (no masks at all): the custom backward without a padding tensor."""
+    features, values, masks, matrix = make_case((3, 2, 4), lead=(2,), padded=False)
+    weights = torch.randn(2, 3, dtype=DOUBLE, generator=torch.Generator().manual_seed(4))
+
+    def function(f, v, _masks, w):
+        return ML._had_attention(f, v, [None] * len(f), w, 0.7, False)
+
+    actual = gradients(function, features, values, masks, matrix, weights)
+    expected = gradients(lambda *t: oracle(*t)[0], features, values, masks, matrix, weights)
+    for got, wanted in zip(actual, expected, strict=True):
+        torch.testing.assert_close(got, wanted, rtol=1e-9, atol=1e-10)
+
+
+def test_float32_gradients_of_large_inputs_stay_finite_and_accurate():
+    """Exponents of several hundred: the backward recomputes the random features with the
+    same stabilisers as the forward, so float32 gradients match float64 ones."""
+    features, values, masks, matrix = make_case((3, 4, 5), lead=(2,), scale=9.0, seed=5)
+    weights = torch.randn(2, 3, dtype=DOUBLE, generator=torch.Generator().manual_seed(6))
+
+    def function(f, v, m, w):
+        return fast(f, v, m, w, grad=True, attention=False)[0]
+
+    expected = gradients(function, features, values, masks, matrix, weights)
+    single = gradients(function, [a.float() for a in features], [v.float() for v in values], masks,
+                       matrix.float(), weights.float())
+    for got, wanted in zip(single, expected, strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), wanted, rtol=1e-2, atol=1e-2 * wanted.abs().max().item())
