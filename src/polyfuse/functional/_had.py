@@ -514,8 +514,9 @@ def had_chunk_backward(
     if padded is not None:
         exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))
     stabilisers = stabilisers_for(exponent, layout)  # (g n, m, H)
+    # E_j = exp(exponent_j - m_j), in place: the exponents are not needed afterwards.
     random = [
-        torch.exp(piece - stabiliser.unsqueeze(-2))
+        piece.sub_(stabiliser.unsqueeze(-2)).exp_()
         for piece, stabiliser in zip(
             exponent.split(list(layout.lengths), dim=-2), stabilisers.unbind(-2), strict=True
         )
@@ -523,23 +524,24 @@ def had_chunk_backward(
     flat_values = [v.reshape(count, *v.shape[-2:]) for v in values]
     contracted = [b.transpose(-1, -2) @ v for b, v in zip(random, flat_values, strict=True)]  # P_j
     sums = [b.sum(dim=-2) for b in random]  # s_j, (g n, H)
-    others_contracted = products_of_others(contracted)
+    others_contracted = products_of_others(contracted)  # Q_j = prod_{i != j} P_i, (g n, H, K)
     others_sums = products_of_others(sums)
     numerator = (contracted[0] * others_contracted[0]).sum(dim=-2)  # (g n, K)
     denominator = (sums[0] * others_sums[0]).sum(dim=-1, keepdim=True)  # (g n, 1)
     output = numerator / denominator
     grad = grad_output.reshape(count, -1)
-    grad_numerator = grad / denominator  # (g n, K)
+    grad_numerator = (grad / denominator).unsqueeze(-2)  # dy / den, (g n, 1, K)
     grad_denominator = -(grad * output).sum(-1, keepdim=True) / denominator  # (g n, 1)
     grad_exponent = torch.empty_like(exponent)
     grad_values = []
     for j, (start, stop) in enumerate(spans(layout)):
-        grad_contracted = grad_numerator.unsqueeze(-2) * others_contracted[j]  # dP_j, (g n, H, K)
-        grad_sums = grad_denominator * others_sums[j]  # ds_j, (g n, H)
-        grad_random = flat_values[j] @ grad_contracted.transpose(-1, -2)  # (g n, T_j, H)
-        grad_random += grad_sums.unsqueeze(-2)
-        grad_exponent[:, start:stop] = grad_random.mul_(random[j])
-        grad_values.append((random[j] @ grad_contracted).view(values[j].shape))
+        # dP_j = (dy / den) * Q_j is never formed at (H, K): the scale over K moves to the
+        # (T_j, K) side, V_j dP_j^T = (V_j * dy / den) Q_j^T and E_j dP_j = (E_j Q_j) * dy / den.
+        grad_sums = (grad_denominator * others_sums[j]).unsqueeze(-2)  # ds_j, (g n, 1, H)
+        scaled_values = flat_values[j] * grad_numerator  # (g n, T_j, K)
+        grad_random = torch.baddbmm(grad_sums, scaled_values, others_contracted[j].transpose(-1, -2))
+        grad_exponent[:, start:stop] = grad_random.mul_(random[j])  # dE_j * E_j, (g n, T_j, H)
+        grad_values.append((random[j] @ others_contracted[j]).mul_(grad_numerator).view(values[j].shape))
     grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
     grad_stacked = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
     grad_weights = None
