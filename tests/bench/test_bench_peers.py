@@ -135,6 +135,10 @@ def test_fake_multibench_rows_equal_and_timed(tmp_path):
         assert rows[name]["max_abs_peer_output"] > 0.1  # not a trivial zero output
         ratio = rows[name]["timings"]["1"]["forward"]["ratio"]
         assert ratio["rounds"] == 2 and ratio["median"] > 0
+    # TFN at batch 3 on both sides: the encoders 3 -> 2, 4 -> 3, 2 -> 1 (2 x 3 x 20 FLOPs), then
+    # (2+1)(3+1)(1+1) = 24 fused features through 24 -> 5 -> 2 (2 x 3 x (120 + 10)): 900 each.
+    assert rows["tfn"]["forward_flops"] == {"polyfuse": 900, "peer": 900}
+    assert "| 1 |" in format_table(payload) and "MFLOP polyfuse / peer" in format_table(payload)
     assert payload["peers"]["multibench"]["present"] and payload["peers"]["multibench"]["commit"] is None
     assert "torchvision" not in sys.modules or sys.modules["torchvision"].__spec__ is not None  # stub removed
     assert "fusions" not in sys.modules  # the peer's generic names do not leak

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from polyfuse.bench.measure import LoadMonitor, paired_ratio, time_interleaved_samples
+from polyfuse.bench.measure import LoadMonitor, count_flops, paired_ratio, time_interleaved_samples
 from polyfuse.bench.peer_rows import ROWS, Pair, RowSpec
 from polyfuse.bench.results import result_header
 
@@ -166,6 +166,10 @@ def _run_row(spec: RowSpec, root: Path, *, threads: Sequence[int], warmup: int, 
         row |= {"status": "refused", "note": f"outputs differ by {difference:.3g} (> {limit:.3g}): not timed"}
         return row
     row["status"] = "timed" if row["equal"] else "timed_unequal"
+    # The matrix-product FLOPs of one forward of each side (FlopCounterMode): equal counts mean
+    # the same products, so the ratio can only come from how fast the same kernels run.
+    row["forward_flops"] = {"polyfuse": count_flops(_forward(pair.ours, pair.inputs)),
+                            "peer": count_flops(_forward(pair.theirs, pair.inputs))}
     row["timings"] = _time_pair(pair, threads, warmup, repeats)
     if profile:
         row["profile"] = _profile(pair, profile, min(threads))
@@ -240,22 +244,27 @@ def _row_line(row: dict[str, Any]) -> str:
 def format_table(payload: dict[str, Any]) -> str:
     """A Markdown table of the ratios (polyfuse / peer, median [quartiles]) and medians."""
     lines = ["| row | threads | max abs diff | forward ratio | fwd+bwd ratio | polyfuse fwd ms | peer fwd ms "
-             "| polyfuse fwd+bwd ms | peer fwd+bwd ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| polyfuse fwd+bwd ms | peer fwd+bwd ms | fwd MFLOP polyfuse / peer | polyfuse fwd GFLOP/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for row in payload["rows"]:
         if row["status"] in ("skipped", "refused"):
             diff = f"{row['max_abs_difference']:.2g}" if "max_abs_difference" in row else "-"
-            lines.append(f"| {row['name']} | - | {diff} | {row['status']} | | | | | |")
+            lines.append(f"| {row['name']} | - | {diff} | {row['status']} | | | | | | | |")
             notes.append(f"- {row['name']}: {row['note']}")
             continue
         flag = " (outputs differ)" if row["status"] == "timed_unequal" else ""
+        flops = row.get("forward_flops", {})
+        ours_flops, peer_flops = flops.get("polyfuse"), flops.get("peer")
+        flop_text = "-" if ours_flops is None else f"{ours_flops / 1e6:.4g} / {peer_flops / 1e6:.4g}"
         for count, passes in row["timings"].items():
             fwd, both = passes["forward"], passes["forward_backward"]
+            rate = "-" if not ours_flops else f"{ours_flops / fwd['polyfuse']['median_s'] / 1e9:.3g}"
             lines.append(
                 f"| {row['name']}{flag} | {count} | {row['max_abs_difference']:.2g} | {_ratio_text(fwd['ratio'])} "
                 f"| {_ratio_text(both['ratio'])} | {1e3 * fwd['polyfuse']['median_s']:.3f} "
                 f"| {1e3 * fwd['peer']['median_s']:.3f} | {1e3 * both['polyfuse']['median_s']:.3f} "
-                f"| {1e3 * both['peer']['median_s']:.3f} |")
+                f"| {1e3 * both['peer']['median_s']:.3f} | {flop_text} | {rate} |")
     return "\n".join(lines + (["", *notes] if notes else []))
 
 
@@ -276,7 +285,10 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
              "forward+backward in interleaved rounds, both in eval mode, float32. **Ratio = polyfuse time / "
              "peer time** per round, median [first, third quartile] over "
              f"{settings['repeats']} rounds after {settings['warmup']} warm-up rounds: below 1 polyfuse is "
-             "faster. Milliseconds are medians.", "",
+             "faster. Milliseconds are medians. The last two columns: the matrix-product FLOPs of one "
+             "forward of each side as torch's `FlopCounterMode` counts them, and polyfuse's forward rate "
+             "(those FLOPs over its median time). Where the counts are equal both sides run the same "
+             "products, so a ratio well below 1 needs the same kernels to run faster.", "",
              f"Machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']}, "
              f"Python {machine['python']}; thread counts {settings['threads']} (intra-op, set in turn), "
              f"{settings['interop_threads']} inter-op; measured {payload['created']} (polyfuse "
