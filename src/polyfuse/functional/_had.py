@@ -143,37 +143,40 @@ def augmented_features(
         (..., T_j, K' + 2) per modality.
     """
     scale = math.sqrt(temperature)
-    scaled = [a * scale for a in features]
     if estimator == "arf":
+        scaled = [a * scale for a in features]
         return [
             torch.cat([a, -0.5 * (a * a).sum(-1, keepdim=True), torch.zeros_like(a[..., :1])], -1)
             for a in scaled
         ]
+    # Written on the unscaled features a_j, with s = sqrt(temperature): m_j their mean over
+    # real steps, d_j = a_j - m_j, so that c_j = s m_j, a'_j = s d_j, |a'_j|^2 = s^2 |d_j|^2
+    # and a'_j . (S - c_j) = s^2 d_j . (M - m_j), M = sum_j m_j: each row is read a few times
+    # and written once.
     feature_dim = features[0].shape[-1]
-    means, counts = [], []  # c_j (..., 1, K') and the number of real steps (..., 1, 1)
-    for a, mask in zip(scaled, masks, strict=True):
+    means, counts = [], []  # m_j (..., 1, K') and the number of real steps (..., 1, 1)
+    for a, mask in zip(features, masks, strict=True):
         count = a.new_full((1, 1), a.shape[-2]) if mask is None else mask.sum(-1)[..., None, None].to(a.dtype)
         counts.append(count)
         real = a if mask is None else a * mask.unsqueeze(-1)  # no gradient into padded steps
         means.append(real.sum(-2, keepdim=True) / count)
     total = means[0]
     for mean in means[1:]:
-        total = total + mean  # S, (..., 1, K')
-    centred = [a - mean for a, mean in zip(scaled, means, strict=True)]  # a'_j
+        total = total + mean  # M, (..., 1, K')
+    centred = [a - mean for a, mean in zip(features, means, strict=True)]  # d_j
+    squares = [torch.linalg.vecdot(d, d) for d in centred]  # |d_j[t]|^2, (..., T_j)
     spreads = []  # mean_t |a'_j[t]|^2 over real steps, (..., 1, 1) per modality
-    for a, mask, count in zip(centred, masks, counts, strict=True):
-        squares = a.square().sum(-1)
-        if mask is not None:
-            squares = squares * mask
-        term = squares.sum(-1)[..., None, None] / count
-        spreads.append(term)
+    for square, mask, count in zip(squares, masks, counts, strict=True):
+        real = square if mask is None else square * mask
+        spreads.append(temperature * real.sum(-1)[..., None, None] / count)
     alpha = random_features_module.gerf_alpha(spreads, feature_dim)  # (..., 1, 1)
-    factor = torch.sqrt(1 + 2 * alpha)  # B, (..., 1, 1)
+    factor = scale * torch.sqrt(1 + 2 * alpha)  # s B, (..., 1, 1)
     rows = []
-    for j, (a, mean) in enumerate(zip(centred, means, strict=True)):
-        weight = -0.5 * (a * a).sum(-1, keepdim=True) + (a * (total - mean)).sum(-1, keepdim=True)
+    for j, (d, square, mean) in enumerate(zip(centred, squares, means, strict=True)):
+        cross = d @ (total - mean).transpose(-1, -2)  # d_j . (M - m_j), (..., T_j, 1)
+        weight = temperature * (cross - 0.5 * square.unsqueeze(-1))
         last = (-alpha).expand(*weight.shape) if j == 0 else torch.zeros_like(weight)
-        rows.append(torch.cat([a * factor, weight, last.to(a.dtype)], -1))
+        rows.append(torch.cat([d * factor, weight, last.to(d.dtype)], -1))
     return rows
 
 
