@@ -71,3 +71,20 @@ def test_figure_ranks_the_split_and_draws_the_clips(tmp_path, capsys):
     assert "the test split has captions 0 to 3" in capsys.readouterr().err
     assert main([*figure, "--query", " ", "--out", str(tmp_path / "x.png")]) == 2
     assert "--query is empty" in capsys.readouterr().err
+
+
+def test_compare_on_synthetic_data_prints_the_bounds(tmp_path, capsys):
+    out = tmp_path / "synthetic"
+    assert main(["retrieval", "compare", "--data", "synthetic:videos=60,steps=2,events=2,dim=4", "--text", "bow",
+                 "--fusions", "mean", "man", "--seeds", "0", "--epochs", "1", "--batch-size", "8",
+                 "--hidden-dim", "8", "--embed-dim", "8", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    result = json.loads((out / "man" / "results.json").read_text())
+    assert result["text"] == "bow" and result["counts"]["test"] == {"videos": 6, "captions": 6}
+    bounds = result["references"]
+    assert bounds["caption_R@1"] >= bounds["events_R@1"] > 0 and bounds["events_R@10"] == 100.0
+    assert "| bound: perfect caption match |" in table and "| bound: events known, relation not |" in table
+    checkpoint = out / "man" / "seed0.pt"
+    assert main(["retrieval", "evaluate", "--data", "synthetic:videos=60,steps=2,events=2,dim=4",
+                 "--checkpoint", str(checkpoint)]) == 0
+    assert json.loads(capsys.readouterr().out)["chance_t2v_R@1"] == pytest.approx(100 / 6)

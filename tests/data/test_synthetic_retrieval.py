@@ -30,3 +30,49 @@ def test_captions_name_the_planted_events_and_relation():
     assert counts.sum(1).tolist() == [4.0, 4.0]
     with pytest.raises(ValueError, match="unknown word 'zebra'"):
         bag_of_words(["zebra"], vocabulary)
+
+
+def _corpus_of(captions):
+    from polyfuse.data.formats.experts import ExpertFeatures, RetrievalCorpus
+
+    ids = [f"v{i}" for i in range(len(captions))]
+    expert = ExpertFeatures("e", ids, torch.zeros(len(ids), 1, 2), torch.ones(len(ids), 1, dtype=torch.bool),
+                            torch.ones(len(ids), dtype=torch.bool))
+    return RetrievalCorpus.build({"e": expert}, {v: [c] for v, c in zip(ids, captions, strict=True)}, ids)
+
+
+def test_recall_bounds_by_hand():
+    """Captions 'a b together', 'a b apart' (twice), 'c d apart': a perfect caption ranker ties
+    the two 'a b apart' videos (1/2 each at K = 1); a ranker blind to the relation ties the
+    three 'a b' videos (1/3 each)."""
+    from polyfuse.data.synthetic_retrieval import recall_bounds
+
+    bounds = recall_bounds(_corpus_of(["a b together", "a b apart", "a b apart", "c d apart"]), ks=(1, 2, 5))
+    assert bounds["caption_R@1"] == pytest.approx(100 * (1 + 0.5 + 0.5 + 1) / 4)
+    assert bounds["events_R@1"] == pytest.approx(100 * (1 / 3 + 1 / 3 + 1 / 3 + 1) / 4)
+    assert bounds["events_R@2"] == pytest.approx(100 * (2 / 3 + 2 / 3 + 2 / 3 + 1) / 4)
+    assert bounds["caption_R@5"] == bounds["events_R@5"] == 100.0
+
+
+def test_synthetic_source_options_split_and_bag_of_words_encoder():
+    from polyfuse.data.synthetic_retrieval import (
+        BagOfWordsEncoder,
+        parse_synthetic_retrieval,
+        synthetic_retrieval_split,
+    )
+
+    assert parse_synthetic_retrieval("synthetic:videos=50, noise=0.5")["noise"] == 0.5
+    assert parse_synthetic_retrieval("synthetic")["videos"] == 1000
+    with pytest.raises(ValueError, match=r"^bad synthetic option 'frames=3'; write key=value with keys: videos"):
+        parse_synthetic_retrieval("synthetic:frames=3")
+    with pytest.raises(ValueError, match=r"^synthetic option videos needs a int, got 'many'$"):
+        parse_synthetic_retrieval("synthetic:videos=many")
+    with pytest.raises(ValueError, match="at least 10 videos"):
+        synthetic_retrieval_split("synthetic:videos=5")
+    corpus, split = synthetic_retrieval_split("synthetic:videos=50,experts=3,steps=4,events=2,seed=1")
+    assert [len(split[k]) for k in ("train", "val", "test")] == [40, 5, 5]
+    assert split["train"] + split["val"] + split["test"] == corpus.video_ids and len(corpus.experts) == 3
+    encoder = BagOfWordsEncoder(["apart", "together", "x0e1"])
+    assert encoder(["x0e1 apart x0e1"]).sentence.tolist() == [[1.0, 0.0, 2.0]]
+    with pytest.raises(ValueError, match="non-empty vocabulary"):
+        BagOfWordsEncoder([])

@@ -13,13 +13,15 @@ __all__ = ["add_parser", "run"]
 
 
 def _data_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", help="the MSVD folder (../shared/data/msvd)")
+    parser.add_argument("--data", help="the MSVD folder (../shared/data/msvd), or synthetic:videos=N,experts=m,"
+                        "steps=S,dim=D,events=E,noise=X,seed=K (planted events; use --text bow)")
     parser.add_argument("--expert", action="append", metavar="NAME=PATH",
                         help="an expert file (.npz or .h5; repeat per expert), instead of --data")
     parser.add_argument("--captions", help="captions JSON {video_id: [caption, ...]} (with --expert)")
     for name in ("train", "val", "test"):
         parser.add_argument(f"--{name}-ids", help=f"{name} video ids, one per line (with --expert)")
-    parser.add_argument("--text", default="minilm", help="'minilm' (default) or a GloVe-format vectors file")
+    parser.add_argument("--text", default="minilm",
+                        help="'minilm' (default), a GloVe-format vectors file, or 'bow' (word counts, for synthetic data)")
 
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +90,15 @@ def _settings(args: argparse.Namespace, fusion: str):
                              margin=args.margin)
 
 
+def _references(args: argparse.Namespace, corpus, split) -> dict | None:
+    """The synthetic corpus's recall bounds on its test split (None for real data)."""
+    if not (args.data or "").startswith("synthetic"):
+        return None
+    from polyfuse.data.synthetic_retrieval import recall_bounds
+
+    return recall_bounds(corpus.subset(split["test"]))
+
+
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.retrieval_runs import metrics_table, run_retrieval
 
@@ -100,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
     corpus, split = _corpus(args)
+    references = _references(args, corpus, split)
     if args.action == "train":
-        result = run_retrieval(corpus, split, _settings(args, args.fusion), args.seeds, args.out, text=args.text)
+        result = run_retrieval(corpus, split, _settings(args, args.fusion), args.seeds, args.out, text=args.text,
+                               references=references)
         print(metrics_table({args.fusion: result}))
         print(f"wrote {Path(args.out) / 'results.json'}")
         return 0
@@ -118,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         results = {}
         for fusion in args.fusions:
             results[fusion] = run_retrieval(corpus, split, _settings(args, fusion), args.seeds,
-                                            Path(args.out) / fusion, text=args.text)
+                                            Path(args.out) / fusion, text=args.text, references=references)
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
@@ -132,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "figure":
         return _figure(args, model, saved, part)
     captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
-    vectors = encode_captions(text_encoder(saved["text"]), captions)
+    vectors = encode_captions(text_encoder(saved["text"], corpus), captions)
     print(json.dumps(evaluate_retrieval(model, part, vectors), indent=1))
     return 0
 

@@ -12,15 +12,37 @@ caption and retrieval recall is bounded accordingly.
 
 Text vectors are bags of words (one count per vocabulary word), so no text encoder is
 needed and nothing is downloaded.
+
+As a data source of ``polyfuse retrieval`` (``--data synthetic:videos=10000,...`` with
+``--text bow``) the videos are split 80 / 10 / 10 in order (train, validation, test), and
+:func:`recall_bounds` gives two reference levels for the test recalls besides chance:
+that of a model which ranks by the caption perfectly, and that of one which knows each
+expert's event but not the relation (what a fusion that pools every expert separately
+can reach at best).
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
 
 import torch
 
 from polyfuse.data.formats.experts import ExpertFeatures, RetrievalCorpus
 
-__all__ = ["bag_of_words", "make_synthetic_retrieval"]
+__all__ = [
+    "SYNTHETIC_RETRIEVAL_DEFAULTS",
+    "BagOfWordsEncoder",
+    "bag_of_words",
+    "make_synthetic_retrieval",
+    "parse_synthetic_retrieval",
+    "recall_bounds",
+    "synthetic_retrieval_split",
+]
+
+#: Options of ``synthetic:key=value,...`` for retrieval (the arguments of make_synthetic_retrieval).
+SYNTHETIC_RETRIEVAL_DEFAULTS = {"videos": 1000, "experts": 2, "steps": 8, "dim": 16, "events": 4,
+                                "noise": 0.1, "seed": 0}
 
 
 def make_synthetic_retrieval(
@@ -69,4 +91,73 @@ def bag_of_words(captions: list[str], vocabulary: list[str]) -> torch.Tensor:
             if word not in index:
                 raise ValueError(f"caption {c} ({caption!r}) has the unknown word {word!r}")
             out[c, index[word]] += 1
+    return out
+
+
+class BagOfWordsEncoder:
+    """The text encoder of ``--text bow``: word counts over a fixed vocabulary, in the
+    interface of the sentence encoders (``encoder(captions).sentence``, (C, V))."""
+
+    def __init__(self, vocabulary: list[str]) -> None:
+        if not vocabulary:
+            raise ValueError("BagOfWordsEncoder needs a non-empty vocabulary")
+        self.vocabulary = list(vocabulary)
+
+    def __call__(self, captions: list[str]) -> SimpleNamespace:
+        return SimpleNamespace(sentence=bag_of_words(list(captions), self.vocabulary))
+
+
+def parse_synthetic_retrieval(spec: str) -> dict[str, int | float]:
+    """The generator options of ``synthetic`` or ``synthetic:videos=N,experts=m,...``."""
+    head, _, rest = spec.partition(":")
+    if head != "synthetic":
+        raise ValueError(f"not a synthetic source: {spec!r}")
+    options: dict[str, int | float] = dict(SYNTHETIC_RETRIEVAL_DEFAULTS)
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in SYNTHETIC_RETRIEVAL_DEFAULTS:
+            raise ValueError(f"bad synthetic option {item!r}; write key=value with keys: "
+                             f"{', '.join(SYNTHETIC_RETRIEVAL_DEFAULTS)}")
+        kind = type(SYNTHETIC_RETRIEVAL_DEFAULTS[key])
+        try:
+            options[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"synthetic option {key} needs a {kind.__name__}, got {value!r}") from None
+    return options
+
+
+def synthetic_retrieval_split(spec: str) -> tuple[RetrievalCorpus, dict[str, list[str]]]:
+    """The corpus of a ``synthetic:...`` spec and its 80 / 10 / 10 split, in video order."""
+    options = parse_synthetic_retrieval(spec)
+    if options["videos"] < 10:
+        raise ValueError(f"synthetic retrieval needs at least 10 videos (one per split and more), "
+                         f"got videos={options['videos']}")
+    corpus, _ = make_synthetic_retrieval(
+        int(options["videos"]), num_experts=int(options["experts"]), steps=int(options["steps"]),
+        dim=int(options["dim"]), events=int(options["events"]), noise=float(options["noise"]),
+        seed=int(options["seed"]),
+    )
+    ids = corpus.video_ids
+    train, val = int(0.8 * len(ids)), int(0.1 * len(ids))
+    return corpus, {"train": ids[:train], "val": ids[train : train + val], "test": ids[train + val :]}
+
+
+def recall_bounds(corpus: RetrievalCorpus, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+    """Text-to-video R@K (percent) of two reference rankers on a synthetic corpus.
+
+    ``caption_R@K``: scores that depend only on whether a video's caption equals the
+    query (the best any model can do: the n videos with that caption tie, and the
+    correct one is in the top K with probability min(1, K / n) when the tie is broken
+    at random). ``events_R@K``: scores that know every expert's event but not the
+    relation word (the last word), so that the n' videos with the same events tie:
+    min(1, K / n'). Each is the mean over the captions used as queries.
+    """
+    words = [caption.split() for caption in corpus.captions]
+    full = Counter(" ".join(w) for w in words)
+    events = Counter(" ".join(w[:-1]) for w in words)
+    out = {}
+    for k in ks:
+        out[f"caption_R@{k}"] = 100 * sum(min(1.0, k / full[" ".join(w)]) for w in words) / len(words)
+        out[f"events_R@{k}"] = 100 * sum(min(1.0, k / events[" ".join(w[:-1])]) for w in words) / len(words)
     return out

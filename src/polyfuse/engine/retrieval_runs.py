@@ -37,7 +37,13 @@ def load_corpus(
     captions: str | None = None,
     split_ids: dict[str, str] | None = None,
 ) -> tuple[RetrievalCorpus, dict[str, list[str]]]:
-    """The MSVD folder (``data``), or expert files ``NAME=PATH`` + captions JSON + id lists."""
+    """The MSVD folder (``data``), a ``synthetic:videos=N,...`` spec (see
+    :mod:`polyfuse.data.synthetic_retrieval`), or expert files ``NAME=PATH`` + captions JSON +
+    id lists."""
+    if data is not None and (data == "synthetic" or data.startswith("synthetic:")):
+        from polyfuse.data.synthetic_retrieval import synthetic_retrieval_split
+
+        return synthetic_retrieval_split(data)
     if data is not None:
         from polyfuse.data.formats.msvd_retrieval import load_msvd_retrieval
 
@@ -55,10 +61,17 @@ def load_corpus(
     return RetrievalCorpus.build(loaded, load_captions(captions), all_ids), split
 
 
-def text_encoder(kind: str):
-    """``"minilm"`` or a path to a GloVe-format vectors file."""
+def text_encoder(kind: str, corpus: RetrievalCorpus | None = None):
+    """``"minilm"``, ``"bow"`` (word counts over the sorted words of ``corpus``'s captions,
+    for synthetic corpora) or a path to a GloVe-format vectors file."""
     from polyfuse.nn.sentence_encoder import MiniLMEncoder, StaticWordEncoder
 
+    if kind == "bow":
+        from polyfuse.data.synthetic_retrieval import BagOfWordsEncoder
+
+        if corpus is None:
+            raise ValueError("--text bow needs the corpus, whose words make its vocabulary")
+        return BagOfWordsEncoder(sorted({word for caption in corpus.captions for word in caption.split()}))
     return MiniLMEncoder() if kind == "minilm" else StaticWordEncoder(kind)
 
 
@@ -70,13 +83,17 @@ def run_retrieval(
     out_dir: str | Path,
     *,
     text: str = "minilm",
+    references: dict[str, float] | None = None,
 ) -> dict:
     """Train one model per seed on ``split["train"]``, select on ``val``, test on ``test``
-    with the captions as written (EX1) and with their words shuffled (EX2)."""
+    with the captions as written (EX1) and with their words shuffled (EX2).
+    ``references``: reference recalls of the test split (e.g. the synthetic corpus's
+    :func:`~polyfuse.data.synthetic_retrieval.recall_bounds`), kept in results.json and
+    printed as rows of the table."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = {name: corpus.subset(split[name]) for name in ("train", "val", "test")}
-    encoder = text_encoder(text)
+    encoder = text_encoder(text, corpus)
     start = time.perf_counter()
     vectors = {name: encode_captions(encoder, p.captions, cache_dir=out.parent / ".cache") for name, p in parts.items()}
     shuffled = encode_captions(encoder, shuffle_words(parts["test"].captions, 0), cache_dir=out.parent / ".cache")
@@ -98,6 +115,7 @@ def run_retrieval(
         runs.append({"seed": seed, "test": test, "test_shuffled_words": test_shuffled, "history": history,
                      "train_seconds": train_seconds, "eval_seconds": eval_seconds})
         result = {"settings": asdict(settings), "text": text, "experts": list(corpus.experts),
+                  **({"references": references} if references else {}),
                   "counts": {n: {"videos": len(p.video_ids), "captions": len(p.captions)} for n, p in parts.items()},
                   "encode_seconds": encode_seconds, "runs": runs}
         (out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")  # after every seed
@@ -124,9 +142,16 @@ def metrics_table(results: dict[str, dict], key: str = "test") -> str:
     """Markdown table: one row per named result, mean ± std over seeds, chance row first."""
     header = "| model | " + " | ".join(METRIC_COLUMNS) + " | train s/seed |"
     lines = [header, "|" + "---|" * (len(METRIC_COLUMNS) + 2)]
-    first = next(iter(results.values()))["runs"][0][key]
+    first_result = next(iter(results.values()))
+    first = first_result["runs"][0][key]
     chance = [f"{first['chance_' + c]:.1f}" if "R@" in c else "-" for c in METRIC_COLUMNS]
     lines.append("| chance | " + " | ".join(chance) + " | - |")
+    for prefix, label in (("caption_", "bound: perfect caption match"),
+                          ("events_", "bound: events known, relation not")):
+        references = first_result.get("references", {})
+        if any(key.startswith(prefix) for key in references):
+            cells = [f"{references[prefix + c[4:]]:.1f}" if c.startswith("t2v_R@") else "-" for c in METRIC_COLUMNS]
+            lines.append(f"| {label} | " + " | ".join(cells) + " | - |")
     for name, result in results.items():
         cells = [_mean_std([r[key][c] for r in result["runs"]]) for c in METRIC_COLUMNS]
         seconds = statistics.mean(r["train_seconds"] for r in result["runs"])
