@@ -33,6 +33,9 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden-dim", type=int, default=64)
     parser.add_argument("--loss", choices=("margin", "infonce"), default="margin")
     parser.add_argument("--margin", type=float, default=0.2)
+    parser.add_argument("--text-lr", type=float, default=None,
+                        help="fine-tune the text encoder (MiniLM or word vectors) at this learning rate "
+                        "(default: frozen)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -87,7 +90,7 @@ def _settings(args: argparse.Namespace, fusion: str):
 
     return RetrievalSettings(fusion=fusion, embed_dim=args.embed_dim, hidden_dim=args.hidden_dim,
                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
-                             margin=args.margin)
+                             margin=args.margin, text_lr=args.text_lr)
 
 
 def _references(args: argparse.Namespace, corpus, split) -> dict | None:
@@ -145,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "figure":
         return _figure(args, model, saved, part)
     captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
-    vectors = encode_captions(text_encoder(saved["text"], corpus), captions)
+    encoder = text_encoder(saved["text"], corpus)
+    if "text_state" in saved:  # fine-tuned with the model
+        encoder.load_state_dict(saved["text_state"])
+    vectors = encode_captions(encoder, captions)
     print(json.dumps(evaluate_retrieval(model, part, vectors), indent=1))
     return 0
 
@@ -167,7 +173,10 @@ def _figure(args: argparse.Namespace, model, saved: dict, part) -> int:
     if not args.clips and not args.data:
         raise ValueError("--clips is needed with --expert (the folder of the clips, one file per video id)")
     clips = video_paths_of_folder(args.clips or Path(args.data) / "clips")
-    vector = encode_captions(text_encoder(saved["text"]), [query])
+    encoder = text_encoder(saved["text"])
+    if "text_state" in saved:  # fine-tuned with the model
+        encoder.load_state_dict(saved["text_state"])
+    vector = encode_captions(encoder, [query])
     everything = rank_videos(model, part, vector, len(part.video_ids), correct_id=correct)
     ranking = everything[: args.top]
     out = draw_ranking(ranking, clips, query, args.out)

@@ -56,6 +56,7 @@ class RetrievalSettings:
     temperature: float = 0.05
     chunk_size: int = 1024
     fusion_options: dict = field(default_factory=dict)
+    text_lr: float | None = None  # None: the text encoder is frozen; else fine-tuned at this rate
 
 
 def shuffle_words(captions: Sequence[str], seed: int) -> list[str]:
@@ -132,6 +133,15 @@ def _loss(settings: RetrievalSettings, scores: Tensor, positives: Tensor) -> Ten
     raise ValueError(f"unknown loss {settings.loss!r}; expected 'margin' or 'infonce'")
 
 
+def fine_tuned_parameters(encoder) -> list[torch.nn.Parameter]:
+    """The parameters of a text encoder that ``--text-lr`` trains (an error if it has none)."""
+    parameters = [p for p in getattr(encoder, "parameters", lambda: [])() if p.requires_grad]
+    if not parameters:
+        raise ValueError(f"the text encoder {type(encoder).__name__} has nothing to fine-tune "
+                         "(bag of words, or built frozen); drop --text-lr")
+    return parameters
+
+
 def train_retrieval(
     train: RetrievalCorpus,
     train_text: Tensor,
@@ -139,8 +149,16 @@ def train_retrieval(
     val_text: Tensor,
     settings: RetrievalSettings,
     seed: int,
+    *,
+    encoder=None,
 ) -> tuple[RetrievalModel, list[dict[str, float]]]:
-    """Train a :class:`RetrievalModel`; return the best-on-validation model and the history."""
+    """Train a :class:`RetrievalModel`; return the best-on-validation model and the history.
+
+    With ``settings.text_lr`` the text ``encoder`` (built trainable) is fine-tuned with the
+    model, at that learning rate: each batch encodes its captions with gradients, each
+    validation encodes the validation captions afresh, and the encoder is left at its
+    best-on-validation state. ``train_text`` and ``val_text`` give the text size only then.
+    """
     seed_everything(seed)
     expert_dims = [e.dim for e in train.experts.values()]
     options = dict(settings.fusion_options)
@@ -150,14 +168,21 @@ def train_retrieval(
         train_text.shape[1], expert_dims, embed_dim=settings.embed_dim, fusion=settings.fusion,
         hidden_dim=settings.hidden_dim, fusion_options=options,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    groups = [{"params": list(model.parameters())}]
+    if settings.text_lr is not None:
+        if encoder is None:
+            raise ValueError("text_lr is set but no text encoder was given to fine-tune")
+        groups.append({"params": fine_tuned_parameters(encoder), "lr": settings.text_lr})
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
     generator = torch.Generator().manual_seed(seed)
     captions_of: dict[str, list[int]] = {}
     for i, video in enumerate(train.caption_video):
         captions_of.setdefault(video, []).append(i)
-    history, best, best_score = [], None, float("-inf")
+    history, best, best_text, best_score = [], None, None, float("-inf")
     for epoch in range(settings.epochs):
         model.train()
+        if settings.text_lr is not None:
+            encoder.train()
         start, total, steps = time.perf_counter(), 0.0, 0
         order = torch.randperm(len(train.video_ids), generator=generator)
         for s in range(0, len(order), settings.batch_size):
@@ -170,19 +195,30 @@ def train_retrieval(
                 ]
                 for r in rows.tolist()
             ]
-            texts = model.embed_texts(train_text[picks])
+            if settings.text_lr is None:
+                texts = model.embed_texts(train_text[picks])
+            else:
+                texts = model.embed_texts(encoder([train.captions[i] for i in picks]).sentence)
             videos = model.embed_videos(*_video_batch(train, rows))
             loss = _loss(settings, texts @ videos.T, torch.eye(len(rows), dtype=torch.bool))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             total, steps = total + loss.item(), steps + 1
+        if settings.text_lr is not None:
+            encoder.eval()
+            val_text = encode_captions(encoder, val.captions)  # the encoder has changed: no cache
         metrics = evaluate_retrieval(model, val, val_text, chunk_size=settings.chunk_size)
         score = sum(v for k, v in metrics.items() if "R@" in k and not k.startswith("chance"))
         history.append({"epoch": epoch, "loss": total / max(steps, 1), "val_rsum": score,
                         "seconds": time.perf_counter() - start})
         if score > best_score:
             best_score, best = score, copy.deepcopy(model.state_dict())
+            best_text = copy.deepcopy(encoder.state_dict()) if settings.text_lr is not None else None
     if best is not None:
         model.load_state_dict(best)
+        if best_text is not None:
+            encoder.load_state_dict(best_text)
+    if encoder is not None and settings.text_lr is not None:
+        encoder.eval()
     return model, history

@@ -7,6 +7,7 @@ and what is needed to rebuild it).
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
@@ -20,6 +21,7 @@ from polyfuse.engine.retrieval import (
     RetrievalSettings,
     encode_captions,
     evaluate_retrieval,
+    fine_tuned_parameters,
     shuffle_words,
     train_retrieval,
 )
@@ -61,9 +63,10 @@ def load_corpus(
     return RetrievalCorpus.build(loaded, load_captions(captions), all_ids), split
 
 
-def text_encoder(kind: str, corpus: RetrievalCorpus | None = None):
+def text_encoder(kind: str, corpus: RetrievalCorpus | None = None, *, trainable: bool = False):
     """``"minilm"``, ``"bow"`` (word counts over the sorted words of ``corpus``'s captions,
-    for synthetic corpora) or a path to a GloVe-format vectors file."""
+    for synthetic corpora) or a path to a GloVe-format vectors file; ``trainable``: built
+    to be fine-tuned (MiniLM and word vectors)."""
     from polyfuse.nn.sentence_encoder import MiniLMEncoder, StaticWordEncoder
 
     if kind == "bow":
@@ -72,7 +75,7 @@ def text_encoder(kind: str, corpus: RetrievalCorpus | None = None):
         if corpus is None:
             raise ValueError("--text bow needs the corpus, whose words make its vocabulary")
         return BagOfWordsEncoder(sorted({word for caption in corpus.captions for word in caption.split()}))
-    return MiniLMEncoder() if kind == "minilm" else StaticWordEncoder(kind)
+    return MiniLMEncoder(trainable=trainable) if kind == "minilm" else StaticWordEncoder(kind, trainable=trainable)
 
 
 def run_retrieval(
@@ -93,7 +96,11 @@ def run_retrieval(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = {name: corpus.subset(split[name]) for name in ("train", "val", "test")}
-    encoder = text_encoder(text, corpus)
+    fine_tune = settings.text_lr is not None
+    encoder = text_encoder(text, corpus, trainable=fine_tune)
+    if fine_tune:
+        fine_tuned_parameters(encoder)  # a clear error before any work when there is nothing to train
+    initial_text = copy.deepcopy(encoder.state_dict()) if fine_tune else None
     start = time.perf_counter()
     vectors = {name: encode_captions(encoder, p.captions, cache_dir=out.parent / ".cache") for name, p in parts.items()}
     shuffled = encode_captions(encoder, shuffle_words(parts["test"].captions, 0), cache_dir=out.parent / ".cache")
@@ -101,15 +108,22 @@ def run_retrieval(
     runs = []
     for seed in seeds:
         start = time.perf_counter()
-        model, history = train_retrieval(parts["train"], vectors["train"], parts["val"], vectors["val"], settings, seed)
+        if fine_tune:  # every seed starts from the pre-trained encoder
+            encoder.load_state_dict(initial_text)
+        model, history = train_retrieval(parts["train"], vectors["train"], parts["val"], vectors["val"], settings,
+                                         seed, encoder=encoder)
         train_seconds = time.perf_counter() - start
+        if fine_tune:  # the test captions through the fine-tuned encoder (no cache: it has changed)
+            vectors["test"] = encode_captions(encoder, parts["test"].captions)
+            shuffled = encode_captions(encoder, shuffle_words(parts["test"].captions, 0))
         start = time.perf_counter()
         test = evaluate_retrieval(model, parts["test"], vectors["test"], chunk_size=settings.chunk_size)
         eval_seconds = time.perf_counter() - start
         test_shuffled = evaluate_retrieval(model, parts["test"], shuffled, chunk_size=settings.chunk_size)
         torch.save(
             {"state": model.state_dict(), "settings": asdict(settings), "text_dim": vectors["train"].shape[1],
-             "expert_dims": [e.dim for e in corpus.experts.values()], "text": text},
+             "expert_dims": [e.dim for e in corpus.experts.values()], "text": text,
+             **({"text_state": encoder.state_dict()} if fine_tune else {})},
             out / f"seed{seed}.pt",
         )
         runs.append({"seed": seed, "test": test, "test_shuffled_words": test_shuffled, "history": history,
