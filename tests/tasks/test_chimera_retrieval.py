@@ -1,5 +1,6 @@
 """Chimera retrieval: pair scores agree with the Chimera module's own H_M; ablations by hand."""
 
+import pytest
 import torch
 
 from polyfuse.functional.pooling import masked_mean
@@ -48,3 +49,52 @@ def test_without_topic_and_hyperbolic_layers_by_hand():
         fused = torch.cat(((1 - wt) * text + wt * (1 - wv) * text, (1 - wt) * image + wt * wv * image))
         expected = model.score_head(fused.mean(0)).squeeze()
     assert torch.allclose(scores[1, 0], expected, atol=1e-5)
+
+
+def _tiny_corpus(tmp_path):
+    """8 videos of one expert ('app', 3 steps of 5), two captions each over 6 words, and a
+    4-d word-vectors file for them."""
+    from polyfuse.data.formats.experts import ExpertFeatures, RetrievalCorpus
+
+    g = torch.Generator().manual_seed(1)
+    ids = [f"v{i}" for i in range(8)]
+    expert = ExpertFeatures("app", ids, torch.randn(8, 3, 5, generator=g), torch.ones(8, 3, dtype=torch.bool),
+                            torch.ones(8, dtype=torch.bool))
+    words = ["dog", "cat", "car", "man", "runs", "sits"]
+    captions = {v: [f"{words[i % 4]} {words[4 + i % 2]}", f"a {words[(i + 1) % 4]} {words[i % 4]}"]
+                for i, v in enumerate(ids)}
+    vectors = torch.randn(len(words), 4, generator=g)
+    path = tmp_path / "vec.txt"
+    path.write_text("\n".join(f"{w} " + " ".join(f"{x:.6f}" for x in row.tolist()) for w, row in zip(words, vectors,
+                                                                                                     strict=True)))
+    corpus = RetrievalCorpus.build({"app": expert}, captions, ids)
+    return corpus.subset(ids[:6]), corpus.subset(ids[6:]), path
+
+
+def test_train_chimera_frozen_and_with_the_text_encoder_fine_tuned(tmp_path):
+    from polyfuse.engine.chimera_retrieval import (
+        ChimeraRow,
+        encode_tokens,
+        evaluate_chimera,
+        train_chimera,
+    )
+    from polyfuse.nn.sentence_encoder import StaticWordEncoder
+
+    train, val, path = _tiny_corpus(tmp_path)
+    row = ChimeraRow(num_topics=2, hyperbolic_dim=3)
+    frozen = StaticWordEncoder(path)
+    tokens = {name: encode_tokens(frozen, part.captions) for name, part in (("train", train), ("val", val))}
+    model, history = train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=2, batch_size=3,
+                                   expert="app")
+    assert [h["epoch"] for h in history] == [0, 1]
+    metrics = evaluate_chimera(model, val, *tokens["val"], expert="app")
+    assert 1.0 <= metrics["t2v_MeanR"] <= 2.0 and metrics["chance_t2v_R@1"] == 50.0  # 2 validation videos
+    tuned = StaticWordEncoder(path, trainable=True)
+    before = tuned.embedding.weight.detach().clone()
+    train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=2, batch_size=3, expert="app",
+                  encoder=tuned, text_lr=0.5)
+    assert (tuned.embedding.weight.detach() - before).abs().max() > 1e-3  # the word vectors were trained
+    assert torch.equal(frozen.embedding.weight, before)  # a frozen encoder is never touched
+    with pytest.raises(ValueError, match="has nothing to fine-tune"):
+        train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=1, expert="app", encoder=frozen,
+                      text_lr=0.5)

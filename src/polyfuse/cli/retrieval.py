@@ -57,6 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
     chimera.add_argument("--epochs", type=int, default=10)
     chimera.add_argument("--batch-size", type=int, default=16)
+    chimera.add_argument("--text-lr", type=float, default=None,
+                         help="fine-tune MiniLM with each model at this learning rate (default: frozen)")
     chimera.add_argument("--out", required=True)
     table = actions.add_parser("table", help="markdown tables (EX1, EX2) from results.json files")
     table.add_argument("results", nargs="+", help="results.json of 'train' (one fusion each) or 'chimera'")
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         from polyfuse.engine.retrieval_runs import run_chimera_ablation
 
         results = run_chimera_ablation(corpus, split, args.rows or list(ABLATION_ROWS), args.seeds, args.out,
-                                       epochs=args.epochs, batch_size=args.batch_size)
+                                       epochs=args.epochs, batch_size=args.batch_size, text_lr=args.text_lr)
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
+from polyfuse.engine.retrieval import fine_tuned_parameters
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
 from polyfuse.functional.chimera_word_losses import (
@@ -113,20 +114,34 @@ def _losses(model, row: ChimeraRow, text, video, scores: Tensor) -> Tensor:
 
 def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], val: RetrievalCorpus,
                   val_tokens: tuple[Tensor, Tensor], row: ChimeraRow, seed: int, *, epochs: int = 10,
-                  batch_size: int = 16, lr: float = 1e-3, expert: str = "vgg_appearance"):
-    """Train on one caption per video per step; keep the epoch with the best val recall sum."""
+                  batch_size: int = 16, lr: float = 1e-3, expert: str = "vgg_appearance",
+                  encoder=None, text_lr: float | None = None):
+    """Train on one caption per video per step; keep the epoch with the best val recall sum.
+
+    With ``text_lr`` the text ``encoder`` (built trainable) is fine-tuned with the model at
+    that rate: each batch's captions are encoded with gradients, the validation captions
+    afresh every epoch, and the encoder is left at its best-on-validation state; the
+    token tensors then give only the text size.
+    """
     seed_everything(seed)
     video = train.experts[expert]
     model = ChimeraRetrievalModel(train_tokens[0].shape[-1], video.dim, num_topics=row.num_topics,
                                   topic_variant=row.topic_variant, hyperbolic_dim=row.hyperbolic_dim)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    groups = [{"params": list(model.parameters())}]
+    if text_lr is not None:
+        if encoder is None:
+            raise ValueError("text_lr is set but no text encoder was given to fine-tune")
+        groups.append({"params": fine_tuned_parameters(encoder), "lr": text_lr})
+    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=1e-4)
     rng = random.Random(seed)
     captions_of: dict[str, list[int]] = {}
     for i, v in enumerate(train.caption_video):
         captions_of.setdefault(v, []).append(i)
-    history, best, best_score = [], None, float("-inf")
+    history, best, best_text, best_score = [], None, None, float("-inf")
     for epoch in range(epochs):
         model.train()
+        if text_lr is not None:
+            encoder.train()
         start, total = time.perf_counter(), 0.0
         order = list(range(len(train.video_ids)))
         rng.shuffle(order)
@@ -135,17 +150,28 @@ def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], v
             if len(rows) < 2:
                 continue
             picks = [rng.choice(captions_of[train.video_ids[r]]) for r in rows]
-            text = model.texts(*_trim(train_tokens[0][picks], train_tokens[1][picks]))
+            if text_lr is None:
+                text = model.texts(*_trim(train_tokens[0][picks], train_tokens[1][picks]))
+            else:
+                encoded = encoder([train.captions[i] for i in picks])
+                text = model.texts(encoded.tokens, encoded.mask)
             vids = model.videos(video.features[rows], video.mask[rows])
             loss = _losses(model, row, text, vids, model.score_matrix(text, vids))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             total += loss.item()
+        if text_lr is not None:
+            encoder.eval()
+            val_tokens = encode_tokens(encoder, val.captions)  # the encoder has changed
         metrics = evaluate_chimera(model, val, *val_tokens, expert=expert)
         score = sum(v for k, v in metrics.items() if "R@" in k and not k.startswith("chance"))
         history.append({"epoch": epoch, "loss": total, "val_rsum": score, "seconds": time.perf_counter() - start})
         if score > best_score:
             best_score, best = score, copy.deepcopy(model.state_dict())
+            best_text = copy.deepcopy(encoder.state_dict()) if text_lr is not None else None
     model.load_state_dict(best)
+    if best_text is not None:
+        encoder.load_state_dict(best_text)
+        encoder.eval()
     return model, history
