@@ -8,10 +8,16 @@ H_L(text) are the encoder's last hidden states; H_L(image) are the video steps m
 to size d by a linear layer (the "image encoder" here: frozen VGG rows plus one
 trained projection). Per Figure 1, the text and image topic layers see their own
 modality and the hyperbolic layer attends over the joint sequence [text; image], so
-the matching layer's H_M belongs to one (caption, video) pair: the score of a pair is
-a linear head on the mean of H_M over the pair's real positions (a cross-encoder,
-like the ITM heads the paper builds on). The topic layers run once per caption and
-once per video; only the hyperbolic and matching layers run per pair.
+the matching layer's H_M belongs to one (caption, video) pair (a cross-encoder, like
+the ITM heads the paper builds on). The score of a pair is a linear head on the product
+of H_M's mean over the text positions and its mean over the video positions,
+w . (m_text * m_video) + b. A linear head on the mean over all positions would be
+additive, a(caption) + b(video), outside what the hyperbolic attention mixes, and so
+rank the videos nearly alike for every caption (our first runs stayed at chance); the
+product makes every dimension of H_M a caption-video interaction. The paper scores with
+its pre-trained model's own matching head, which this setting does not have. The topic
+layers run once per caption and once per video; only the hyperbolic and matching
+layers run per pair.
 
 Word and region points for HLM and L_D (Eq. 11, 12) are the per-token value vectors
 of the hyperbolic layer, clipped, and their exponential maps (the per-token form of
@@ -109,7 +115,10 @@ class ChimeraRetrievalModel(nn.Module):
         text_topic = torch.cat((text.topic_hidden[t], torch.zeros_like(video.hidden[v])), dim=1)
         image_topic = torch.cat((torch.zeros_like(text.hidden[t]), video.topic_hidden[v]), dim=1)
         fused = self.matching(hyperbolic, text_topic, image_topic)  # Eq. 9, H_M
-        return self.score_head(masked_mean(fused, mask)).squeeze(-1)
+        length = text.hidden.shape[1]
+        text_mean = masked_mean(fused[:, :length], text.mask[t])
+        video_mean = masked_mean(fused[:, length:], video.mask[v])
+        return self.score_head(text_mean * video_mean).squeeze(-1)  # w . (m_text * m_video) + b
 
     def score_matrix(self, text: ChimeraSides, video: ChimeraSides, chunk: int = 2048) -> Tensor:
         """(B_t, B_v) scores of every caption against every video, in chunks of pairs."""
