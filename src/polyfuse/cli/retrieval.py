@@ -57,6 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
     chimera.add_argument("--epochs", type=int, default=10)
     chimera.add_argument("--batch-size", type=int, default=16)
+    chimera.add_argument("--chimera-expert", default=None,
+                         help="the video expert Chimera reads (default: the first, MSVD's vgg_appearance)")
     chimera.add_argument("--text-lr", type=float, default=None,
                          help="fine-tune MiniLM with each model at this learning rate (default: frozen)")
     chimera.add_argument("--out", required=True)
@@ -128,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         from polyfuse.engine.retrieval_runs import run_chimera_ablation
 
         results = run_chimera_ablation(corpus, split, args.rows or list(ABLATION_ROWS), args.seeds, args.out,
-                                       epochs=args.epochs, batch_size=args.batch_size, text_lr=args.text_lr)
+                                       epochs=args.epochs, batch_size=args.batch_size, text_lr=args.text_lr,
+                                       expert=args.chimera_expert)
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
@@ -140,13 +143,24 @@ def run(args: argparse.Namespace) -> int:
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
+    import torch
+
     from polyfuse.engine.retrieval import encode_captions, evaluate_retrieval, shuffle_words
     from polyfuse.engine.retrieval_runs import load_checkpoint, text_encoder
 
-    model, saved = load_checkpoint(args.checkpoint)
     if args.split not in split:
         raise ValueError(f"no split {args.split!r}; have {', '.join(split)}")
     part = corpus.subset(split[args.split])
+    saved = torch.load(args.checkpoint, weights_only=False)
+    if saved.get("kind") == "chimera":  # a model of `retrieval chimera`
+        if args.action == "figure":
+            raise ValueError("`figure` draws the rankings of `retrieval train` models, not of Chimera's")
+        from polyfuse.engine.retrieval_runs import evaluate_chimera_checkpoint
+
+        captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
+        print(json.dumps(evaluate_chimera_checkpoint(saved, part, captions), indent=1))
+        return 0
+    model, saved = load_checkpoint(args.checkpoint)
     if args.action == "figure":
         return _figure(args, model, saved, part)
     captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions

@@ -136,6 +136,23 @@ def run_retrieval(
     return result
 
 
+def evaluate_chimera_checkpoint(saved: dict, part: RetrievalCorpus, captions: list[str]) -> dict[str, float]:
+    """Test metrics of a Chimera model saved by :func:`run_chimera_ablation` on ``part``,
+    its captions given as ``captions`` (as written, or shuffled)."""
+    from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, evaluate_chimera
+    from polyfuse.nn.sentence_encoder import MiniLMEncoder
+    from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
+
+    row = ChimeraRow(**saved["row"])
+    model = ChimeraRetrievalModel(saved["text_dim"], saved["video_dim"], num_topics=row.num_topics,
+                                  topic_variant=row.topic_variant, hyperbolic_dim=row.hyperbolic_dim)
+    model.load_state_dict(saved["state"])
+    encoder = MiniLMEncoder()
+    if "text_state" in saved:  # fine-tuned with the model
+        encoder.load_state_dict(saved["text_state"])
+    return evaluate_chimera(model, part, *encode_tokens(encoder, captions), expert=saved["expert"])
+
+
 def load_checkpoint(path: str | Path) -> tuple[RetrievalModel, dict]:
     saved = torch.load(path, weights_only=False)
     s = RetrievalSettings(**saved["settings"])
@@ -183,11 +200,13 @@ def run_chimera_ablation(
     epochs: int = 10,
     batch_size: int = 16,
     text_lr: float | None = None,
+    expert: str | None = None,
 ) -> dict:
-    """Chimera on MiniLM token states + the appearance expert, one entry per Table 4 row;
-    test with captions as written (EX1) and with their words shuffled (EX2). With
-    ``text_lr`` MiniLM is fine-tuned with each model (every row and seed starting from
-    the pre-trained weights)."""
+    """Chimera on MiniLM token states + one video expert (``expert``, default the corpus's
+    first: MSVD's ``vgg_appearance``), one entry per Table 4 row; test with captions as
+    written (EX1) and with their words shuffled (EX2). With ``text_lr`` MiniLM is fine-tuned
+    with each model (every row and seed starting from the pre-trained weights). Each model
+    is saved as ``<out>/<row>/seed<N>.pt`` for ``polyfuse retrieval evaluate``."""
     from polyfuse.engine.chimera_retrieval import (
         ABLATION_ROWS,
         encode_tokens,
@@ -199,6 +218,9 @@ def run_chimera_ablation(
     unknown = [r for r in rows if r not in ABLATION_ROWS]
     if unknown:
         raise ValueError(f"unknown ablation row {unknown[0]!r}; available: {', '.join(ABLATION_ROWS)}")
+    expert = expert or next(iter(corpus.experts))
+    if expert not in corpus.experts:
+        raise ValueError(f"unknown expert {expert!r}; the corpus has {', '.join(corpus.experts)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = {name: corpus.subset(split[name]) for name in ("train", "val", "test")}
@@ -215,15 +237,21 @@ def run_chimera_ablation(
                 encoder.load_state_dict(initial_text)
             model, history = train_chimera(parts["train"], tokens["train"], parts["val"], tokens["val"],
                                            ABLATION_ROWS[name], seed, epochs=epochs, batch_size=batch_size,
-                                           encoder=encoder, text_lr=text_lr)
+                                           encoder=encoder, text_lr=text_lr, expert=expert)
             seconds = time.perf_counter() - start
             test_tokens, test_shuffled = tokens["test"], shuffled
             if text_lr is not None:  # through the fine-tuned encoder
                 test_tokens = encode_tokens(encoder, parts["test"].captions)
                 test_shuffled = encode_tokens(encoder, shuffle_words(parts["test"].captions, 0))
             runs.append({"seed": seed, "train_seconds": seconds, "history": history,
-                         "test": evaluate_chimera(model, parts["test"], *test_tokens),
-                         "test_shuffled_words": evaluate_chimera(model, parts["test"], *test_shuffled)})
+                         "test": evaluate_chimera(model, parts["test"], *test_tokens, expert=expert),
+                         "test_shuffled_words": evaluate_chimera(model, parts["test"], *test_shuffled,
+                                                                 expert=expert)})
+            (out / name).mkdir(exist_ok=True)
+            torch.save({"kind": "chimera", "row": asdict(ABLATION_ROWS[name]), "state": model.state_dict(),
+                        "text_dim": tokens["train"][0].shape[-1], "video_dim": corpus.experts[expert].dim,
+                        "expert": expert, **({"text_state": encoder.state_dict()} if text_lr is not None else {})},
+                       out / name / f"seed{seed}.pt")
         results[name] = {"row": asdict(ABLATION_ROWS[name]), "text_lr": text_lr, "runs": runs}
         (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     return results
