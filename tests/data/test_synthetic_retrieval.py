@@ -76,3 +76,67 @@ def test_synthetic_source_options_split_and_bag_of_words_encoder():
     assert encoder(["x0e1 apart x0e1"]).sentence.tolist() == [[1.0, 0.0, 2.0]]
     with pytest.raises(ValueError, match="non-empty vocabulary"):
         BagOfWordsEncoder([])
+
+
+def test_generator_defaults_bounds_and_reproducibility():
+    corpus, vocabulary = make_synthetic_retrieval(400)
+    assert list(corpus.experts) == ["expert0", "expert1"] and len(vocabulary) == 2 * 4 + 2
+    expert = corpus.experts["expert0"]
+    assert expert.name == "expert0" and expert.features.shape == (400, 8, 16)
+    assert expert.mask.dtype == torch.bool and expert.mask.shape == (400, 8) and bool(expert.mask.all())
+    assert expert.present.dtype == torch.bool and expert.present.shape == (400,) and bool(expert.present.all())
+    # the steps without the event are N(0, 0.1^2) noise: the 7 lowest-norm steps of each video
+    quiet = expert.features.norm(dim=-1).sort(dim=1).indices[:, :7]
+    noise = expert.features.gather(1, quiet[..., None].expand(-1, -1, 16))
+    assert abs(float(noise.std()) - 0.1) < 0.01
+    same, _ = make_synthetic_retrieval(400, seed=0)  # seed 0 by default, and the seed alone fixes everything
+    assert torch.equal(same.experts["expert1"].features, corpus.experts["expert1"].features)
+    assert same.captions == corpus.captions
+    other, _ = make_synthetic_retrieval(400, seed=1)
+    assert not torch.equal(other.experts["expert0"].features, expert.features)
+    smallest, _ = make_synthetic_retrieval(2, num_experts=2, steps=2, dim=1, events=1)  # every bound is valid
+    assert smallest.experts["expert0"].features.shape == (2, 2, 1)
+    message = r"^need num_videos >= 2, num_experts >= 2, steps >= 2, events >= 1, dim >= 1$"
+    for options in ({"num_videos": 1}, {"num_experts": 1}, {"steps": 1}, {"events": 0}, {"dim": 0}):
+        arguments = {"num_videos": 2, "num_experts": 2, "steps": 2, "dim": 1, "events": 1} | options
+        with pytest.raises(ValueError, match=message):
+            make_synthetic_retrieval(arguments.pop("num_videos"), **arguments)
+
+
+def test_event_steps_hold_a_unit_prototype_plus_the_noise():
+    clean, _ = make_synthetic_retrieval(60, dim=8, noise=0.0, seed=3)
+    noisy, _ = make_synthetic_retrieval(60, dim=8, noise=0.3, seed=3)
+    steps = clean.experts["expert0"].features.norm(dim=-1).argmax(dim=1)
+    events = clean.experts["expert0"].features[torch.arange(60), steps]
+    torch.testing.assert_close(events.norm(dim=-1), torch.ones(60))  # unit prototypes, nothing else
+    first = clean.captions[0].split()[0]
+    same_event = [i for i, c in enumerate(clean.captions) if c.split()[0] == first]
+    torch.testing.assert_close(events[same_event], events[same_event[0]].expand(len(same_event), -1))
+    noisy_events = noisy.experts["expert0"].features[torch.arange(60), steps]
+    assert 0.1 < float((noisy_events - events).std()) < 0.5  # the noise is added at the event step too
+
+
+def test_source_messages_and_options_reach_the_generator():
+    from polyfuse.data.synthetic_retrieval import (
+        BagOfWordsEncoder,
+        parse_synthetic_retrieval,
+        synthetic_retrieval_split,
+    )
+
+    with pytest.raises(ValueError, match=r"^not a synthetic source: 'real:videos=3'$"):
+        parse_synthetic_retrieval("real:videos=3")
+    with pytest.raises(ValueError, match=r"^bad synthetic option 'size=3'; write key=value with keys: videos, "
+                                         r"experts, steps, dim, events, noise, seed$"):
+        parse_synthetic_retrieval("synthetic:size=3")
+    with pytest.raises(ValueError, match=r"^synthetic option videos needs a int, got '1=2'$"):
+        parse_synthetic_retrieval("synthetic:videos=1=2")
+    with pytest.raises(ValueError, match=r"^BagOfWordsEncoder needs a non-empty vocabulary$"):
+        BagOfWordsEncoder([])
+    corpus, split = synthetic_retrieval_split("synthetic:videos=10,experts=3,steps=3,dim=5,events=2,noise=0,seed=4")
+    assert [len(split[k]) for k in ("train", "val", "test")] == [8, 1, 1]
+    expected, _ = make_synthetic_retrieval(10, num_experts=3, steps=3, dim=5, events=2, noise=0.0, seed=4)
+    assert corpus.captions == expected.captions
+    for name in expected.experts:
+        assert torch.equal(corpus.experts[name].features, expected.experts[name].features)
+    with pytest.raises(ValueError, match="at least 10 videos"):
+        synthetic_retrieval_split("synthetic:videos=9")
