@@ -99,7 +99,9 @@ def _settings(args: argparse.Namespace, fusion: str):
 
 def _references(args: argparse.Namespace, corpus, split) -> dict | None:
     """The synthetic corpus's recall bounds on its test split (None for real data)."""
-    if not (args.data or "").startswith("synthetic"):
+    from polyfuse.data.sources import is_synthetic
+
+    if args.data is None or not is_synthetic(args.data):
         return None
     from polyfuse.data.synthetic_retrieval import recall_bounds
 
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from polyfuse.engine.retrieval import encode_captions, evaluate_retrieval, shuffle_words
-    from polyfuse.engine.retrieval_runs import load_checkpoint, text_encoder
+    from polyfuse.engine.retrieval_runs import load_checkpoint, saved_text_encoder
 
     if args.split not in split:
         raise ValueError(f"no split {args.split!r}; have {', '.join(split)}")
@@ -164,10 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "figure":
         return _figure(args, model, saved, part)
     captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
-    encoder = text_encoder(saved["text"], corpus)
-    if "text_state" in saved:  # fine-tuned with the model
-        encoder.load_state_dict(saved["text_state"])
-    vectors = encode_captions(encoder, captions)
+    vectors = encode_captions(saved_text_encoder(saved, corpus), captions)
     print(json.dumps(evaluate_retrieval(model, part, vectors), indent=1))
     return 0
 
@@ -175,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 def _figure(args: argparse.Namespace, model, saved: dict, part) -> int:
     from polyfuse.engine.retrieval import encode_captions
     from polyfuse.engine.retrieval_figure import draw_ranking, rank_videos
-    from polyfuse.engine.retrieval_runs import text_encoder
+    from polyfuse.engine.retrieval_runs import saved_text_encoder
     from polyfuse.extract.video import video_paths_of_folder
 
     if args.caption is not None:
@@ -189,10 +188,7 @@ def _figure(args: argparse.Namespace, model, saved: dict, part) -> int:
     if not args.clips and not args.data:
         raise ValueError("--clips is needed with --expert (the folder of the clips, one file per video id)")
     clips = video_paths_of_folder(args.clips or Path(args.data) / "clips")
-    encoder = text_encoder(saved["text"])
-    if "text_state" in saved:  # fine-tuned with the model
-        encoder.load_state_dict(saved["text_state"])
-    vector = encode_captions(encoder, [query])
+    vector = encode_captions(saved_text_encoder(saved), [query])
     everything = rank_videos(model, part, vector, len(part.video_ids), correct_id=correct)
     ranking = everything[: args.top]
     out = draw_ranking(ranking, clips, query, args.out)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
-from polyfuse.engine.retrieval import fine_tuned_parameters
+from polyfuse.engine.retrieval import parameter_groups
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
 from polyfuse.functional.chimera_word_losses import (
@@ -127,12 +127,7 @@ def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], v
     video = train.experts[expert]
     model = ChimeraRetrievalModel(train_tokens[0].shape[-1], video.dim, num_topics=row.num_topics,
                                   topic_variant=row.topic_variant, hyperbolic_dim=row.hyperbolic_dim)
-    groups = [{"params": list(model.parameters())}]
-    if text_lr is not None:
-        if encoder is None:
-            raise ValueError("text_lr is set but no text encoder was given to fine-tune")
-        groups.append({"params": fine_tuned_parameters(encoder), "lr": text_lr})
-    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=1e-4)
+    optimizer = torch.optim.AdamW(parameter_groups(model, encoder, text_lr), lr=lr, weight_decay=1e-4)
     rng = random.Random(seed)
     captions_of: dict[str, list[int]] = {}
     for i, v in enumerate(train.caption_video):

@@ -142,6 +142,17 @@ def fine_tuned_parameters(encoder) -> list[torch.nn.Parameter]:
     return parameters
 
 
+def parameter_groups(model: torch.nn.Module, encoder, text_lr: float | None) -> list[dict]:
+    """The optimizer's parameter groups: the model's, and the text encoder's at ``text_lr``
+    when it is fine-tuned (``text_lr`` not None)."""
+    groups = [{"params": list(model.parameters())}]
+    if text_lr is not None:
+        if encoder is None:
+            raise ValueError("text_lr is set but no text encoder was given to fine-tune")
+        groups.append({"params": fine_tuned_parameters(encoder), "lr": text_lr})
+    return groups
+
+
 def train_retrieval(
     train: RetrievalCorpus,
     train_text: Tensor,
@@ -168,12 +179,8 @@ def train_retrieval(
         train_text.shape[1], expert_dims, embed_dim=settings.embed_dim, fusion=settings.fusion,
         hidden_dim=settings.hidden_dim, fusion_options=options,
     )
-    groups = [{"params": list(model.parameters())}]
-    if settings.text_lr is not None:
-        if encoder is None:
-            raise ValueError("text_lr is set but no text encoder was given to fine-tune")
-        groups.append({"params": fine_tuned_parameters(encoder), "lr": settings.text_lr})
-    optimizer = torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(model, encoder, settings.text_lr), lr=settings.lr,
+                                  weight_decay=settings.weight_decay)
     generator = torch.Generator().manual_seed(seed)
     captions_of: dict[str, list[int]] = {}
     for i, video in enumerate(train.caption_video):

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from polyfuse.data.formats.experts import RetrievalCorpus, load_captions, load_expert, read_id_list
+from polyfuse.data.sources import is_synthetic
 from polyfuse.engine.retrieval import (
     RetrievalSettings,
     encode_captions,
@@ -42,7 +43,7 @@ def load_corpus(
     """The MSVD folder (``data``), a ``synthetic:videos=N,...`` spec (see
     :mod:`polyfuse.data.synthetic_retrieval`), or expert files ``NAME=PATH`` + captions JSON +
     id lists."""
-    if data is not None and (data == "synthetic" or data.startswith("synthetic:")):
+    if data is not None and is_synthetic(data):
         from polyfuse.data.synthetic_retrieval import synthetic_retrieval_split
 
         return synthetic_retrieval_split(data)
@@ -76,6 +77,15 @@ def text_encoder(kind: str, corpus: RetrievalCorpus | None = None, *, trainable:
             raise ValueError("--text bow needs the corpus, whose words make its vocabulary")
         return BagOfWordsEncoder(sorted({word for caption in corpus.captions for word in caption.split()}))
     return MiniLMEncoder(trainable=trainable) if kind == "minilm" else StaticWordEncoder(kind, trainable=trainable)
+
+
+def saved_text_encoder(saved: dict, corpus: RetrievalCorpus | None = None):
+    """The text encoder a checkpoint was trained with: ``saved["text"]`` (MiniLM when absent,
+    as for Chimera's), with its fine-tuned weights when the checkpoint holds them."""
+    encoder = text_encoder(saved.get("text", "minilm"), corpus)
+    if "text_state" in saved:  # fine-tuned with the model
+        encoder.load_state_dict(saved["text_state"])
+    return encoder
 
 
 def run_retrieval(
@@ -140,16 +150,13 @@ def evaluate_chimera_checkpoint(saved: dict, part: RetrievalCorpus, captions: li
     """Test metrics of a Chimera model saved by :func:`run_chimera_ablation` on ``part``,
     its captions given as ``captions`` (as written, or shuffled)."""
     from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, evaluate_chimera
-    from polyfuse.nn.sentence_encoder import MiniLMEncoder
     from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 
     row = ChimeraRow(**saved["row"])
     model = ChimeraRetrievalModel(saved["text_dim"], saved["video_dim"], num_topics=row.num_topics,
                                   topic_variant=row.topic_variant, hyperbolic_dim=row.hyperbolic_dim)
     model.load_state_dict(saved["state"])
-    encoder = MiniLMEncoder()
-    if "text_state" in saved:  # fine-tuned with the model
-        encoder.load_state_dict(saved["text_state"])
+    encoder = saved_text_encoder(saved)
     return evaluate_chimera(model, part, *encode_tokens(encoder, captions), expert=saved["expert"])
 
 
@@ -177,10 +184,10 @@ def metrics_table(results: dict[str, dict], key: str = "test") -> str:
     first = first_result["runs"][0][key]
     chance = [f"{first['chance_' + c]:.1f}" if "R@" in c else "-" for c in METRIC_COLUMNS]
     lines.append("| chance | " + " | ".join(chance) + " | - |")
+    references = first_result.get("references", {})
     for prefix, label in (("caption_", "bound: perfect caption match"),
                           ("events_", "bound: events known, relation not")):
-        references = first_result.get("references", {})
-        if any(key.startswith(prefix) for key in references):
+        if any(name.startswith(prefix) for name in references):
             cells = [f"{references[prefix + c[4:]]:.1f}" if c.startswith("t2v_R@") else "-" for c in METRIC_COLUMNS]
             lines.append(f"| {label} | " + " | ".join(cells) + " | - |")
     for name, result in results.items():
