@@ -16,6 +16,7 @@ from torch import Tensor
 
 __all__ = [
     "VALIDATION_LEVELS",
+    "check_all_finite",
     "check_dropout",
     "check_finite",
     "check_float_tensor",
@@ -140,6 +141,20 @@ def check_finite(tensor: Tensor, what: str, mask: Tensor | None = None) -> None:
         where = bad.nonzero()[0].tolist()
         kind = "NaN" if bool(torch.isnan(tensor[tuple(where)])) else "Inf"
         raise ValueError(f"{what} contains {kind} at index {tuple(where)}")
+
+
+def check_all_finite(tensors: Sequence[tuple[Tensor, str, Tensor | None]]) -> None:
+    """:func:`check_finite` for several (tensor, what, mask) triples behind one test: a sum
+    is finite whenever all its terms are, so only a NaN, an Inf (or an overflowing sum)
+    pays for the full checks, which name the first tensor at fault. Skipped like
+    :func:`check_finite`."""
+    if not _check_inputs() or not tensors:
+        return
+    sums = torch.stack([tensor.detach().sum() for tensor, _, _ in tensors])
+    if bool(torch.isfinite(sums).all()):
+        return
+    for tensor, what, mask in tensors:
+        check_finite(tensor, what, mask)
 
 
 def check_mask(mask: object, shape: torch.Size | tuple[int, ...], what: str) -> Tensor:

@@ -314,12 +314,14 @@ def test_gerf_kernel_variance_matches_the_formula(num_features):
     generator = torch.Generator().manual_seed(0)
     dim = 6
     features = [torch.randn(1, 2, dim, generator=generator, dtype=DOUBLE) * 0.3 for _ in range(3)]
-    rows = _had.augmented_features(features, [None] * 3, 1.0, "gerf")  # (1, 2, K' + 2) each
-    first = torch.stack([row[0, 0] for row in rows])  # the tuple (0, 0, 0), (3, K' + 2)
+    layout = _had.had_layout(torch.Size([1]), features, torch.randn(4, dim))
+    rows, scale = _had.augmented_features(features, [None] * 3, 1.0, "gerf", layout)  # (1, 1, 6, K' + 2)
+    first = rows[0, 0, ::2]  # the tuple (0, 0, 0): step 0 of each two-step modality, (3, K' + 2)
     draws = 20000
     matrices = torch.randn(draws, num_features, dim, generator=generator, dtype=DOUBLE)
     weights = _had.augmented_weights(matrices, "gerf", DOUBLE)  # (draws, K' + 2, H)
-    estimates = torch.exp(first.sum(0) @ weights).mean(-1)  # (1/H) sum_h prod_j B_j[0, h]
+    exponent = scale[0, 0] * (first.sum(0) @ weights)  # sigma x W
+    estimates = torch.exp(exponent).mean(-1)  # (1/H) sum_h prod_j B_j[0, h]
     # The formula's inputs from their definitions: u = sum_j (a_j[0] - c_j), alpha = E|u|^2 / K'.
     centred = [a[0] - a[0].mean(0) for a in features]
     u = sum(c[0] for c in centred)
@@ -329,7 +331,7 @@ def test_gerf_kernel_variance_matches_the_formula(num_features):
     measured = float(estimates.var()) / mean**2
     # E K_hat = (1 + 2 alpha)^(-K'/2) exp(L - const): the mean matches that up to 2%.
     assert abs(measured - predicted) <= 0.15 * predicted
-    expected_mean = (1 + 2 * alpha) ** (-dim / 2) * float(torch.exp(first.sum(0)[dim] + 0.5 * (u @ u)))
+    expected_mean = (1 + 2 * alpha) ** (-dim / 2) * float(torch.exp(scale[0, 0] * first.sum(0)[dim] + 0.5 * (u @ u)))
     assert abs(mean - expected_mean) <= 0.02 * expected_mean
 
 

@@ -1,9 +1,9 @@
 """The fast path of multi-linear attention's had mode (MAN Eq. 9 to 12).
 
-:func:`polyfuse.functional.multilinear._had_attention` builds the random features'
-exponent rows with :func:`augmented_features` (the estimator: MAN's ARF or the default
-centred generalised features) and :func:`augmented_weights`, lays them out with
-:func:`had_layout` and :func:`stack_features`, then runs :func:`had_chunked`
+:func:`polyfuse.functional.multilinear._had_attention` lays its inputs out with
+:func:`had_layout`, builds the random features' exponent rows, stacked along time, with
+:func:`augmented_features` (the estimator: MAN's ARF or the default centred generalised
+features) and the columns with :func:`augmented_weights`, then runs :func:`had_chunked`
 (without gradients: chunk by chunk, in place, in buffers that stay in cache),
 :class:`HadFunction` (with gradients: the same forward, a backward that recomputes
 chunk by chunk) or :func:`had_whole` (marginals with gradients: whole tensors, for
@@ -42,7 +42,6 @@ __all__ = [
     "in_layout",
     "max_over_steps",
     "padded_in_layout",
-    "stack_features",
     "to_layout",
 ]
 
@@ -113,83 +112,102 @@ def augmented_features(
     masks: Sequence[Tensor | None],
     temperature: float,
     estimator: str,
-) -> list[Tensor]:
-    """Per modality the rows that, times :func:`augmented_weights`, give the exponents of
-    the random features, B_j[t, h] = exp(row_j[t] . column_h).
+    layout: HadLayout,
+) -> tuple[Tensor, Tensor]:
+    """The rows X of every modality, stacked along time, and the scale sigma > 0 of each
+    sample and head such that sigma times a row times :func:`augmented_weights` is the
+    exponent of the random features: B_j[t, h] = exp(sigma row_j[t] . column_h).
 
-    With a~_j = sqrt(temperature) a_j (the temperature multiplies the logits):
+    With a~_j = s a_j, s = sqrt(temperature) (the temperature multiplies the logits):
 
-    * ``"arf"`` (MAN Eq. 11): rows [a~, -|a~|^2 / 2, 0], so the exponent is
+    * ``"arf"`` (MAN Eq. 11): rows [a, -s |a|^2 / 2, 0] and sigma = s, so the exponent is
       w_h . a~ - |a~|^2 / 2.
     * ``"gerf"`` (the default): centred, generalised exponential features. With c_j the
       mean of a~_j over real steps, S = sum_j c_j and a'_j = a~_j - c_j,
       sum_{j<k} a~_j . a~_k = sum_{j<k} a'_j . a'_k + sum_j a'_j . (S - c_j) + const:
       the second part is a deterministic weight per step, only the pair products of the
-      centred features are estimated. Rows [B a', -|a'|^2 / 2 + a' . (S - c_j), -alpha]
-      (the last entry in modality 0 only, 0 elsewhere), B = sqrt(1 + 2 alpha),
-      alpha = :func:`~polyfuse.functional.random_features.gerf_alpha` of the data:
-      the product over modalities is exp(-alpha |w|^2 + B w . u - sum_j |a'_j|^2 / 2 + ...)
-      with u = sum_j a'_j, whose expectation over w ~ N(0, I) is
+      centred features are estimated. The exponent is
+      B w . a' - |a'|^2 / 2 + a' . (S - c_j) - alpha |w|^2 (the last term in modality 0
+      only), B = sqrt(1 + 2 alpha), alpha =
+      :func:`~polyfuse.functional.random_features.gerf_alpha` of the data: the product over
+      modalities is exp(-alpha |w|^2 + B w . u - sum_j |a'_j|^2 / 2 + ...) with
+      u = sum_j a'_j, whose expectation over w ~ N(0, I) is
       (1 + 2 alpha)^(-K'/2) exp(sum_{j<k} a~_j . a~_k + const): the constants cancel in
-      the ratio of Eq. 10 and 12. c_j and alpha are chosen per sample and head from
-      the data; gradients flow through them, so that the gradient is that of the
-      computed output.
+      the ratio of Eq. 10 and 12. Written on the unscaled features a_j: m_j their mean,
+      d_j = a_j - m_j (a'_j = s d_j), M = sum_j m_j, sigma = s B, rows
+      [d, s^2 (d . (M - m_j) - |d|^2 / 2) / sigma, -alpha / sigma (modality 0) or 0].
+      c_j and alpha are chosen per sample and head from the data; gradients flow through
+      them (and sigma), so that the gradient is that of the computed output.
+
+    Keeping sigma out of the rows costs nothing: the had steps multiply the exponent by it
+    in the pass that subtracts the stabilisers. Without gradients the rows are written
+    straight into the stacked tensor (one pass over the features per modality, besides
+    the reductions); dot products, not matrix products, so that FLOP counts keep the
+    method's two matrix products.
 
     Args:
         features: (..., T_j, K') per modality, padded steps zeroed.
         masks: (..., T_j) bool per modality, or None for a modality without padding.
 
     Returns:
-        (..., T_j, K' + 2) per modality.
+        X (heads, rows, T, K' + 2) and sigma (heads, rows) of ``layout``.
     """
-    scale = math.sqrt(temperature)
-    if estimator == "arf":
-        scaled = [a * scale for a in features]
-        return [
-            torch.cat([a, -0.5 * (a * a).sum(-1, keepdim=True), torch.zeros_like(a[..., :1])], -1)
-            for a in scaled
-        ]
-    # Written on the unscaled features a_j, with s = sqrt(temperature): m_j their mean over
-    # real steps, d_j = a_j - m_j, so that c_j = s m_j, a'_j = s d_j, |a'_j|^2 = s^2 |d_j|^2
-    # and a'_j . (S - c_j) = s^2 d_j . (M - m_j), M = sum_j m_j: each row is read a few times
-    # and written once (dot products, not matrix products: FLOP counts keep the method's two).
     feature_dim = features[0].shape[-1]
-    means, counts = [], []  # m_j (..., 1, K') and the number of real steps (..., 1, 1)
-    for a, mask in zip(features, masks, strict=True):
-        count = a.new_full((1, 1), a.shape[-2]) if mask is None else mask.sum(-1)[..., None, None].to(a.dtype)
+    scale = math.sqrt(temperature)
+    ordered = [layout.lead[i] for i in layout.order]
+    stacked = features[0].new_empty(*ordered, layout.offsets[-1], feature_dim + 2)
+    # In place into the stacked tensor without gradients; with them, a copy (out= is not
+    # differentiable, and the columns are written in place after the rows are read), and
+    # under torch.compile (which refuses a non-contiguous out=).
+    copy = (torch.is_grad_enabled() and any(a.requires_grad for a in features)) or torch.compiler.is_compiling()
+    arrays = [to_layout(a, layout, 2) for a in features]  # (*ordered, T_j, K') views
+    real_masks = [None if mask is None else to_layout(mask, layout, 1) for mask in masks]
+    spans_ = spans(layout)
+    if estimator == "arf":
+        weights = []
+        for a, (start, stop) in zip(arrays, spans_, strict=True):
+            stacked[..., start:stop, :feature_dim] = a
+            weights.append(-0.5 * scale * torch.linalg.vector_norm(a, dim=-1).square())
+        stacked[..., feature_dim] = torch.cat(weights, -1)
+        stacked[..., feature_dim + 1] = 0
+        sigma = stacked.new_full((layout.heads, layout.rows), scale)
+        return stacked.view(layout.heads, layout.rows, *stacked.shape[-2:]), sigma
+    means, counts = [], []  # m_j (*ordered, 1, K') and the number of real steps (*ordered, 1)
+    for a, mask in zip(arrays, real_masks, strict=True):
+        if mask is None:
+            count = a.new_full((1,), a.shape[-2])
+            real_sum = a.sum(-2, keepdim=True)
+        else:  # the sum over real steps only, so that no gradient reaches padded ones
+            weights = mask.to(a.dtype).unsqueeze(-2)  # (*ordered, 1, T_j)
+            count = weights.sum(-1)
+            real_sum = weights @ a
         counts.append(count)
-        real = a if mask is None else a * mask.unsqueeze(-1)  # no gradient into padded steps
-        means.append(real.sum(-2, keepdim=True) / count)
+        means.append(real_sum / count.unsqueeze(-1))
     total = means[0]
     for mean in means[1:]:
-        total = total + mean  # M, (..., 1, K')
-    centred = [a - mean for a, mean in zip(features, means, strict=True)]  # d_j
-    squares = [torch.linalg.vecdot(d, d) for d in centred]  # |d_j[t]|^2, (..., T_j)
-    spreads = []  # mean_t |a'_j[t]|^2 over real steps, (..., 1, 1) per modality
-    for square, mask, count in zip(squares, masks, counts, strict=True):
+        total = total + mean  # M, (*ordered, 1, K')
+    spreads, crosses, squares = [], [], []
+    for a, mean, mask, count, (start, stop) in zip(arrays, means, real_masks, counts, spans_, strict=True):
+        target = stacked[..., start:stop, :feature_dim]
+        if copy:
+            centred = a - mean
+            target.copy_(centred)
+        else:
+            centred = torch.sub(a, mean, out=target)  # d_j
+        # One read and no temporary (vecdot multiplies into a temporary, then sums).
+        square = torch.linalg.vector_norm(centred, dim=-1).square()  # |d_j[t]|^2, (*ordered, T_j)
+        squares.append(square)
+        crosses.append(torch.linalg.vecdot(centred, total - mean))  # d_j . (M - m_j)
         real = square if mask is None else square * mask
-        spreads.append(temperature * real.sum(-1)[..., None, None] / count)
-    alpha = random_features_module.gerf_alpha(spreads, feature_dim)  # (..., 1, 1)
-    factor = scale * torch.sqrt(1 + 2 * alpha)  # s B, (..., 1, 1)
-    rows = []
-    for j, (d, square, mean) in enumerate(zip(centred, squares, means, strict=True)):
-        cross = torch.linalg.vecdot(d, total - mean)  # d_j . (M - m_j), (..., T_j)
-        weight = (temperature * (cross - 0.5 * square)).unsqueeze(-1)
-        last = (-alpha).expand(*weight.shape) if j == 0 else torch.zeros_like(weight)
-        rows.append(torch.cat([d * factor, weight, last.to(d.dtype)], -1))
-    return rows
-
-
-def stack_features(rows: Sequence[Tensor], layout: HadLayout) -> Tensor:
-    """Stack the modalities' rows (:func:`augmented_features`) along time for one
-    batched matrix product: (heads, rows, T, K' + 2)."""
-    return torch.cat(
-        [
-            to_layout(row, layout, 2).reshape(layout.heads, layout.rows, *row.shape[-2:])
-            for row in rows
-        ],
-        dim=-2,
-    )
+        spreads.append(temperature * real.sum(-1, keepdim=True) / count)  # mean_t |a'_j|^2
+    alpha = random_features_module.gerf_alpha(spreads, feature_dim)  # (*ordered, 1)
+    sigma = scale * torch.sqrt(1 + 2 * alpha)  # s B
+    weight = temperature * (torch.cat(crosses, -1) - 0.5 * torch.cat(squares, -1))
+    stacked[..., feature_dim] = weight / sigma
+    stacked[..., feature_dim + 1] = 0
+    start, stop = spans_[0]
+    stacked[..., start:stop, feature_dim + 1] = -alpha / sigma
+    return stacked.view(layout.heads, layout.rows, *stacked.shape[-2:]), sigma.reshape(layout.heads, layout.rows)
 
 
 def augmented_weights(random_matrix: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
@@ -217,15 +235,18 @@ def padded_in_layout(masks: Sequence[Tensor | None], layout: HadLayout, device: 
     return padded.view(layout.heads, layout.rows, -1)
 
 
-def stabilisers_for(exponent: Tensor, layout: HadLayout) -> Tensor:
+def stabilisers_for(exponent: Tensor, layout: HadLayout, scale: Tensor | None = None) -> Tensor:
     """Per modality j and feature h the largest exponent m_j[h] over real steps (note 5),
     with the rescaling weight exp(sum_j m_j[h] - max_h sum_j m_j[h]) folded into m_0.
 
     Args:
-        exponent: (..., T, H), the modalities stacked along time, -inf at padded steps.
+        exponent: (..., T, H), the modalities stacked along time, -inf at padded steps,
+            to be multiplied by ``scale`` (..., 1, 1) > 0 (sigma of :func:`augmented_features`)
+            if given.
 
     Returns:
-        (..., m, H), without gradient: the result does not depend on the stabilisers.
+        (..., m, H), the stabilisers of ``scale * exponent``, without gradient: the result
+        does not depend on the stabilisers.
     """
     exponent = exponent.detach()
     if len(set(layout.lengths)) == 1:
@@ -235,6 +256,8 @@ def stabilisers_for(exponent: Tensor, layout: HadLayout) -> Tensor:
         stabilisers = torch.stack(
             [exponent[..., start:stop, :].amax(dim=-2) for start, stop in spans(layout)], dim=-2
         )
+    if scale is not None:
+        stabilisers.mul_(scale.detach())  # max_t sigma x = sigma max_t x for sigma > 0
     total = stabilisers.sum(dim=-2)  # (..., H)
     stabilisers[..., 0, :] += total.amax(dim=-1, keepdim=True) - total
     return stabilisers
@@ -265,6 +288,7 @@ def spans(layout: HadLayout) -> list[tuple[int, int]]:
 def had_whole(
     stacked_features: Tensor,
     weights: Tensor,
+    scale: Tensor,
     values: Sequence[Tensor],
     padded: Tensor | None,
     layout: HadLayout,
@@ -273,7 +297,8 @@ def had_whole(
     """The had steps on whole tensors, out of place: the path autograd differentiates."""
     heads, rows, total, _ = stacked_features.shape
     exponent = torch.matmul(stacked_features.view(heads, rows * total, -1), weights)
-    exponent = exponent.view(heads, rows, total, -1)  # Eq. 11 exponents, (G, N, T, H)
+    scale = scale.view(heads, rows, 1, 1)
+    exponent = exponent.view(heads, rows, total, -1) * scale  # Eq. 11 exponents, (G, N, T, H)
     if padded is not None:
         exponent = exponent.masked_fill(padded.unsqueeze(-1), float("-inf"))  # B_j = 0 there
     stabilisers = stabilisers_for(exponent, layout)  # (G, N, m, H)
@@ -319,6 +344,7 @@ def chunk_sizes(layout: HadLayout, num_random_features: int, tensor: Tensor) -> 
 def had_chunked(
     stacked_features: Tensor,
     weights: Tensor,
+    scale: Tensor,
     values: Sequence[Tensor],
     padded: Tensor | None,
     layout: HadLayout,
@@ -326,8 +352,8 @@ def had_chunked(
 ) -> tuple[Tensor, list[Tensor]]:
     """The had steps chunk by chunk, in place, in preallocated buffers (no gradients).
 
-    ``stacked_features`` (G, N, T, K' + 2) from :func:`stack_features`, ``values`` per
-    modality (G, N, T_j, K).
+    ``stacked_features`` (G, N, T, K' + 2) and ``scale`` (G, N) from
+    :func:`augmented_features`, ``values`` per modality (G, N, T_j, K).
     """
     heads, rows, total, _ = stacked_features.shape
     num_random_features = weights.shape[-1]
@@ -354,6 +380,7 @@ def had_chunked(
             had_chunk(
                 stacked_features[span],
                 weights[head_span],
+                scale[span],
                 chunk_values,
                 None if padded is None else padded[span],
                 layout,
@@ -367,6 +394,7 @@ def had_chunked(
 def had_chunk(
     stacked_features: Tensor,
     weights: Tensor,
+    scale: Tensor,
     values: Sequence[Tensor],
     padded: Tensor | None,
     layout: HadLayout,
@@ -374,8 +402,8 @@ def had_chunk(
     output: Tensor,
     marginals: Sequence[Tensor],
 ) -> None:
-    """One chunk of :func:`had_chunked`: (g, n, T, K' + 2) stacked features, values v_j^T
-    as (g n, K, T_j); writes ``output`` (g, n, K) and, if given, ``marginals`` (g, n, T_j)."""
+    """One chunk of :func:`had_chunked`: (g, n, T, K' + 2) stacked features, (g, n) scale,
+    values v_j^T as (g n, K, T_j); writes ``output`` (g, n, K) and, if given, ``marginals`` (g, n, T_j)."""
     heads, rows, total, feature_dim = stacked_features.shape
     num_random_features = weights.shape[-1]
     value_dim = values[0].shape[-2]
@@ -385,18 +413,20 @@ def had_chunk(
     exponent_buffer, product_buffer, term_buffer = buffers
     exponent = exponent_buffer[: count * total * num_random_features].view(heads, rows * total, -1)
     torch.bmm(stacked_features.view(heads, rows * total, feature_dim), weights, out=exponent)
-    exponent = exponent.view(count, total, num_random_features)  # Eq. 11 exponents
+    exponent = exponent.view(count, total, num_random_features)  # Eq. 11 exponents over sigma
     if padded is not None:
         exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))  # B_j = 0 there
-    stabilisers = stabilisers_for(exponent, layout)  # (g n, m, H), note 5
+    scale = scale.reshape(count, 1, 1)
+    stabilisers = stabilisers_for(exponent, layout, scale).neg_()  # -m_j, (g n, m, H), note 5
     if len(set(lengths)) == 1:
         by_modality = exponent.view(count, num_modalities, lengths[0], num_random_features)
-        by_modality.sub_(stabilisers.unsqueeze(2)).exp_()  # B_j^T for every modality
+        # sigma x - m_j in one pass, then B_j^T for every modality
+        torch.addcmul(stabilisers.unsqueeze(2), by_modality, scale.unsqueeze(1), out=by_modality).exp_()
         sums = by_modality.sum(dim=2)  # B_j 1, (g n, m, H)
         random = by_modality.unbind(1)  # (g n, T_j, H) views
     else:
-        for j, (start, stop) in enumerate(itertools.pairwise(offsets)):
-            exponent[:, start:stop].sub_(stabilisers[:, j].unsqueeze(1))
+        for j, (start, stop) in enumerate(itertools.pairwise(offsets)):  # slices: no out= into them
+            exponent[:, start:stop].mul_(scale).add_(stabilisers[:, j].unsqueeze(1))
         exponent.exp_()
         random = [exponent[:, start:stop] for start, stop in itertools.pairwise(offsets)]
         sums = torch.stack([b.sum(dim=1) for b in random], 1)
@@ -426,22 +456,25 @@ class HadFunction(torch.autograd.Function):
     what the forward computed, instead of keeping the (G, N, T, H) random features:
     memory beyond the inputs and outputs is one chunk's, whatever T.
 
-    Inputs: ``stacked_features`` (G, N, T, F), ``weights`` (G, F, H), ``padded``
-    (G, N, T) or None, ``layout``, then the m ``values`` (G, N, T_j, K). Output (G, N, K).
+    Inputs: ``stacked_features`` X (G, N, T, F), ``weights`` W (G, F, H), ``scale`` sigma
+    (G, N), ``padded`` (G, N, T) or None, ``layout``, then the m ``values`` (G, N, T_j, K).
+    Output (G, N, K).
 
-    Backward, per row (one sample and head), with E_j = exp(exponent_j - m_j) (T_j, H),
+    Backward, per row (one sample and head), with the exponent sigma X W and
+    E_j = exp(exponent_j - m_j) (T_j, H),
     P_j = E_j^T V_j (H, K), s_j = E_j^T 1 (H), y = sum_h prod_j P_j / sum_h prod_j s_j:
     dP_j = (dy / den) prod_{i != j} P_i, ds_j = -(dy . y / den) prod_{i != j} s_i,
     dE_j = V_j dP_j^T + 1 ds_j^T, dV_j = E_j dP_j, d exponent_j = dE_j * E_j,
-    d stacked = d exponent W^T, d W = stacked^T d exponent. The stabilisers m_j are
-    constants: the output does not depend on them (note 5).
+    with D = d exponent W^T: dX = sigma D, dW = sigma X^T d exponent,
+    d sigma = sum_t,h d exponent[t, h] (X W)[t, h] = sum_t X[t] . D[t]. The stabilisers m_j
+    are constants: the output does not depend on them (note 5).
     """
 
     @staticmethod
-    def forward(ctx, stacked_features, weights, padded, layout, *values):
-        ctx.save_for_backward(stacked_features, weights, padded, *values)
+    def forward(ctx, stacked_features, weights, scale, padded, layout, *values):
+        ctx.save_for_backward(stacked_features, weights, scale, padded, *values)
         ctx.layout = layout
-        output, _ = had_chunked(stacked_features, weights, values, padded, layout, False)
+        output, _ = had_chunked(stacked_features, weights, scale, values, padded, layout, False)
         return output
 
     @staticmethod
@@ -451,24 +484,25 @@ class HadFunction(torch.autograd.Function):
                 'multilinear_attention(mode="had"): the backward is not differentiable '
                 '(no second derivatives); use mode="exact" for double backward'
             )
-        stacked_features, weights, padded, *values = ctx.saved_tensors
+        stacked_features, weights, scale, padded, *values = ctx.saved_tensors
         layout = ctx.layout
         with torch.no_grad():
-            grads = had_backward(stacked_features, weights, values, padded, layout, grad_output,
+            grads = had_backward(stacked_features, weights, scale, values, padded, layout, grad_output,
                                  ctx.needs_input_grad[1])
-        grad_stacked, grad_weights, grad_values = grads
-        return (grad_stacked, grad_weights, None, None, *grad_values)
+        grad_stacked, grad_weights, grad_scale, grad_values = grads
+        return (grad_stacked, grad_weights, grad_scale, None, None, *grad_values)
 
 
 def had_backward(
     stacked_features: Tensor,
     weights: Tensor,
+    scale: Tensor,
     values: Sequence[Tensor],
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
     weights_need_grad: bool = True,
-) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+) -> tuple[Tensor, Tensor | None, Tensor, list[Tensor]]:
     """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring); the
     gradient of the weights only when ``weights_need_grad`` (MAN's W is a buffer)."""
     heads, rows = stacked_features.shape[:2]
@@ -476,6 +510,7 @@ def had_backward(
     head_chunk, row_chunk = chunk_sizes(layout, num_random_features, weights)
     grad_stacked = torch.empty_like(stacked_features)
     grad_weights = torch.zeros_like(weights) if weights_need_grad else None
+    grad_scale = torch.empty(scale.shape, dtype=scale.dtype, device=scale.device)
     grad_values = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in values]
     for head_start in range(0, heads, head_chunk):
         head_span = slice(head_start, min(heads, head_start + head_chunk))
@@ -484,6 +519,7 @@ def had_backward(
             chunk_grads = had_chunk_backward(
                 stacked_features[span],
                 weights[head_span],
+                scale[span],
                 [v[span] for v in values],
                 None if padded is None else padded[span],
                 layout,
@@ -493,27 +529,29 @@ def had_backward(
             grad_stacked[span] = chunk_grads[0]
             if grad_weights is not None:
                 grad_weights[head_span] += chunk_grads[1]
-            for grad, chunk_grad in zip(grad_values, chunk_grads[2], strict=True):
+            grad_scale[span] = chunk_grads[2]
+            for grad, chunk_grad in zip(grad_values, chunk_grads[3], strict=True):
                 grad[span] = chunk_grad
-    return grad_stacked, grad_weights, grad_values
+    return grad_stacked, grad_weights, grad_scale, grad_values
 
 
 def had_chunk_backward(
     stacked_features: Tensor,
     weights: Tensor,
+    scale: Tensor,
     values: Sequence[Tensor],
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
     weights_need_grad: bool = True,
-) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-    """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, values
-    (g, n, T_j, K), grad_output (g, n, K)."""
+) -> tuple[Tensor, Tensor | None, Tensor, list[Tensor]]:
+    """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, (g, n)
+    scale, values (g, n, T_j, K), grad_output (g, n, K)."""
     heads, rows, total, feature_dim = stacked_features.shape
     num_random_features = weights.shape[-1]
     count = heads * rows
-    exponent = torch.bmm(stacked_features.reshape(heads, rows * total, feature_dim), weights)
-    exponent = exponent.view(count, total, num_random_features)
+    scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
+    exponent = torch.bmm(scaled, weights).view(count, total, num_random_features)  # sigma X W
     if padded is not None:
         exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))
     stabilisers = stabilisers_for(exponent, layout)  # (g n, m, H)
@@ -546,12 +584,14 @@ def had_chunk_backward(
         grad_exponent[:, start:stop] = grad_random.mul_(random[j])  # dE_j * E_j, (g n, T_j, H)
         grad_values.append((random[j] @ others_contracted[j]).mul_(grad_numerator).view(values[j].shape))
     grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
-    grad_stacked = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
+    # D = d exponent W^T; dX = sigma D, d sigma = sum_t X[t] . D[t] (see HadFunction).
+    projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
+    grad_scale = (projected * stacked_features).sum(dim=(-2, -1))  # (g, n)
+    grad_stacked = projected.mul_(scale.view(heads, rows, 1, 1))
     grad_weights = None
     if weights_need_grad:
-        flat_features = stacked_features.reshape(heads, rows * total, feature_dim)
-        grad_weights = torch.bmm(flat_features.transpose(-1, -2), grad_exponent)
-    return grad_stacked, grad_weights, grad_values
+        grad_weights = torch.bmm(scaled.transpose(-1, -2), grad_exponent)
+    return grad_stacked, grad_weights, grad_scale, grad_values
 
 
 def products_of_others(tensors: Sequence[Tensor]) -> list[Tensor]:

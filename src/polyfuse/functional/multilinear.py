@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from polyfuse._checks import check_finite, check_masks, check_modality_list, check_values
+from polyfuse._checks import check_all_finite, check_masks, check_modality_list, check_values
 from polyfuse.functional import _had
 
 __all__ = [
@@ -202,7 +202,11 @@ def multilinear_attention(
                 f"{tuple(lead)}, those of the modalities before it"
             ) from None
     full_masks = check_masks(masks, features)
-    _check_all_finite(features, values, full_masks)
+    check_all_finite([
+        (t, f"{kind}[{j}] (modality {j})", mask)
+        for j, (a, v, mask) in enumerate(zip(features, values, full_masks, strict=True))
+        for t, kind in ((a, "features"), (v, "values"))
+    ])
     # Zero padded steps so that whatever they hold can never reach the output.
     # (Reading the masks to skip unpadded modalities is a value check: without value
     # checks every mask given is applied.)
@@ -254,22 +258,6 @@ def multilinear_attention(
         _cao_logits(features) if mode == "exact" else _hadamard_logits(features)
     ) * temperature
     return _tensor_attention(logits, values, full_masks, return_attention)
-
-
-def _check_all_finite(
-    features: Sequence[Tensor], values: Sequence[Tensor], masks: Sequence[Tensor]
-) -> None:
-    """:func:`check_finite` for every input, behind a one-pass test: a sum is finite
-    whenever all its terms are, so only a NaN, an Inf (or an overflowing sum) pays for
-    the full check, which names the first modality at fault."""
-    if not check_values():
-        return
-    sums = torch.stack([t.detach().sum() for pair in zip(features, values, strict=True) for t in pair])
-    if bool(torch.isfinite(sums).all()):
-        return
-    for j, (a, v, mask) in enumerate(zip(features, values, masks, strict=True)):
-        check_finite(a, f"features[{j}] (modality {j})", mask)
-        check_finite(v, f"values[{j}] (modality {j})", mask)
 
 
 def _broadcast_shape(*shapes: Sequence[int]) -> torch.Size:
@@ -377,14 +365,14 @@ def _had_attention(
     weights = _had.augmented_weights(random_matrix, estimator, features[0].dtype)
     padded = _had.padded_in_layout(masks, layout, features[0].device)
     values = _had.in_layout(values, layout)  # (G, N, T_j, K)
-    rows = _had.augmented_features(features, masks, temperature, estimator)
-    stacked = _had.stack_features(rows, layout)  # (G, N, T, K' + 2)
+    stacked, scale = _had.augmented_features(features, masks, temperature, estimator, layout)
+    # (G, N, T, K' + 2) rows and (G, N) scale
     if not differentiable:
-        output, marginals = _had.had_chunked(stacked, weights, values, padded, layout, return_attention)
+        output, marginals = _had.had_chunked(stacked, weights, scale, values, padded, layout, return_attention)
     elif return_attention:
-        output, marginals = _had.had_whole(stacked, weights, values, padded, layout, True)
+        output, marginals = _had.had_whole(stacked, weights, scale, values, padded, layout, True)
     else:
-        output, marginals = _had.HadFunction.apply(stacked, weights, padded, layout, *values), []
+        output, marginals = _had.HadFunction.apply(stacked, weights, scale, padded, layout, *values), []
     output = _had.from_layout(output, layout)
     if not return_attention:
         return output

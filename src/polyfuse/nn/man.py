@@ -93,18 +93,26 @@ class MultiLinearAttentionLayer(nn.Module):
         fresh = self._draw(self.random_matrix.shape[1], generator)
         self.random_matrix.copy_(fresh.to(self.random_matrix))
 
+    def _lsc(self, masks: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
+        """The LSC vectors (B, T_j, C) of every modality (Eq. 8), in one call when the
+        masks have one shape (the usual padded batch)."""
+        if len({mask.shape for mask in masks}) == 1:
+            return list(lsc_encoding_from_mask(torch.stack(list(masks)), self.chunks, self.lsc_scale,
+                                               dtype=dtype).unbind(0))
+        return [lsc_encoding_from_mask(mask, self.chunks, self.lsc_scale, dtype=dtype) for mask in masks]
+
     def forward(
         self, sequences: Sequence[Tensor], masks: Sequence[Tensor], return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
         """sequences: (B, T_j, d_j) with padded steps zeroed; masks: (B, T_j) bool."""
         features, values, head_masks = [], [], []
-        for x, mask, to_values, to_features in zip(
-            sequences, masks, self.value_projections, self.feature_projections, strict=True
+        encodings = self._lsc(masks, sequences[0].dtype) if self.chunks else [None] * len(masks)
+        for x, mask, lsc, to_values, to_features in zip(
+            sequences, masks, encodings, self.value_projections, self.feature_projections, strict=True
         ):
             values.append(rearrange(to_values(x), "b t (g k) -> b g t k", g=self.heads))
             a = rearrange(to_features(x), "b t (g k) -> b g t k", g=self.heads)
-            if self.chunks:
-                lsc = lsc_encoding_from_mask(mask, self.chunks, self.lsc_scale, dtype=a.dtype)
+            if lsc is not None:
                 a = torch.cat([a, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)  # Eq. 8
             features.append(a)
             head_masks.append(mask.unsqueeze(1))
