@@ -255,12 +255,15 @@ def prepare_fusion_inputs(
         sequences,
         f"{owner} masks",
     )
-    cleaned = []
+    check_all_finite([
+        (x, f"{owner}: modality {j}", mask) for j, (x, mask) in enumerate(zip(sequences, full_masks, strict=True))
+    ])  # one host read for all modalities
     given = [None] * count if masks is None else masks
-    for j, (x, mask, mask_given) in enumerate(zip(sequences, full_masks, given, strict=True)):
-        check_finite(x, f"{owner}: modality {j}", mask)
-        # Zero the padded steps; a modality without a mask has none (no copy).
-        cleaned.append(x if mask_given is None else x.masked_fill(~mask.unsqueeze(-1), 0.0))
+    # Zero the padded steps; a modality without a mask has none (no copy).
+    cleaned = [
+        x if mask_given is None else x.masked_fill(~mask.unsqueeze(-1), 0.0)
+        for x, mask, mask_given in zip(sequences, full_masks, given, strict=True)
+    ]
     return cleaned, full_masks
 
 
