@@ -155,23 +155,25 @@ def augmented_features(
     feature_dim = features[0].shape[-1]
     scale = math.sqrt(temperature)
     ordered = [layout.lead[i] for i in layout.order]
-    stacked = features[0].new_empty(*ordered, layout.offsets[-1], feature_dim + 2)
-    # In place into the stacked tensor without gradients; with them, a copy (out= is not
-    # differentiable, and the columns are written in place after the rows are read), and
+    # Without gradients the rows are written straight into the stacked tensor (out=). With
+    # them they are concatenated (out= is not differentiable, and in-place writes into views
+    # of one tensor would each copy its whole gradient in the backward), and so they are
     # under torch.compile (which refuses a non-contiguous out=).
-    copy = (torch.is_grad_enabled() and any(a.requires_grad for a in features)) or torch.compiler.is_compiling()
+    in_place = not torch.compiler.is_compiling() and not (
+        torch.is_grad_enabled() and any(a.requires_grad for a in features)
+    )
+    stacked = features[0].new_empty(*ordered, layout.offsets[-1], feature_dim + 2) if in_place else None
     arrays = [to_layout(a, layout, 2) for a in features]  # (*ordered, T_j, K') views
-    real_masks = [None if mask is None else to_layout(mask, layout, 1) for mask in masks]
-    spans_ = spans(layout)
+    targets = [
+        None if stacked is None else stacked[..., start:stop, :feature_dim] for start, stop in spans(layout)
+    ]
     if estimator == "arf":
-        weights = []
-        for a, (start, stop) in zip(arrays, spans_, strict=True):
-            stacked[..., start:stop, :feature_dim] = a
-            weights.append(-0.5 * scale * torch.linalg.vector_norm(a, dim=-1).square())
-        stacked[..., feature_dim] = torch.cat(weights, -1)
-        stacked[..., feature_dim + 1] = 0
-        sigma = stacked.new_full((layout.heads, layout.rows), scale)
-        return stacked.view(layout.heads, layout.rows, *stacked.shape[-2:]), sigma
+        rows = [a if target is None else target.copy_(a) for a, target in zip(arrays, targets, strict=True)]
+        # -|a~|^2 / 2 = sigma (-s |a|^2 / 2); one read and no temporary (unlike vecdot)
+        weight = torch.cat([-0.5 * temperature * torch.linalg.vector_norm(a, dim=-1).square() for a in arrays], -1)
+        sigma = arrays[0].new_full((*ordered, 1), scale)
+        return _assemble(stacked, rows, weight / sigma, torch.zeros_like(weight), sigma, layout)
+    real_masks = [None if mask is None else to_layout(mask, layout, 1) for mask in masks]
     means, counts = [], []  # m_j (*ordered, 1, K') and the number of real steps (*ordered, 1)
     for a, mask in zip(arrays, real_masks, strict=True):
         if mask is None:
@@ -186,14 +188,10 @@ def augmented_features(
     total = means[0]
     for mean in means[1:]:
         total = total + mean  # M, (*ordered, 1, K')
-    spreads, crosses, squares = [], [], []
-    for a, mean, mask, count, (start, stop) in zip(arrays, means, real_masks, counts, spans_, strict=True):
-        target = stacked[..., start:stop, :feature_dim]
-        if copy:
-            centred = a - mean
-            target.copy_(centred)
-        else:
-            centred = torch.sub(a, mean, out=target)  # d_j
+    rows, spreads, crosses, squares = [], [], [], []
+    for a, mean, mask, count, target in zip(arrays, means, real_masks, counts, targets, strict=True):
+        centred = a - mean if target is None else torch.sub(a, mean, out=target)  # d_j
+        rows.append(centred)
         # One read and no temporary (vecdot multiplies into a temporary, then sums).
         square = torch.linalg.vector_norm(centred, dim=-1).square()  # |d_j[t]|^2, (*ordered, T_j)
         squares.append(square)
@@ -203,11 +201,25 @@ def augmented_features(
     alpha = random_features_module.gerf_alpha(spreads, feature_dim)  # (*ordered, 1)
     sigma = scale * torch.sqrt(1 + 2 * alpha)  # s B
     weight = temperature * (torch.cat(crosses, -1) - 0.5 * torch.cat(squares, -1))
-    stacked[..., feature_dim] = weight / sigma
-    stacked[..., feature_dim + 1] = 0
-    start, stop = spans_[0]
-    stacked[..., start:stop, feature_dim + 1] = -alpha / sigma
-    return stacked.view(layout.heads, layout.rows, *stacked.shape[-2:]), sigma.reshape(layout.heads, layout.rows)
+    first = layout.lengths[0]  # -alpha |w|^2 in modality 0 only
+    last = torch.cat([(-alpha).expand(*ordered, first), alpha.new_zeros(*ordered, layout.offsets[-1] - first)], -1)
+    return _assemble(stacked, rows, weight / sigma, last / sigma, sigma, layout)
+
+
+def _assemble(
+    stacked: Tensor | None, rows: Sequence[Tensor], weight: Tensor, last: Tensor, sigma: Tensor, layout: HadLayout
+) -> tuple[Tensor, Tensor]:
+    """:func:`augmented_features`' result from the feature rows (written into ``stacked``
+    already, or None: then concatenated) and the two extra columns (*ordered, T)."""
+    if stacked is None:
+        stacked = torch.cat([torch.cat(list(rows), -2), torch.stack([weight, last], -1)], -1)
+    else:
+        stacked[..., -2] = weight
+        stacked[..., -1] = last
+    return (
+        stacked.view(layout.heads, layout.rows, *stacked.shape[-2:]),
+        sigma.reshape(layout.heads, layout.rows),
+    )
 
 
 def augmented_weights(random_matrix: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
@@ -488,7 +500,7 @@ class HadFunction(torch.autograd.Function):
         layout = ctx.layout
         with torch.no_grad():
             grads = had_backward(stacked_features, weights, scale, values, padded, layout, grad_output,
-                                 ctx.needs_input_grad[1])
+                                 ctx.needs_input_grad[1], ctx.needs_input_grad[2])
         grad_stacked, grad_weights, grad_scale, grad_values = grads
         return (grad_stacked, grad_weights, grad_scale, None, None, *grad_values)
 
@@ -502,15 +514,16 @@ def had_backward(
     layout: HadLayout,
     grad_output: Tensor,
     weights_need_grad: bool = True,
-) -> tuple[Tensor, Tensor | None, Tensor, list[Tensor]]:
-    """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring); the
-    gradient of the weights only when ``weights_need_grad`` (MAN's W is a buffer)."""
+    scale_needs_grad: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor]]:
+    """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring); those of
+    the weights and the scale only when asked (MAN's W is a buffer, ARF's scale a constant)."""
     heads, rows = stacked_features.shape[:2]
     num_random_features = weights.shape[-1]
     head_chunk, row_chunk = chunk_sizes(layout, num_random_features, weights)
     grad_stacked = torch.empty_like(stacked_features)
     grad_weights = torch.zeros_like(weights) if weights_need_grad else None
-    grad_scale = torch.empty(scale.shape, dtype=scale.dtype, device=scale.device)
+    grad_scale = torch.empty(scale.shape, dtype=scale.dtype, device=scale.device) if scale_needs_grad else None
     grad_values = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in values]
     for head_start in range(0, heads, head_chunk):
         head_span = slice(head_start, min(heads, head_start + head_chunk))
@@ -525,11 +538,13 @@ def had_backward(
                 layout,
                 grad_output[span],
                 weights_need_grad,
+                scale_needs_grad,
             )
             grad_stacked[span] = chunk_grads[0]
             if grad_weights is not None:
                 grad_weights[head_span] += chunk_grads[1]
-            grad_scale[span] = chunk_grads[2]
+            if grad_scale is not None:
+                grad_scale[span] = chunk_grads[2]
             for grad, chunk_grad in zip(grad_values, chunk_grads[3], strict=True):
                 grad[span] = chunk_grad
     return grad_stacked, grad_weights, grad_scale, grad_values
@@ -544,7 +559,8 @@ def had_chunk_backward(
     layout: HadLayout,
     grad_output: Tensor,
     weights_need_grad: bool = True,
-) -> tuple[Tensor, Tensor | None, Tensor, list[Tensor]]:
+    scale_needs_grad: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor]]:
     """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, (g, n)
     scale, values (g, n, T_j, K), grad_output (g, n, K)."""
     heads, rows, total, feature_dim = stacked_features.shape
@@ -586,7 +602,7 @@ def had_chunk_backward(
     grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
     # D = d exponent W^T; dX = sigma D, d sigma = sum_t X[t] . D[t] (see HadFunction).
     projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
-    grad_scale = (projected * stacked_features).sum(dim=(-2, -1))  # (g, n)
+    grad_scale = (projected * stacked_features).sum(dim=(-2, -1)) if scale_needs_grad else None  # (g, n)
     grad_stacked = projected.mul_(scale.view(heads, rows, 1, 1))
     grad_weights = None
     if weights_need_grad:
