@@ -513,8 +513,8 @@ def had_backward(
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
-    weights_need_grad: bool = True,
-    scale_needs_grad: bool = True,
+    weights_need_grad: bool,
+    scale_needs_grad: bool,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor]]:
     """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring); those of
     the weights and the scale only when asked (MAN's W is a buffer, ARF's scale a constant)."""
@@ -523,8 +523,8 @@ def had_backward(
     head_chunk, row_chunk = chunk_sizes(layout, num_random_features, weights)
     grad_stacked = torch.empty_like(stacked_features)
     grad_weights = torch.zeros_like(weights) if weights_need_grad else None
-    grad_scale = torch.empty(scale.shape, dtype=scale.dtype, device=scale.device) if scale_needs_grad else None
-    grad_values = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in values]
+    grad_scale = scale.new_empty(scale.shape) if scale_needs_grad else None
+    grad_values = [v.new_empty(v.shape) for v in values]  # contiguous, whatever the values' strides
     for head_start in range(0, heads, head_chunk):
         head_span = slice(head_start, min(heads, head_start + head_chunk))
         for row_start in range(0, rows, row_chunk):
@@ -558,8 +558,8 @@ def had_chunk_backward(
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
-    weights_need_grad: bool = True,
-    scale_needs_grad: bool = True,
+    weights_need_grad: bool,
+    scale_needs_grad: bool,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor]]:
     """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, (g, n)
     scale, values (g, n, T_j, K), grad_output (g, n, K)."""
