@@ -393,3 +393,17 @@ def test_float64_layer_uses_float64_lsc_vectors():
         expected, _ = man_pass_by_brute_force(layer, inputs, masks, temperature=2.0, chunks=2, scale=0.1)
         actual = layer(inputs, masks)
     torch.testing.assert_close(actual, expected, rtol=1e-13, atol=1e-14)
+
+
+def test_float64_layer_uses_float64_lsc_vectors_for_equal_lengths():
+    """The same with every modality of one length, where the layer builds all LSC vectors
+    in one call (its other branch)."""
+    layer = MultiLinearAttentionLayer(DIMS, **layer_options(lsc_scale=0.1, temperature=2.0)).double()
+    inputs = [x[:, :3] for x in inputs_and_masks()[0]]
+    masks = [torch.ones(3, 3, dtype=torch.bool) for _ in DIMS]
+    masks[0][1, 2] = False
+    masks[1][0, 1:] = False
+    with torch.no_grad():
+        expected, _ = man_pass_by_brute_force(layer, inputs, masks, temperature=2.0, chunks=2, scale=0.1)
+        actual = layer(inputs, masks)
+    torch.testing.assert_close(actual, expected, rtol=1e-13, atol=1e-14)

@@ -121,7 +121,7 @@ class MultiLinearAttentionLayer(nn.Module):
             values,
             head_masks,
             mode=self.mode,
-            random_matrix=self.random_matrix.to(features[0].dtype),
+            random_matrix=self.random_matrix,
             temperature=self.temperature,
             estimator=self.estimator,
             return_attention=return_attention,
