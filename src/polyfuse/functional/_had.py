@@ -172,7 +172,7 @@ def augmented_features(
         # -|a~|^2 / 2 = sigma (-s |a|^2 / 2); one read and no temporary (unlike vecdot)
         weight = torch.cat([-0.5 * temperature * torch.linalg.vector_norm(a, dim=-1).square() for a in arrays], -1)
         sigma = arrays[0].new_full((*ordered, 1), scale)
-        return _assemble(stacked, rows, weight / sigma, torch.zeros_like(weight), sigma, layout)
+        return _assemble(stacked, rows, torch.stack([weight, torch.zeros_like(weight)], -1), sigma, layout)
     real_masks = [None if mask is None else to_layout(mask, layout, 1) for mask in masks]
     means, counts = [], []  # m_j (*ordered, 1, K') and the number of real steps (*ordered, 1)
     for a, mask in zip(arrays, real_masks, strict=True):
@@ -203,19 +203,20 @@ def augmented_features(
     weight = temperature * (torch.cat(crosses, -1) - 0.5 * torch.cat(squares, -1))
     first = layout.lengths[0]  # -alpha |w|^2 in modality 0 only
     last = torch.cat([(-alpha).expand(*ordered, first), alpha.new_zeros(*ordered, layout.offsets[-1] - first)], -1)
-    return _assemble(stacked, rows, weight / sigma, last / sigma, sigma, layout)
+    return _assemble(stacked, rows, torch.stack([weight, last], -1), sigma, layout)
 
 
 def _assemble(
-    stacked: Tensor | None, rows: Sequence[Tensor], weight: Tensor, last: Tensor, sigma: Tensor, layout: HadLayout
+    stacked: Tensor | None, rows: Sequence[Tensor], columns: Tensor, sigma: Tensor, layout: HadLayout
 ) -> tuple[Tensor, Tensor]:
     """:func:`augmented_features`' result from the feature rows (written into ``stacked``
-    already, or None: then concatenated) and the two extra columns (*ordered, T)."""
+    already, or None: then concatenated) and the two extra columns (*ordered, T, 2) of the
+    exponent, divided here by sigma (*ordered, 1)."""
+    columns = columns / sigma.unsqueeze(-1)
     if stacked is None:
-        stacked = torch.cat([torch.cat(list(rows), -2), torch.stack([weight, last], -1)], -1)
+        stacked = torch.cat([torch.cat(list(rows), -2), columns], -1)
     else:
-        stacked[..., -2] = weight
-        stacked[..., -1] = last
+        stacked[..., -2:] = columns
     return (
         stacked.view(layout.heads, layout.rows, *stacked.shape[-2:]),
         sigma.reshape(layout.heads, layout.rows),
