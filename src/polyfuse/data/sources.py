@@ -20,7 +20,7 @@ import numpy as np
 
 from polyfuse.data.arrays import ArrayTable, load_arrays
 from polyfuse.data.formats.word_aligned import is_word_aligned, load_word_aligned
-from polyfuse.data.synthetic import planted_interaction
+from polyfuse.data.synthetic import parse_synthetic_options, planted_interaction
 
 __all__ = [
     "SYNTHETIC_DEFAULTS",
@@ -51,26 +51,18 @@ _INT_KEYS = {"samples", "modalities", "chunks", "distractors", "seed"}
 _TUPLE_KEYS = {"lengths", "dims"}
 
 
+def _synthetic_value(key: str, text: str) -> Any:
+    try:
+        if key in _TUPLE_KEYS:
+            return tuple(int(v) for v in text.split("/"))
+        return int(text) if key in _INT_KEYS else float(text)
+    except ValueError:
+        raise ValueError(f"synthetic option {key}={text!r} is not a valid number") from None
+
+
 def parse_synthetic(spec: str) -> dict[str, Any]:
     """The generator options of ``synthetic`` or ``synthetic:key=value,...``."""
-    _, _, rest = spec.partition(":")
-    options = dict(SYNTHETIC_DEFAULTS)
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in SYNTHETIC_DEFAULTS:
-            raise ValueError(
-                f"bad synthetic option {item!r}; write key=value with keys: {', '.join(SYNTHETIC_DEFAULTS)}"
-            )
-        try:
-            if key in _TUPLE_KEYS:
-                options[key] = tuple(int(v) for v in value.split("/"))
-            elif key in _INT_KEYS:
-                options[key] = int(value)
-            else:
-                options[key] = float(value)
-        except ValueError:
-            raise ValueError(f"synthetic option {key}={value!r} is not a valid number") from None
+    options = parse_synthetic_options(spec, SYNTHETIC_DEFAULTS, _synthetic_value)
     if not 10 <= options["samples"] <= MAX_SYNTHETIC_SAMPLES:
         raise ValueError(f"synthetic: samples must lie in [10, {MAX_SYNTHETIC_SAMPLES}], got {options['samples']}")
     for key in ("lengths", "dims"):

@@ -23,13 +23,14 @@ Why it separates fusion methods:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["PlantedInteraction", "planted_interaction"]
+__all__ = ["PlantedInteraction", "parse_synthetic_options", "planted_interaction"]
 
 
 @dataclass
@@ -137,3 +138,22 @@ def planted_interaction(
         masks.append(mask)
         aligned_steps.append(aligned)
     return PlantedInteraction(inputs, masks, labels, torch.stack(aligned_steps, dim=1))
+
+
+def parse_synthetic_options(
+    spec: str, defaults: Mapping[str, Any], convert: Callable[[str, str], Any]
+) -> dict[str, Any]:
+    """The options of a ``synthetic`` or ``synthetic:key=value,...`` data spec over
+    ``defaults``. An item without ``=`` or with an unknown key is refused with the allowed
+    keys; ``convert(key, text)`` turns a value's text into its option, raising ValueError
+    with its own message. Shared by the sentiment and the retrieval generators."""
+    _, _, rest = spec.partition(":")
+    options = dict(defaults)
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in defaults:
+            raise ValueError(f"bad synthetic option {item!r}; write key=value with keys: {', '.join(defaults)}")
+        options[key] = convert(key, value)
+    return options
+

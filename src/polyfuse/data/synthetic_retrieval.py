@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import torch
 
 from polyfuse.data.formats.experts import ExpertFeatures, RetrievalCorpus
+from polyfuse.data.synthetic import parse_synthetic_options
 
 __all__ = [
     "SYNTHETIC_RETRIEVAL_DEFAULTS",
@@ -109,22 +110,17 @@ class BagOfWordsEncoder:
 
 def parse_synthetic_retrieval(spec: str) -> dict[str, int | float]:
     """The generator options of ``synthetic`` or ``synthetic:videos=N,experts=m,...``."""
-    head, _, rest = spec.partition(":")
-    if head != "synthetic":
+    if spec.partition(":")[0] != "synthetic":
         raise ValueError(f"not a synthetic source: {spec!r}")
-    options: dict[str, int | float] = dict(SYNTHETIC_RETRIEVAL_DEFAULTS)
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in SYNTHETIC_RETRIEVAL_DEFAULTS:
-            raise ValueError(f"bad synthetic option {item!r}; write key=value with keys: "
-                             f"{', '.join(SYNTHETIC_RETRIEVAL_DEFAULTS)}")
-        kind = type(SYNTHETIC_RETRIEVAL_DEFAULTS[key])
-        try:
-            options[key] = kind(value)
-        except ValueError:
-            raise ValueError(f"synthetic option {key} needs a {kind.__name__}, got {value!r}") from None
-    return options
+    return parse_synthetic_options(spec, SYNTHETIC_RETRIEVAL_DEFAULTS, _retrieval_value)
+
+
+def _retrieval_value(key: str, text: str) -> int | float:
+    kind = type(SYNTHETIC_RETRIEVAL_DEFAULTS[key])
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"synthetic option {key} needs a {kind.__name__}, got {text!r}") from None
 
 
 def synthetic_retrieval_split(spec: str) -> tuple[RetrievalCorpus, dict[str, list[str]]]:
