@@ -169,8 +169,10 @@ def augmented_features(
     ]
     if estimator == "arf":
         rows = [a if target is None else target.copy_(a) for a, target in zip(arrays, targets, strict=True)]
-        # -|a~|^2 / 2 = sigma (-s |a|^2 / 2); one read and no temporary (unlike vecdot)
-        weight = torch.cat([-0.5 * temperature * torch.linalg.vector_norm(a, dim=-1).square() for a in arrays], -1)
+        # -|a~|^2 / 2 = sigma (-s |a|^2 / 2); the squares as for gerf below
+        squares = [torch.linalg.vecdot(a, a) if stacked is None else torch.linalg.vector_norm(a, dim=-1).square()
+                   for a in arrays]
+        weight = -0.5 * temperature * torch.cat(squares, -1)
         sigma = arrays[0].new_full((*ordered, 1), scale)
         return _assemble(stacked, rows, torch.stack([weight, torch.zeros_like(weight)], -1), sigma, layout)
     real_masks = [None if mask is None else to_layout(mask, layout, 1) for mask in masks]
@@ -192,8 +194,11 @@ def augmented_features(
     for a, mean, mask, count, target in zip(arrays, means, real_masks, counts, targets, strict=True):
         centred = a - mean if target is None else torch.sub(a, mean, out=target)  # d_j
         rows.append(centred)
-        # One read and no temporary (vecdot multiplies into a temporary, then sums).
-        square = torch.linalg.vector_norm(centred, dim=-1).square()  # |d_j[t]|^2, (*ordered, T_j)
+        # |d_j[t]|^2, (*ordered, T_j). Without gradients vector_norm (one read, no temporary;
+        # vecdot multiplies into a temporary, then sums); with them vecdot, whose backward
+        # is cheaper than the norm's.
+        square = (torch.linalg.vecdot(centred, centred) if target is None
+                  else torch.linalg.vector_norm(centred, dim=-1).square())
         squares.append(square)
         crosses.append(torch.linalg.vecdot(centred, total - mean))  # d_j . (M - m_j)
         real = square if mask is None else square * mask
