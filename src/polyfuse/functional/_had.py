@@ -608,7 +608,10 @@ def had_chunk_backward(
     grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
     # D = d exponent W^T; dX = sigma D, d sigma = sum_t X[t] . D[t] (see HadFunction).
     projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
-    grad_scale = (projected * stacked_features).sum(dim=(-2, -1)) if scale_needs_grad else None  # (g, n)
+    grad_scale = None
+    if scale_needs_grad:  # sum_t X[t] . D[t] per row, as a product (no temporary of X's size)
+        flat_projected = projected.view(count, 1, total * feature_dim)
+        grad_scale = torch.bmm(flat_projected, stacked_features.reshape(count, total * feature_dim, 1)).view(heads, rows)
     grad_stacked = projected.mul_(scale.view(heads, rows, 1, 1))
     grad_weights = None
     if weights_need_grad:
