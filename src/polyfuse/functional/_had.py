@@ -143,7 +143,8 @@ def augmented_features(
     in the pass that subtracts the stabilisers. Without gradients the rows are written
     straight into the stacked tensor (one pass over the features per modality, besides
     the reductions); dot products, not matrix products, so that FLOP counts keep the
-    method's two matrix products.
+    method's two matrix products (except the mean over the real steps of a padded
+    modality, a (1, T_j) product).
 
     Args:
         features: (..., T_j, K') per modality, padded steps zeroed.
@@ -169,10 +170,8 @@ def augmented_features(
     ]
     if estimator == "arf":
         rows = [a if target is None else target.copy_(a) for a, target in zip(arrays, targets, strict=True)]
-        # -|a~|^2 / 2 = sigma (-s |a|^2 / 2); the squares as for gerf below
-        squares = [torch.linalg.vecdot(a, a) if stacked is None else torch.linalg.vector_norm(a, dim=-1).square()
-                   for a in arrays]
-        weight = -0.5 * temperature * torch.cat(squares, -1)
+        # -|a~|^2 / 2 = sigma (-s |a|^2 / 2)
+        weight = -0.5 * temperature * torch.cat([_squared_norms(a, in_place) for a in arrays], -1)
         sigma = arrays[0].new_full((*ordered, 1), scale)
         return _assemble(stacked, rows, torch.stack([weight, torch.zeros_like(weight)], -1), sigma, layout)
     real_masks = [None if mask is None else to_layout(mask, layout, 1) for mask in masks]
@@ -194,11 +193,7 @@ def augmented_features(
     for a, mean, mask, count, target in zip(arrays, means, real_masks, counts, targets, strict=True):
         centred = a - mean if target is None else torch.sub(a, mean, out=target)  # d_j
         rows.append(centred)
-        # |d_j[t]|^2, (*ordered, T_j). Without gradients vector_norm (one read, no temporary;
-        # vecdot multiplies into a temporary, then sums); with them vecdot, whose backward
-        # is cheaper than the norm's.
-        square = (torch.linalg.vecdot(centred, centred) if target is None
-                  else torch.linalg.vector_norm(centred, dim=-1).square())
+        square = _squared_norms(centred, in_place)  # |d_j[t]|^2, (*ordered, T_j)
         squares.append(square)
         crosses.append(torch.linalg.vecdot(centred, total - mean))  # d_j . (M - m_j)
         real = square if mask is None else square * mask
@@ -209,6 +204,13 @@ def augmented_features(
     first = layout.lengths[0]  # -alpha |w|^2 in modality 0 only
     last = torch.cat([(-alpha).expand(*ordered, first), alpha.new_zeros(*ordered, layout.offsets[-1] - first)], -1)
     return _assemble(stacked, rows, torch.stack([weight, last], -1), sigma, layout)
+
+
+def _squared_norms(x: Tensor, in_place: bool) -> Tensor:
+    """|x|^2 over the last axis: without gradients (``in_place``) by vector_norm, one read
+    and no temporary (vecdot multiplies into a temporary, then sums); with them by vecdot,
+    whose backward costs less than the norm's."""
+    return torch.linalg.vector_norm(x, dim=-1).square() if in_place else torch.linalg.vecdot(x, x)
 
 
 def _assemble(
