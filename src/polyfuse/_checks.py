@@ -24,6 +24,7 @@ __all__ = [
     "check_mask",
     "check_masks",
     "check_modality_list",
+    "check_stacked_steps",
     "check_values",
     "get_validation",
     "inputs_checked",
@@ -180,6 +181,21 @@ def check_mask(mask: object, shape: torch.Size | tuple[int, ...], what: str) -> 
             "every sample needs at least one real step"
         )
     return mask
+
+
+def check_stacked_steps(mask: Tensor, lengths: Sequence[int], what: str) -> None:
+    """Raise when a sample of a mask (..., T) of modalities stacked along time (modality j
+    at the steps sum_{i<j} T_i .. sum_{i<=j} T_i - 1) has no real step in some modality.
+    One host read for all modalities; skipped unless :func:`check_values`."""
+    if not _check_inputs():
+        return
+    empty = torch.stack([~part.any(-1) for part in mask.split(list(lengths), -1)], -1)  # (..., m)
+    if bool(empty.any()):
+        where = empty.nonzero()[0].tolist()
+        raise ValueError(
+            f"{what}: modality {where[-1]} is all padding for sample {tuple(where[:-1])}: "
+            "every sample needs at least one real step in every modality"
+        )
 
 
 def check_masks(

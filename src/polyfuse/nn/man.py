@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from polyfuse.functional.multilinear import (
     ESTIMATORS,
     MODES,
-    lsc_encoding_from_mask,
-    multilinear_attention,
+    lsc_encoding_stacked,
+    stacked_multilinear_attention,
 )
 from polyfuse.functional.random_features import gaussian_random_matrix
 from polyfuse.nn.base import FusionModule, FusionOutput
@@ -93,33 +93,29 @@ class MultiLinearAttentionLayer(nn.Module):
         fresh = self._draw(self.random_matrix.shape[1], generator)
         self.random_matrix.copy_(fresh.to(self.random_matrix))
 
-    def _lsc(self, masks: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
-        """The LSC vectors (B, T_j, C) of every modality (Eq. 8), in one call when the
-        masks have one shape (the usual padded batch)."""
-        if len({mask.shape for mask in masks}) == 1:
-            return list(lsc_encoding_from_mask(torch.stack(list(masks)), self.chunks, self.lsc_scale,
-                                               dtype=dtype).unbind(0))
-        return [lsc_encoding_from_mask(mask, self.chunks, self.lsc_scale, dtype=dtype) for mask in masks]
-
     def forward(
         self, sequences: Sequence[Tensor], masks: Sequence[Tensor], return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
-        """sequences: (B, T_j, d_j) with padded steps zeroed; masks: (B, T_j) bool."""
-        features, values, head_masks = [], [], []
-        encodings = self._lsc(masks, sequences[0].dtype) if self.chunks else [None] * len(masks)
-        for x, mask, lsc, to_values, to_features in zip(
-            sequences, masks, encodings, self.value_projections, self.feature_projections, strict=True
-        ):
-            values.append(rearrange(to_values(x), "b t (g k) -> b g t k", g=self.heads))
-            a = rearrange(to_features(x), "b t (g k) -> b g t k", g=self.heads)
-            if lsc is not None:
-                a = torch.cat([a, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)  # Eq. 8
-            features.append(a)
-            head_masks.append(mask.unsqueeze(1))
-        result = multilinear_attention(
+        """sequences: (B, T_j, d_j) with padded steps zeroed; masks: (B, T_j) bool.
+
+        The modalities are stacked along time once, after their projections, so that the
+        heads, the LSC vectors and the attention handle all of them in one operation
+        each (:func:`stacked_multilinear_attention`).
+        """
+        lengths = [x.shape[-2] for x in sequences]
+        pairs = zip(sequences, self.value_projections, self.feature_projections, strict=True)
+        values, features = (torch.cat(parts, dim=-2) for parts in zip(*((v(x), a(x)) for x, v, a in pairs)))
+        mask = torch.cat(list(masks), dim=-1)  # (B, T)
+        values = rearrange(values, "b t (g k) -> b g t k", g=self.heads)  # U'_j^T v_j per head
+        features = rearrange(features, "b t (g k) -> b g t k", g=self.heads)  # U''_j^T v_j per head
+        if self.chunks:  # Eq. 8: the LSC vectors appended to every head's features
+            lsc = lsc_encoding_stacked(mask, lengths, self.chunks, self.lsc_scale, dtype=features.dtype)
+            features = torch.cat([features, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)
+        result = stacked_multilinear_attention(
             features,
             values,
-            head_masks,
+            lengths,
+            mask.unsqueeze(1),
             mode=self.mode,
             random_matrix=self.random_matrix,
             temperature=self.temperature,
