@@ -214,14 +214,35 @@ def check_masks(
             f"{what}: expected a list of {len(tensors)} masks (or None), "
             f"got {type(masks).__name__ if isinstance(masks, Tensor) else len(masks)}"
         )
-    result = []
-    for j, (mask, tensor) in enumerate(zip(masks, tensors, strict=True)):
-        expected = tensor.shape[:-1]
-        if mask is None:
-            result.append(torch.ones(expected, dtype=torch.bool, device=tensor.device))
-            continue
-        result.append(check_mask(mask, expected, f"{what}[{j}] (modality {j})"))
+    result, given = [], []
+    with _shapes_only():  # the masks' values are checked below, all behind one host read
+        for j, (mask, tensor) in enumerate(zip(masks, tensors, strict=True)):
+            expected = tensor.shape[:-1]
+            if mask is None:
+                result.append(torch.ones(expected, dtype=torch.bool, device=tensor.device))
+                continue
+            result.append(check_mask(mask, expected, f"{what}[{j}] (modality {j})"))
+            given.append(j)
+    if given and _check_inputs():
+        real = torch.stack([result[j].any(-1).all() for j in given])
+        if not bool(real.all()):  # name the first mask at fault
+            for j in given:
+                check_mask(result[j], result[j].shape, f"{what}[{j}] (modality {j})")
     return result
+
+
+@contextlib.contextmanager
+def _shapes_only() -> Iterator[None]:
+    """Within the block, checks of inputs read no value (as inside :class:`inputs_checked`)."""
+    if torch.compiler.is_compiling():
+        yield
+        return
+    previous = getattr(_state, "inputs_checked", False)
+    _state.inputs_checked = True
+    try:
+        yield
+    finally:
+        _state.inputs_checked = previous
 
 
 def prepare_fusion_inputs(

@@ -35,6 +35,7 @@ __all__ = [
     "HadLayout",
     "augmented_features",
     "augmented_weights",
+    "augmented_weights_of",
     "elementwise_product",
     "from_layout",
     "had_chunked",
@@ -236,6 +237,25 @@ def augmented_weights(random_matrix: Tensor, estimator: str, dtype: torch.dtype)
     ones = matrices.new_ones(matrices.shape[0], 1, num_random_features)
     squared_norms = (matrices * matrices).sum(-1).unsqueeze(-2)
     return torch.cat([matrices.transpose(-1, -2), ones, squared_norms], dim=-2)
+
+
+def augmented_weights_of(random_matrix: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
+    """:func:`augmented_weights`, kept on the random matrix while it does not change.
+
+    A module's random matrix is a buffer that changes only in place (a redraw, a load),
+    which bumps its version counter: the columns are rebuilt then and otherwise reused,
+    so that a forward spends no operation on them. Not kept for a matrix that needs
+    gradients, under ``torch.compile`` or for inference tensors (no version counter).
+    """
+    if random_matrix.requires_grad or torch.compiler.is_compiling() or random_matrix.is_inference():
+        return augmented_weights(random_matrix, estimator, dtype)
+    key = (random_matrix._version, estimator, dtype)
+    kept = getattr(random_matrix, "_polyfuse_had_weights", None)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    weights = augmented_weights(random_matrix, estimator, dtype)
+    random_matrix._polyfuse_had_weights = (key, weights)
+    return weights
 
 
 def stabilisers_for(exponent: Tensor, layout: HadLayout, scale: Tensor | None = None) -> Tensor:

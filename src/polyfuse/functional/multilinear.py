@@ -488,7 +488,7 @@ def _had_stacked(
         arranged = _had.to_layout(tensor, layout, trailing)
         return arranged.reshape(layout.heads, layout.rows, *arranged.shape[arranged.dim() - trailing:])
 
-    weights = _had.augmented_weights(random_matrix, estimator, features.dtype)
+    weights = _had.augmented_weights_of(random_matrix, estimator, features.dtype)
     real = None if real is None else in_layout(real, 1)  # (G, N, T)
     stacked, scale = _had.augmented_features(in_layout(features, 2), real, temperature, estimator, lengths)
     # (G, N, T, K' + 2) rows and (G, N) scale

@@ -66,10 +66,21 @@ class MultiLinearAttentionLayer(nn.Module):
         self.temperature = temperature
         self.estimator = estimator
         self.orthogonal = orthogonal
-        self.value_projections = nn.ModuleList(nn.Linear(d, hidden_dim) for d in input_dims)  # U'_j
-        self.feature_projections = nn.ModuleList(  # U''_j
-            nn.Linear(d, heads * attention_dim) for d in input_dims
-        )
+        self.hidden_dim = hidden_dim
+        # U'_j (values, hidden_dim rows) and U''_j (attention features, G K' rows) of each
+        # modality as one linear map, so that a forward projects each modality once.
+        # Initialised as two separate maps drawn in the order of earlier polyfuse
+        # versions, so that a seed gives the same model as before.
+        values = [nn.Linear(d, hidden_dim) for d in input_dims]
+        features = [nn.Linear(d, heads * attention_dim) for d in input_dims]
+        self.projections = nn.ModuleList()
+        for d, value_map, feature_map in zip(input_dims, values, features, strict=True):
+            joint = nn.utils.skip_init(nn.Linear, d, hidden_dim + heads * attention_dim)
+            with torch.no_grad():
+                joint.weight.copy_(torch.cat([value_map.weight, feature_map.weight]))
+                joint.bias.copy_(torch.cat([value_map.bias, feature_map.bias]))
+            self.projections.append(joint)
+        self._register_load_state_dict_pre_hook(_join_old_projections)
         pooling = torch.stack([torch.eye(self.head_dim)] * heads)  # P, one per head
         self.pooling = nn.Parameter(pooling + 0.01 * torch.randn(pooling.shape, generator=generator))
         self.register_buffer(
@@ -103,9 +114,9 @@ class MultiLinearAttentionLayer(nn.Module):
         each (:func:`stacked_multilinear_attention`).
         """
         lengths = [x.shape[-2] for x in sequences]
-        pairs = zip(sequences, self.value_projections, self.feature_projections, strict=True)
-        values, features = (torch.cat(parts, dim=-2) for parts in zip(*((v(x), a(x)) for x, v, a in pairs)))
+        projected = torch.cat([project(x) for project, x in zip(self.projections, sequences, strict=True)], -2)
         mask = torch.cat(list(masks), dim=-1)  # (B, T)
+        values, features = projected.split([self.hidden_dim, projected.shape[-1] - self.hidden_dim], -1)
         values = rearrange(values, "b t (g k) -> b g t k", g=self.heads)  # U'_j^T v_j per head
         features = rearrange(features, "b t (g k) -> b g t k", g=self.heads)  # U''_j^T v_j per head
         if self.chunks:  # Eq. 8: the LSC vectors appended to every head's features
@@ -126,6 +137,18 @@ class MultiLinearAttentionLayer(nn.Module):
         fused = torch.einsum("bgk,gkc->bgc", fused, self.pooling)  # f = P^T f' per head
         fused = rearrange(fused, "b g c -> b (g c)")  # concatenate heads
         return (fused, attention) if return_attention else fused
+
+
+def _join_old_projections(state_dict: dict, prefix: str, *args: object) -> None:
+    """Load a layer saved before U'_j and U''_j became one map: its
+    ``value_projections.j`` and ``feature_projections.j`` become ``projections.j``."""
+    for key in [k for k in state_dict if k.startswith(prefix + "value_projections.")]:
+        index, name = key[len(prefix + "value_projections."):].split(".", 1)
+        feature_key = f"{prefix}feature_projections.{index}.{name}"
+        if feature_key in state_dict:
+            state_dict[f"{prefix}projections.{index}.{name}"] = torch.cat(
+                [state_dict.pop(key), state_dict.pop(feature_key)]
+            )
 
 
 @register("man")
