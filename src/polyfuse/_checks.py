@@ -151,7 +151,8 @@ def check_all_finite(tensors: Sequence[tuple[Tensor, str, Tensor | None]]) -> No
     :func:`check_finite`."""
     if not _check_inputs() or not tensors:
         return
-    sums = torch.stack([tensor.detach().sum() for tensor, _, _ in tensors])
+    with torch.no_grad():
+        sums = torch.stack([tensor.sum() for tensor, _, _ in tensors])
     if bool(torch.isfinite(sums).all()):
         return
     for tensor, what, mask in tensors:
@@ -224,7 +225,7 @@ def check_masks(
             result.append(check_mask(mask, expected, f"{what}[{j}] (modality {j})"))
             given.append(j)
     if given and _check_inputs():
-        real = torch.stack([result[j].any(-1).all() for j in given])
+        real = torch.cat([result[j].any(-1).flatten() for j in given])  # one entry per sample and mask
         if not bool(real.all()):  # name the first mask at fault
             for j in given:
                 check_mask(result[j], result[j].shape, f"{what}[{j}] (modality {j})")

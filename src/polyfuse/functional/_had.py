@@ -136,7 +136,7 @@ def segments(lengths: Sequence[int], dtype: torch.dtype, device: torch.device) -
     cached = None if torch.compiler.is_compiling() else _SEGMENTS.get(key)
     if cached is not None:
         return cached
-    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    ids = torch.tensor([j for j, length in enumerate(lengths) for _ in range(length)])  # static shape
     indicator = (ids == torch.arange(len(lengths)).unsqueeze(-1)).to(dtype)
     built = Segments(
         ids.to(device),
@@ -429,16 +429,19 @@ def had_chunk(
     layout: HadLayout,
     buffers: tuple[Tensor, Tensor] | None,
     return_attention: bool,
+    kept: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, list[Tensor]]:
     """One chunk of :func:`had_chunked`: (g, n, T, K' + 2) stacked features, (g, n) scale,
     values v^T (g, n, K, T), padded (g or 1, n, T) or None; the exponents and the
     products go to ``buffers`` if given (reused across chunks). Returns the output
-    (g, n, K) and, if asked, the marginals (g, n, T_j)."""
+    (g, n, K) and, if asked, the marginals (g, n, T_j). With ``kept`` (a dict), the random
+    features E (g n, T, H) and their sums per modality (g n, m, H) are left in it for the
+    backward."""
     heads, rows, total, feature_dim = stacked_features.shape
     num_random_features = weights.shape[-1]
     value_dim = transposed_values.shape[-2]
     count = heads * rows
-    lengths, offsets = layout.lengths, layout.offsets
+    lengths = layout.lengths
     num_modalities = len(lengths)
     exponent = None if buffers is None else buffers[0][: count * total * num_random_features].view(heads, rows * total, -1)
     exponent = torch.bmm(stacked_features.reshape(heads, rows * total, feature_dim), weights, out=exponent)
@@ -457,6 +460,8 @@ def had_chunk(
         # sigma x - m_j in one pass (m_j gathered to the steps of modality j), then B^T
         torch.addcmul(stabilisers.index_select(1, segment.ids), exponent, scale, out=exponent).exp_()
         sums = segment.indicator @ exponent  # B_j 1, (g n, m, H)
+    if kept is not None:
+        kept.update(random=exponent, sums=sums)
     random = exponent.split(list(lengths), dim=1)  # B_j^T, (g n, T_j, H) views
     values = transposed_values.reshape(count, value_dim, total).split(list(lengths), dim=-1)  # v_j^T (g n, K, T_j)
     # With v_j^T on the left the contractions produce (K, H), whose long rows suit the
@@ -502,8 +507,18 @@ class HadFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, stacked_features, weights, scale, values, padded, layout):
-        ctx.save_for_backward(stacked_features, weights, scale, values, padded)
         ctx.layout = layout
+        heads, rows = stacked_features.shape[:2]
+        if chunk_sizes(layout, weights.shape[-1], weights) == (heads, rows):
+            # One chunk: its random features and sums (within the chunk budget) are kept for
+            # the backward, which then does not recompute them.
+            kept: dict[str, Tensor] = {}
+            with torch.no_grad():
+                output, _ = had_chunk(stacked_features, weights, scale, values.transpose(-1, -2), padded,
+                                      layout, None, False, kept)
+            ctx.save_for_backward(stacked_features, weights, scale, values, padded, kept["random"], kept["sums"])
+            return output
+        ctx.save_for_backward(stacked_features, weights, scale, values, padded, None, None)
         output, _ = had_chunked(stacked_features, weights, scale, values, padded, layout, False)
         return output
 
@@ -514,10 +529,15 @@ class HadFunction(torch.autograd.Function):
                 'multilinear_attention(mode="had"): the backward is not differentiable '
                 '(no second derivatives); use mode="exact" for double backward'
             )
-        stacked_features, weights, scale, values, padded = ctx.saved_tensors
+        stacked_features, weights, scale, values, padded, random, sums = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[1], ctx.needs_input_grad[2])
         with torch.no_grad():
-            grads = had_backward(stacked_features, weights, scale, values, padded, ctx.layout, grad_output,
-                                 ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+            if random is not None:
+                grads = had_chunk_backward(stacked_features, weights, scale, values, padded, ctx.layout,
+                                           grad_output, *needs, random=random, sums=sums)
+            else:
+                grads = had_backward(stacked_features, weights, scale, values, padded, ctx.layout, grad_output,
+                                     *needs)
         grad_stacked, grad_weights, grad_scale, grad_values = grads
         return grad_stacked, grad_weights, grad_scale, grad_values, None, None
 
@@ -582,28 +602,35 @@ def had_chunk_backward(
     grad_output: Tensor,
     weights_need_grad: bool,
     scale_needs_grad: bool,
+    random: Tensor | None = None,
+    sums: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
     """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, (g, n)
-    scale, values (g, n, T, K), padded (g or 1, n, T) or None, grad_output (g, n, K)."""
+    scale, values (g, n, T, K), padded (g or 1, n, T) or None, grad_output (g, n, K);
+    the forward's random features E (g n, T, H) and their sums per modality (g n, m, H)
+    if it kept them (else they are recomputed)."""
     heads, rows, total, feature_dim = stacked_features.shape
     num_random_features = weights.shape[-1]
     count = heads * rows
     lengths = list(layout.lengths)
-    scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
-    exponent = torch.bmm(scaled, weights)  # sigma X W
-    if padded is not None:
-        exponent.view(heads, rows, total, -1).masked_fill_(padded.unsqueeze(-1), float("-inf"))
-    exponent = exponent.view(count, total, num_random_features)
-    stabilisers = stabilisers_for(exponent, layout).neg_()  # -m_j, (g n, m, H)
-    # E_j = exp(exponent_j - m_j), in place: the exponents are not needed afterwards.
-    if len(set(lengths)) == 1:
-        exponent.view(count, len(lengths), lengths[0], -1).add_(stabilisers.unsqueeze(2)).exp_()
-    else:
-        exponent.add_(stabilisers.index_select(1, segments(lengths, exponent.dtype, exponent.device).ids)).exp_()
-    random = exponent.split(lengths, dim=1)  # E_j, (g n, T_j, H)
+    if random is None:
+        exponent = torch.bmm((stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, -1),
+                             weights)  # sigma X W
+        if padded is not None:
+            exponent.view(heads, rows, total, -1).masked_fill_(padded.unsqueeze(-1), float("-inf"))
+        exponent = exponent.view(count, total, num_random_features)
+        stabilisers = stabilisers_for(exponent, layout).neg_()  # -m_j, (g n, m, H)
+        # E_j = exp(exponent_j - m_j), in place: the exponents are not needed afterwards.
+        if len(set(lengths)) == 1:
+            exponent.view(count, len(lengths), lengths[0], -1).add_(stabilisers.unsqueeze(2)).exp_()
+        else:
+            exponent.add_(stabilisers.index_select(1, segments(lengths, exponent.dtype, exponent.device).ids)).exp_()
+        random = exponent
+        sums = segments(lengths, random.dtype, random.device).indicator @ random  # s_j, (g n, m, H)
+    pieces = random.split(lengths, dim=1)  # E_j, (g n, T_j, H)
     flat_values = values.reshape(count, total, -1).split(lengths, dim=1)  # V_j, (g n, T_j, K)
-    contracted = [b.transpose(-1, -2) @ v for b, v in zip(random, flat_values, strict=True)]  # P_j
-    sums = [b.sum(dim=-2) for b in random]  # s_j, (g n, H)
+    contracted = [torch.bmm(b.transpose(-1, -2), v) for b, v in zip(pieces, flat_values, strict=True)]  # P_j
+    sums = sums.unbind(1)  # s_j, (g n, H)
     others_contracted = products_of_others(contracted)  # Q_j = prod_{i != j} P_i, (g n, H, K)
     others_sums = products_of_others(sums)
     numerator = (contracted[0] * others_contracted[0]).sum(dim=-2)  # (g n, K)
@@ -619,8 +646,9 @@ def had_chunk_backward(
         torch.baddbmm((grad_denominator * s).unsqueeze(-2), v * grad_numerator, q.transpose(-1, -2))
         for v, q, s in zip(flat_values, others_contracted, others_sums, strict=True)
     ]
-    grad_exponent = torch.cat(grad_random, 1).mul_(exponent)  # (g n, T, H)
-    grad_values = torch.cat([b @ q for b, q in zip(random, others_contracted, strict=True)], 1).mul_(grad_numerator)
+    grad_exponent = torch.cat(grad_random, 1).mul_(random)  # (g n, T, H)
+    grad_values = torch.cat([torch.bmm(b, q) for b, q in zip(pieces, others_contracted, strict=True)], 1)
+    grad_values.mul_(grad_numerator)
     grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
     # D = d exponent W^T; dX = sigma D, d sigma = sum_t X[t] . D[t] (see HadFunction).
     projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
@@ -630,7 +658,8 @@ def had_chunk_backward(
         grad_scale = torch.bmm(flat_projected, stacked_features.reshape(count, total * feature_dim, 1)).view(heads, rows)
     grad_stacked = projected.mul_(scale.view(heads, rows, 1, 1))
     grad_weights = None
-    if weights_need_grad:
+    if weights_need_grad:  # dW = sigma X^T d exponent
+        scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
         grad_weights = torch.bmm(scaled.transpose(-1, -2), grad_exponent)
     return grad_stacked, grad_weights, grad_scale, grad_values.view(values.shape)
 
