@@ -27,6 +27,7 @@ __all__ = [
     "check_stacked_steps",
     "check_values",
     "get_validation",
+    "reads_synchronise",
     "inputs_checked",
     "prepare_fusion_inputs",
     "set_validation",
@@ -34,13 +35,16 @@ __all__ = [
 ]
 
 
+#: ``"auto"`` (default): ``"full"`` for tensors on the CPU, ``"shapes"`` for tensors on any
+#: other device (a CUDA GPU): reading a value back from a GPU makes the host wait for it,
+#: so there a forward never synchronises, and values are checked once where they enter,
+#: at the data boundary (polyfuse's data pipeline checks its files when it loads them).
 #: ``"full"``: shapes, dtypes and values (NaN / Inf at real steps, all-padding samples,
-#: out-of-range entries) are checked on every call; reading values back makes the host
-#: wait for the device. ``"shapes"``: only what is known without reading a tensor
-#: (shapes, dtypes, sizes), so a forward never synchronises; values are then the
-#: caller's responsibility (the data pipeline checks its files once).
-VALIDATION_LEVELS = ("full", "shapes")
-_validation = "full"
+#: out-of-range entries) are checked on every call, on every device. ``"shapes"``: only
+#: what is known without reading a tensor (shapes, dtypes, sizes), on every device;
+#: values are then the caller's responsibility.
+VALIDATION_LEVELS = ("auto", "full", "shapes")
+_validation = "auto"
 # True inside a fusion module's forward once its inputs passed the value checks: the
 # functional calls it makes then check shapes only (see inputs_checked).
 # (Thread-local: another thread's forward must not switch this thread's checks off.)
@@ -48,7 +52,8 @@ _state = threading.local()
 
 
 def set_validation(level: str) -> None:
-    """Choose how much every polyfuse call checks: ``"full"`` (default) or ``"shapes"``.
+    """Choose how much every polyfuse call checks: ``"auto"`` (default: values on the CPU
+    only), ``"full"`` or ``"shapes"`` (see :data:`VALIDATION_LEVELS`).
 
     Under ``torch.compile`` value checks are skipped whatever the level (they would
     break the graph); eager calls follow the level.
@@ -75,16 +80,26 @@ def validation(level: str) -> Iterator[None]:
         set_validation(previous)
 
 
-def check_values() -> bool:
-    """True when value checks (which read tensors back to the host) should run."""
-    return _validation == "full" and not torch.compiler.is_compiling()
+def check_values(tensor: Tensor) -> bool:
+    """True when value checks of ``tensor`` (which read it back to the host) should run:
+    at level ``"full"``, and at ``"auto"`` when it lives where a read costs no wait for a
+    device (:func:`reads_synchronise`); never under ``torch.compile``."""
+    if _validation == "shapes" or torch.compiler.is_compiling():
+        return False
+    return _validation == "full" or not reads_synchronise(tensor.device)
 
 
-def _check_inputs() -> bool:
+def reads_synchronise(device: torch.device) -> bool:
+    """Whether reading a tensor's value on ``device`` back to Python waits for the device
+    (every device but the CPU and ``meta``, which has no values)."""
+    return device.type not in ("cpu", "meta")
+
+
+def _check_inputs(tensor: Tensor) -> bool:
     """:func:`check_values`, except inside a module whose inputs were checked on entry
     (:class:`inputs_checked`): there the functions it calls do not check their inputs
     again; checks of intermediate values (overflowing logits) still run."""
-    return check_values() and not getattr(_state, "inputs_checked", False)
+    return check_values(tensor) and not getattr(_state, "inputs_checked", False)
 
 
 class inputs_checked:
@@ -131,7 +146,7 @@ def check_finite(tensor: Tensor, what: str, mask: Tensor | None = None) -> None:
     ``tensor`` has shape (..., T, d) and ``mask`` (..., T) with True at real steps.
     Skipped unless :func:`check_values`, and for the already checked inputs of a module.
     """
-    if not _check_inputs():
+    if not _check_inputs(tensor):
         return
     if bool(torch.isfinite(tensor.detach().sum())):
         return  # one pass: a sum is finite only if every term is (NaN and Inf propagate)
@@ -149,7 +164,7 @@ def check_all_finite(tensors: Sequence[tuple[Tensor, str, Tensor | None]]) -> No
     is finite whenever all its terms are, so only a NaN, an Inf (or an overflowing sum)
     pays for the full checks, which name the first tensor at fault. Skipped like
     :func:`check_finite`."""
-    if not _check_inputs() or not tensors:
+    if not tensors or not _check_inputs(tensors[0][0]):
         return
     with torch.no_grad():
         sums = torch.stack([tensor.sum() for tensor, _, _ in tensors])
@@ -172,7 +187,7 @@ def check_mask(mask: object, shape: torch.Size | tuple[int, ...], what: str) -> 
         mask = mask.expand(shape)
     except RuntimeError:
         raise ValueError(f"{what} has shape {tuple(mask.shape)}, expected {tuple(shape)}") from None
-    if not _check_inputs():
+    if not _check_inputs(mask):
         return mask
     empty = ~mask.any(dim=-1)
     if bool(empty.any()):
@@ -188,7 +203,7 @@ def check_stacked_steps(mask: Tensor, lengths: Sequence[int], what: str) -> None
     """Raise when a sample of a mask (..., T) of modalities stacked along time (modality j
     at the steps sum_{i<j} T_i .. sum_{i<=j} T_i - 1) has no real step in some modality.
     One host read for all modalities; skipped unless :func:`check_values`."""
-    if not _check_inputs():
+    if not _check_inputs(mask):
         return
     empty = torch.stack([~part.any(-1) for part in mask.split(list(lengths), -1)], -1)  # (..., m)
     if bool(empty.any()):
@@ -224,7 +239,7 @@ def check_masks(
                 continue
             result.append(check_mask(mask, expected, f"{what}[{j}] (modality {j})"))
             given.append(j)
-    if given and _check_inputs():
+    if given and _check_inputs(result[given[0]]):
         real = torch.cat([result[j].any(-1).flatten() for j in given])  # one entry per sample and mask
         if not bool(real.all()):  # name the first mask at fault
             for j in given:

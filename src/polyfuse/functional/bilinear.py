@@ -237,7 +237,7 @@ def bilinear_attention_map(
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"{owner}: logits must be a float tensor (B, G, T_x, T_y), got {shape}")
     batch, _, length_x, length_y = logits.shape
-    if check_values() and (bool(torch.isnan(logits).any()) or bool((logits == float("inf")).any())):
+    if check_values(logits) and (bool(torch.isnan(logits).any()) or bool((logits == float("inf")).any())):
         raise ValueError(f"{owner}: logits contain NaN or +Inf")
     reference_x = logits.new_empty(batch, length_x, 0)
     reference_y = logits.new_empty(batch, length_y, 0)
@@ -248,7 +248,7 @@ def bilinear_attention_map(
         y_mask = _check_mask(y_mask, reference_y, "y_mask", owner)
         logits = logits.masked_fill(~y_mask[:, None, None, :], float("-inf"))
     flat = logits.flatten(start_dim=2)  # (B, G, T_x * T_y): one softmax per whole map
-    if check_values() and bool(torch.isinf(flat).all(dim=-1).any()):
+    if check_values(flat) and bool(torch.isinf(flat).all(dim=-1).any()):
         raise ValueError(f"{owner}: a glimpse's map has no finite logit (every pair is -inf)")
     return torch.softmax(flat, dim=-1).view_as(logits)
 
@@ -319,7 +319,7 @@ def bilinear_attention_pooling(
     if single:
         attention = attention.unsqueeze(1)  # (B, 1, T_x, T_y)
     pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
-    if check_values() and bool((~torch.isfinite(attention) & pair_mask).any()):
+    if check_values(attention) and bool((~torch.isfinite(attention) & pair_mask).any()):
         raise ValueError(f"{owner}: attention contains NaN or Inf at a real (x, y) pair")
     attention = attention.masked_fill(~pair_mask, 0.0)
 
