@@ -27,9 +27,9 @@ __all__ = [
     "check_stacked_steps",
     "check_values",
     "get_validation",
-    "reads_synchronise",
     "inputs_checked",
     "prepare_fusion_inputs",
+    "reads_synchronise",
     "set_validation",
     "validation",
 ]

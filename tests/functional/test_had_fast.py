@@ -100,7 +100,11 @@ def oracle(features, values, masks, matrix, temperature=0.7, estimator="gerf"):
 
 
 def fast(features, values, masks, matrix, temperature=0.7, *, grad=False, estimator="gerf", attention=True):
+    """``_had_attention`` on what ``multilinear_attention`` hands it: padded steps filled
+    with zeros in the graph (the fill is where their gradient is zeroed)."""
     with torch.set_grad_enabled(grad):
+        features = [a if m is None else a.masked_fill(~m.unsqueeze(-1), 0) for a, m in zip(features, masks, strict=True)]
+        values = [v if m is None else v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
         result = ML._had_attention(features, values, masks, matrix, temperature, attention, estimator)
     return result if attention else (result, None)
 
@@ -153,13 +157,13 @@ def test_had_broadcasts_features_and_values_against_each_other(shared):
     if shared == "values":
         given_features, given_values, given_masks = features, [v[0] for v in values], masks
         values = [v[:1].expand(2, -1, -1) for v in values]
-        values = [v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
+        values = [v if m is None else v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
     else:
         given_features, given_values = [a[:1] for a in features], values
         given_masks = [m[:1] for m in masks]
         features = [a[:1].expand(2, -1, -1) for a in features]
         masks = [m[:1].expand(2, -1) for m in masks]
-        values = [v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
+        values = [v if m is None else v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
     expected = oracle(features, values, masks, matrix)
     actual = F.multilinear_attention(given_features, given_values, given_masks, mode="had", random_matrix=matrix,
                                      temperature=0.7, return_attention=True)
@@ -427,3 +431,51 @@ def test_float32_gradients_of_large_inputs_stay_finite_and_accurate():
     for got, wanted in zip(single, expected, strict=True):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got.double(), wanted, rtol=1e-2, atol=1e-2 * wanted.abs().max().item())
+
+
+def test_segment_sums_and_their_gradient_equal_loops_over_the_steps():
+    """Sums per modality along any axis, against a loop; the gradient of each step is the
+    gradient of its modality's sum (gradcheck in float64)."""
+    generator = torch.Generator().manual_seed(4)
+    lengths = (2, 4, 3)
+    ids = _had.segments(lengths, DOUBLE, torch.device("cpu")).ids
+    assert ids.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2]
+    x = torch.randn(2, 9, 5, generator=generator, dtype=DOUBLE, requires_grad=True)
+    sums = _had.segment_sums(x, ids, 3, -2)
+    expected = torch.stack([x[:, 0:2].sum(1), x[:, 2:6].sum(1), x[:, 6:9].sum(1)], 1)
+    torch.testing.assert_close(sums, expected, rtol=0, atol=1e-14)
+    torch.testing.assert_close(_had.segment_sums(x.transpose(1, 2), ids, 3, -1), expected.transpose(1, 2))
+    assert torch.autograd.gradcheck(lambda t: _had.segment_sums(t, ids, 3, 1), (x,))
+
+
+def test_dot_by_segment_and_its_gradients_equal_the_gathered_dot_product():
+    generator = torch.Generator().manual_seed(5)
+    lengths = (3, 1, 2)
+    ids = _had.segments(lengths, DOUBLE, torch.device("cpu")).ids
+    x = torch.randn(2, 6, 4, generator=generator, dtype=DOUBLE, requires_grad=True)
+    vectors = torch.randn(2, 3, 4, generator=generator, dtype=DOUBLE, requires_grad=True)
+    result = _had.dot_by_segment(x, vectors, ids)
+    by_hand = torch.stack([(x[:, t] * vectors[:, ids[t]]).sum(-1) for t in range(6)], -1)
+    torch.testing.assert_close(result, by_hand, rtol=0, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda a, v: _had.dot_by_segment(a, v, ids), (x, vectors))
+
+
+def test_segments_are_built_once_per_lengths_dtype_and_device():
+    first = _had.segments((3, 2), DOUBLE, torch.device("cpu"))
+    assert _had.segments((3, 2), DOUBLE, torch.device("cpu")) is first
+    assert _had.segments((2, 3), DOUBLE, torch.device("cpu")).ids.tolist() == [0, 0, 1, 1, 1]
+    assert first.counts.tolist() == [3.0, 2.0] and first.counts.dtype == DOUBLE
+    assert first.minus_first.tolist() == [-1.0, -1.0, -1.0, 0.0, 0.0]
+
+
+def test_weight_columns_are_rebuilt_when_the_random_matrix_changes_in_place():
+    matrix = torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(6))
+    first = _had.augmented_weights_of(matrix, "gerf", torch.float32)
+    assert _had.augmented_weights_of(matrix, "gerf", torch.float32) is first  # kept
+    torch.testing.assert_close(first, _had.augmented_weights(matrix, "gerf", torch.float32), rtol=0, atol=0)
+    assert not _had.augmented_weights_of(matrix, "arf", torch.float32).equal(first)  # per estimator
+    matrix.mul_(2.0)  # a redraw or a load changes the buffer in place
+    torch.testing.assert_close(_had.augmented_weights_of(matrix, "gerf", torch.float32),
+                               _had.augmented_weights(matrix, "gerf", torch.float32), rtol=0, atol=0)
+    trained = matrix.clone().requires_grad_()
+    assert _had.augmented_weights_of(trained, "gerf", torch.float32).requires_grad  # never kept

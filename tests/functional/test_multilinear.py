@@ -633,3 +633,65 @@ def test_lsc_chunks_are_integer_divisions_even_for_long_sequences():
     assert F.lsc_encoding(length, chunks, 1.0, dtype=torch.float16)[step].equal(expected)
     mask = torch.ones(1, length, dtype=torch.bool)
     assert F.lsc_encoding_from_mask(mask, chunks, 1.0, dtype=torch.float16)[0, step].equal(expected)
+
+
+def test_stacked_lsc_vectors_equal_each_modalitys_own_vectors():
+    """lsc_encoding_stacked of three modalities stacked along time: each modality's span holds
+    lsc_encoding of its own number of real steps at those steps (numbered within the
+    modality), zeros at padded steps."""
+    generator = torch.Generator().manual_seed(3)
+    lengths = (5, 3, 7)
+    mask = torch.rand(4, sum(lengths), generator=generator) > 0.4
+    for start in (0, 5, 8):
+        mask[:, start] = True
+    encoding = F.lsc_encoding_stacked(mask, lengths, 3, 0.5, dtype=DOUBLE)
+    start = 0
+    for length in lengths:
+        for b in range(4):
+            real = torch.nonzero(mask[b, start : start + length]).flatten()
+            expected = torch.zeros(length, 3, dtype=DOUBLE)
+            expected[real] = F.lsc_encoding(len(real), 3, 0.5, dtype=DOUBLE)
+            torch.testing.assert_close(encoding[b, start : start + length], expected, rtol=0, atol=0)
+        start += length
+
+
+def test_stacked_attention_equals_the_list_form_in_every_mode():
+    """stacked_multilinear_attention on modalities concatenated along time gives what
+    multilinear_attention gives on the list (exact mode against its own tensor path)."""
+    generator = torch.Generator().manual_seed(8)
+    lengths = (3, 4, 2)
+    features = [torch.randn(2, t, 5, generator=generator, dtype=DOUBLE) * 0.3 for t in lengths]
+    values = [torch.randn(2, t, 4, generator=generator, dtype=DOUBLE) for t in lengths]
+    masks = [torch.rand(2, t, generator=generator) > 0.3 for t in lengths]
+    for mask in masks:
+        mask[:, 0] = True
+    matrix = torch.randn(6, 5, generator=generator, dtype=DOUBLE)
+    for mode in ("exact", "hadamard", "had"):
+        options = {"mode": mode, "random_matrix": matrix, "temperature": 0.8, "return_attention": True}
+        listed, listed_attention = F.multilinear_attention(features, values, masks, **options)
+        stacked, stacked_attention = F.stacked_multilinear_attention(
+            torch.cat(features, 1), torch.cat(values, 1), lengths, torch.cat(masks, 1), **options)
+        torch.testing.assert_close(stacked, listed, rtol=1e-12, atol=1e-12)
+        if mode == "had":
+            for a, b in zip(stacked_attention, listed_attention, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        else:
+            torch.testing.assert_close(stacked_attention, listed_attention, rtol=1e-12, atol=1e-12)
+
+
+def test_stacked_attention_refuses_bad_input_naming_it():
+    features, values = torch.randn(2, 5, 3), torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match=r"features has shape \(2, 5, 3\); expected \(B, T, d\) with T = 6"):
+        F.stacked_multilinear_attention(features, values, (2, 4), mode="exact")
+    with pytest.raises(ValueError, match="at least 2 modalities"):
+        F.stacked_multilinear_attention(features, values, (5,), mode="exact")
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1, 2:] = False  # sample 1: modality 1 (steps 2..4) all padding
+    with pytest.raises(ValueError, match=r"modality 1 is all padding for sample \(1,\)"):
+        F.stacked_multilinear_attention(features, values, (2, 3), mask, mode="exact")
+    with pytest.raises(ValueError, match="unknown mode 'other'"):
+        F.stacked_multilinear_attention(features, values, (2, 3), mode="other")
+    bad = features.clone()
+    bad[0, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match="features contains NaN"):
+        F.stacked_multilinear_attention(bad, values, (2, 3), mode="exact")

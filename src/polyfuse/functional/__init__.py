@@ -41,8 +41,10 @@ from polyfuse.functional.lorentz import (
 from polyfuse.functional.multilinear import (
     lsc_encoding,
     lsc_encoding_from_mask,
+    lsc_encoding_stacked,
     multilinear_attention,
     multilinear_pooling,
+    stacked_multilinear_attention,
 )
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.functional.random_features import gaussian_random_matrix, positive_random_features
@@ -80,11 +82,13 @@ __all__ = [
     "low_rank_hoca_attention_all_targets",
     "lsc_encoding",
     "lsc_encoding_from_mask",
+    "lsc_encoding_stacked",
     "masked_mean",
     "multilinear_attention",
     "multilinear_pooling",
     "positive_random_features",
     "query_conditioned_features",
+    "stacked_multilinear_attention",
     "tensor_fusion",
     "topic_lm_loss",
     "topic_matching_loss",

@@ -36,6 +36,7 @@ __all__ = [
     "augmented_features",
     "augmented_weights",
     "augmented_weights_of",
+    "dot_by_segment",
     "elementwise_product",
     "from_layout",
     "had_chunked",
@@ -43,6 +44,7 @@ __all__ = [
     "had_whole",
     "in_layout",
     "max_over_steps",
+    "segment_sums",
     "segments",
     "to_layout",
 ]
@@ -112,16 +114,13 @@ def from_layout(tensor: Tensor, layout: HadLayout) -> Tensor:
 class Segments(NamedTuple):
     """Which modality each step of the stacked time axis belongs to.
 
-    ``ids`` (T,) long: the modality of each step; ``indicator`` (m, T): 1 where step t
-    belongs to modality j, so that ``x @ indicator.T`` sums (..., T) per modality and
-    ``indicator @ x`` sums (..., T, d) per modality, each in one operation;
-    ``per_step`` (T, m) its transpose; ``counts`` (m,) the lengths and ``minus_first``
-    (T,) -1 at the steps of modality 0, 0 elsewhere, in ``indicator``'s dtype.
+    ``ids`` (T,) long: the modality of each step, for :func:`segment_sums` and for
+    gathering per-modality quantities to the steps (``x.index_select(dim, ids)``);
+    ``counts`` (m,) the lengths and ``minus_first`` (T,) -1 at the steps of modality 0,
+    0 elsewhere, in the dtype asked for.
     """
 
     ids: Tensor
-    indicator: Tensor
-    per_step: Tensor
     counts: Tensor
     minus_first: Tensor
 
@@ -136,18 +135,65 @@ def segments(lengths: Sequence[int], dtype: torch.dtype, device: torch.device) -
     cached = None if torch.compiler.is_compiling() else _SEGMENTS.get(key)
     if cached is not None:
         return cached
-    ids = torch.tensor([j for j, length in enumerate(lengths) for _ in range(length)])  # static shape
-    indicator = (ids == torch.arange(len(lengths)).unsqueeze(-1)).to(dtype)
+    ids = torch.tensor([j for j, length in enumerate(lengths) for _ in range(length)], device=device)  # static shape
     built = Segments(
-        ids.to(device),
-        indicator.to(device),
-        indicator.T.contiguous().to(device),
+        ids,
         torch.tensor(lengths, dtype=dtype, device=device),
-        (-indicator[0]).to(device),
+        -(ids == 0).to(dtype),
     )
     if not torch.compiler.is_compiling() and len(_SEGMENTS) < 256:
         _SEGMENTS[key] = built
     return built
+
+
+def segment_sums(x: Tensor, ids: Tensor, count: int, dim: int) -> Tensor:
+    """Sums of ``x`` over the steps of each modality along ``dim`` (m = ``count`` entries
+    there, step t counted in modality ``ids[t]``).
+
+    An index_add rather than a product with an (m, T) indicator matrix, so that a FLOP
+    count sees only the method's own multiply-adds; written as an autograd function
+    because torch's index_add keeps ``x`` for its backward, while the gradient,
+    ``grad.index_select(dim, ids)``, needs only ``ids`` (memory: one copy of the
+    features less per layer).
+    """
+    return _SegmentSums.apply(x, ids, count, dim % x.dim())
+
+
+class _SegmentSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, ids: Tensor, count: int, dim: int) -> Tensor:
+        ctx.save_for_backward(ids)
+        ctx.dim = dim
+        return x.new_zeros(*x.shape[:dim], count, *x.shape[dim + 1 :]).index_add_(dim, ids, x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        (ids,) = ctx.saved_tensors
+        return grad.index_select(ctx.dim, ids), None, None, None
+
+
+def dot_by_segment(x: Tensor, vectors: Tensor, ids: Tensor) -> Tensor:
+    """``x[..., t, :] . vectors[..., ids[t], :]`` for every step t: (..., T, K) and (..., m, K)
+    -> (..., T). By hand (an autograd function) so that the backward keeps ``x`` and the
+    m vectors but not the (..., T, K) gather of the vectors to the steps."""
+    return _DotBySegment.apply(x, vectors, ids)
+
+
+class _DotBySegment(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, vectors: Tensor, ids: Tensor) -> Tensor:
+        ctx.save_for_backward(x, vectors, ids)
+        return torch.linalg.vecdot(x, vectors.index_select(-2, ids))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        x, vectors, ids = ctx.saved_tensors
+        grad = grad.unsqueeze(-1)
+        grad_x = grad * vectors.index_select(-2, ids) if ctx.needs_input_grad[0] else None
+        grad_vectors = None
+        if ctx.needs_input_grad[1]:  # sum over the steps of each modality of grad[t] x[t]
+            grad_vectors = segment_sums(grad * x, ids, vectors.shape[-2], -2)
+        return grad_x, grad_vectors, None
 
 
 def augmented_features(
@@ -183,8 +229,8 @@ def augmented_features(
       them (and sigma), so that the gradient is that of the computed output.
 
     All modalities are handled at once on the stacked time axis: the per-modality sums
-    are products with the (m, T) indicator of :func:`segments`, and a modality's mean
-    reaches its steps by one gather, so the number of operations does not grow with m.
+    are one :func:`segment_sums` each, and a modality's mean reaches its steps by one
+    gather, so the number of operations does not grow with m.
     Rows of padded steps are never read (their exponent is -inf).
 
     Args:
@@ -203,21 +249,19 @@ def augmented_features(
         columns = torch.stack([weight, torch.zeros_like(weight)], -1)
         return torch.cat([features, columns], -1), features.new_full(features.shape[:-2], scale)
     segment = segments(lengths, features.dtype, features.device)
-    if real is None:
-        counts = segment.counts  # (m,)
-        sums = segment.indicator @ features  # (G, N, m, K')
-    else:  # sums over real steps only, so that no gradient reaches padded ones
-        weights = segment.indicator * real.to(features.dtype).unsqueeze(-2)  # (G|1, N, m, T)
-        counts = weights.sum(-1)  # (G|1, N, m)
-        sums = weights @ features
+    count = len(lengths)
+    # Per-modality sums over real steps (padded steps are zero, and their gradient is
+    # zeroed where they were filled).
+    sums = segment_sums(features, segment.ids, count, -2)  # (G, N, m, K')
+    counts = segment.counts if real is None else segment_sums(real.to(features.dtype), segment.ids, count, -1)
     means = sums / counts.unsqueeze(-1)  # m_j, (G, N, m, K')
     total = means.sum(-2, keepdim=True)  # M, (G, N, 1, K')
     mean_at_step = means.index_select(-2, segment.ids)  # m_j at the steps of j, (G, N, T, K')
     centred = features - mean_at_step  # d_j
     square = torch.linalg.vecdot(centred, centred)  # |d_j[t]|^2, (G, N, T)
-    cross = torch.linalg.vecdot(centred, total - mean_at_step)  # d_j . (M - m_j)
+    cross = dot_by_segment(centred, total - means, segment.ids)  # d_j . (M - m_j)
     real_square = square if real is None else square * real
-    spread = (real_square @ segment.per_step) / counts  # mean_t |d_j|^2 over real steps, (G, N, m)
+    spread = segment_sums(real_square, segment.ids, count, -1) / counts  # mean_t |d_j|^2, real steps, (G, N, m)
     alpha = random_features_module.gerf_alpha([temperature * spread.sum(-1, keepdim=True)], feature_dim)
     sigma = scale * torch.sqrt(1 + 2 * alpha)  # s B, (G, N, 1)
     weight = temperature * (cross - 0.5 * square)
@@ -459,7 +503,7 @@ def had_chunk(
         segment = segments(lengths, exponent.dtype, exponent.device)
         # sigma x - m_j in one pass (m_j gathered to the steps of modality j), then B^T
         torch.addcmul(stabilisers.index_select(1, segment.ids), exponent, scale, out=exponent).exp_()
-        sums = segment.indicator @ exponent  # B_j 1, (g n, m, H)
+        sums = segment_sums(exponent, segment.ids, num_modalities, 1)  # B_j 1, (g n, m, H)
     if kept is not None:
         kept.update(random=exponent, sums=sums)
     random = exponent.split(list(lengths), dim=1)  # B_j^T, (g n, T_j, H) views
@@ -626,7 +670,7 @@ def had_chunk_backward(
         else:
             exponent.add_(stabilisers.index_select(1, segments(lengths, exponent.dtype, exponent.device).ids)).exp_()
         random = exponent
-        sums = segments(lengths, random.dtype, random.device).indicator @ random  # s_j, (g n, m, H)
+        sums = segment_sums(random, segments(lengths, random.dtype, random.device).ids, len(lengths), 1)  # s_j
     pieces = random.split(lengths, dim=1)  # E_j, (g n, T_j, H)
     flat_values = values.reshape(count, total, -1).split(lengths, dim=1)  # V_j, (g n, T_j, K)
     contracted = [torch.bmm(b.transpose(-1, -2), v) for b, v in zip(pieces, flat_values, strict=True)]  # P_j

@@ -138,12 +138,12 @@ def lsc_encoding_stacked(
     Returns:
         (..., T, chunks): modality j's steps hold ``lsc_encoding_from_mask`` of its own mask.
     """
-    segment = _had.segments(lengths, torch.float32, mask.device)  # counts are exact in float32 to 2^24
-    real = mask.to(torch.float32)
-    counts = real @ segment.per_step  # real steps of each modality, (..., m)
+    ids = _had.segments(lengths, torch.long, mask.device).ids
+    real = mask.long()
+    counts = _had.segment_sums(real, ids, len(lengths), -1)  # real steps of each modality, (..., m)
     before = counts.cumsum(-1) - counts  # real steps of the modalities before j
-    rank = real.cumsum(-1) - 1 - before.index_select(-1, segment.ids)  # rank within j's real steps
-    length = counts.clamp_min(1).index_select(-1, segment.ids)
+    rank = real.cumsum(-1) - 1 - before.index_select(-1, ids)  # rank within j's real steps
+    length = counts.clamp_min(1).index_select(-1, ids)
     chunk_of_step = torch.div(rank.clamp_min(0) * chunks, length, rounding_mode="floor")
     encoding = _lsc_from_chunks(chunk_of_step, chunks, scale, dtype)
     return encoding * mask.unsqueeze(-1)
@@ -319,8 +319,15 @@ def stacked_multilinear_attention(
         features, values = features.masked_fill(padded, 0.0), values.masked_fill(padded, 0.0)
     if mode == "had":
         _check_had_options(random_matrix, features.shape[-1], lead, temperature, estimator)
-        return _had_stacked(features, values, mask, lengths, random_matrix, temperature, return_attention,
-                            estimator)
+        lead = _broadcast_shape(lead, random_matrix.shape[:-2], () if mask is None else mask.shape[:-1])
+        layout = _had.had_layout(lead, lengths, random_matrix)
+
+        def in_layout(tensor: Tensor, trailing: int) -> Tensor:  # (G, N, ...), a view where it can be
+            arranged = _had.to_layout(tensor, layout, trailing)
+            return arranged.reshape(layout.heads, layout.rows, *arranged.shape[arranged.dim() - trailing:])
+
+        return _had_stacked(in_layout(features, 2), in_layout(values, 2), None if mask is None else in_layout(mask, 1),
+                            layout, random_matrix, temperature, return_attention, estimator)
     features_list, values_list = features.split(lengths, -2), values.split(lengths, -2)
     masks = [None] * len(lengths) if mask is None else list(mask.split(lengths, -1))
     full_masks = check_masks(masks, features_list)
@@ -422,21 +429,21 @@ def _had_attention(
 ) -> Tensor | tuple[Tensor, list[Tensor]]:
     """:func:`_had_stacked` of per-modality lists (what :func:`multilinear_attention`
     hands over: padded steps zeroed, and a mask per modality, or None for a modality
-    without padding): the modalities are broadcast to common leading dims and stacked
-    along time."""
-    lead = _broadcast_shape(*(a.shape[:-2] for a in features), *(v.shape[:-2] for v in values))
-    lengths = [a.shape[-2] for a in features]
+    without padding): each modality is laid out and all are stacked along time in one
+    concatenation (one copy)."""
+    lead = _broadcast_shape(*(a.shape[:-2] for a in features), *(v.shape[:-2] for v in values),
+                            random_matrix.shape[:-2])
+    layout = _had.had_layout(lead, [a.shape[-2] for a in features], random_matrix)
 
-    def stack(tensors: Sequence[Tensor]) -> Tensor:
-        return torch.cat([t.expand(*lead, *t.shape[-2:]) for t in tensors], -2)
+    def stack(tensors: Sequence[Tensor], trailing: int) -> Tensor:
+        stacked = torch.cat([_had.to_layout(t, layout, trailing) for t in tensors], -trailing)
+        return stacked.view(layout.heads, layout.rows, *stacked.shape[stacked.dim() - trailing:])
 
     real = None
     if any(mask is not None for mask in masks):
-        real = torch.cat([
-            features[j].new_ones((), dtype=torch.bool).expand(*lead, t) if mask is None else mask.expand(*lead, t)
-            for j, (mask, t) in enumerate(zip(masks, lengths, strict=True))
-        ], -1)
-    return _had_stacked(stack(features), stack(values), real, lengths, random_matrix, temperature,
+        real = stack([features[j].new_ones((), dtype=torch.bool).expand(t) if mask is None else mask
+                      for j, (mask, t) in enumerate(zip(masks, layout.lengths, strict=True))], 1)
+    return _had_stacked(stack(features, 2), stack(values, 2), real, layout, random_matrix, temperature,
                         return_attention, estimator)
 
 
@@ -444,7 +451,7 @@ def _had_stacked(
     features: Tensor,
     values: Tensor,
     real: Tensor | None,
-    lengths: Sequence[int],
+    layout: _had.HadLayout,
     random_matrix: Tensor,
     temperature: float,
     return_attention: bool,
@@ -473,26 +480,16 @@ def _had_stacked(
     and recomputes each chunk in its backward (memory independent of T); the
     marginals with gradients take the whole-tensor autograd path.
 
-    Takes the modalities stacked along time, (..., T, K') features and (..., T, K)
-    values with padded steps zeroed, and ``real`` (..., T) True at real steps, or None
-    when nothing is padded.
+    Takes the modalities stacked along time and laid out by ``layout``: (G, N, T, K')
+    features and (G, N, T, K) values with padded steps zeroed, and ``real`` (G, N, T) True
+    at real steps, or None when nothing is padded.
     """
     differentiable = torch.is_grad_enabled() and any(
         tensor.requires_grad for tensor in (features, values, random_matrix)
     )
-    lead = _broadcast_shape(features.shape[:-2], values.shape[:-2], random_matrix.shape[:-2],
-                            () if real is None else real.shape[:-1])
-    layout = _had.had_layout(lead, lengths, random_matrix)
-
-    def in_layout(tensor: Tensor, trailing: int) -> Tensor:
-        arranged = _had.to_layout(tensor, layout, trailing)
-        return arranged.reshape(layout.heads, layout.rows, *arranged.shape[arranged.dim() - trailing:])
-
     weights = _had.augmented_weights_of(random_matrix, estimator, features.dtype)
-    real = None if real is None else in_layout(real, 1)  # (G, N, T)
-    stacked, scale = _had.augmented_features(in_layout(features, 2), real, temperature, estimator, lengths)
+    stacked, scale = _had.augmented_features(features, real, temperature, estimator, layout.lengths)
     # (G, N, T, K' + 2) rows and (G, N) scale
-    values = in_layout(values, 2)  # (G, N, T, K)
     padded = None if real is None else ~real
     if not differentiable:
         output, marginals = _had.had_chunked(stacked, weights, scale, values, padded, layout, return_attention)
