@@ -63,6 +63,16 @@ def main() -> None:
     for level in ("full", "shapes"):
         with polyfuse.validation(level):
             print(f"{args.module}: {count_reads(module, inputs)} host reads per forward at validation {level!r}")
+    if "auto" in getattr(polyfuse._checks, "VALIDATION_LEVELS", ()):
+        # The default level on a GPU: the CPU made to count as a device where reads synchronise.
+        original = polyfuse._checks.reads_synchronise
+        polyfuse._checks.reads_synchronise = lambda device: True
+        try:
+            with polyfuse.validation("auto"):
+                reads = count_reads(module, inputs)
+        finally:
+            polyfuse._checks.reads_synchronise = original
+        print(f"{args.module}: {reads} host reads per forward at validation 'auto' (the default) on a GPU")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ __all__ = [
     "check_mask",
     "check_masks",
     "check_modality_list",
+    "check_stacked_steps",
     "check_values",
     "get_validation",
+    "reads_synchronise",
     "inputs_checked",
     "prepare_fusion_inputs",
     "set_validation",
@@ -33,13 +35,16 @@ __all__ = [
 ]
 
 
+#: ``"auto"`` (default): ``"full"`` for tensors on the CPU, ``"shapes"`` for tensors on any
+#: other device (a CUDA GPU): reading a value back from a GPU makes the host wait for it,
+#: so there a forward never synchronises, and values are checked once where they enter,
+#: at the data boundary (polyfuse's data pipeline checks its files when it loads them).
 #: ``"full"``: shapes, dtypes and values (NaN / Inf at real steps, all-padding samples,
-#: out-of-range entries) are checked on every call; reading values back makes the host
-#: wait for the device. ``"shapes"``: only what is known without reading a tensor
-#: (shapes, dtypes, sizes), so a forward never synchronises; values are then the
-#: caller's responsibility (the data pipeline checks its files once).
-VALIDATION_LEVELS = ("full", "shapes")
-_validation = "full"
+#: out-of-range entries) are checked on every call, on every device. ``"shapes"``: only
+#: what is known without reading a tensor (shapes, dtypes, sizes), on every device;
+#: values are then the caller's responsibility.
+VALIDATION_LEVELS = ("auto", "full", "shapes")
+_validation = "auto"
 # True inside a fusion module's forward once its inputs passed the value checks: the
 # functional calls it makes then check shapes only (see inputs_checked).
 # (Thread-local: another thread's forward must not switch this thread's checks off.)
@@ -47,7 +52,8 @@ _state = threading.local()
 
 
 def set_validation(level: str) -> None:
-    """Choose how much every polyfuse call checks: ``"full"`` (default) or ``"shapes"``.
+    """Choose how much every polyfuse call checks: ``"auto"`` (default: values on the CPU
+    only), ``"full"`` or ``"shapes"`` (see :data:`VALIDATION_LEVELS`).
 
     Under ``torch.compile`` value checks are skipped whatever the level (they would
     break the graph); eager calls follow the level.
@@ -74,16 +80,26 @@ def validation(level: str) -> Iterator[None]:
         set_validation(previous)
 
 
-def check_values() -> bool:
-    """True when value checks (which read tensors back to the host) should run."""
-    return _validation == "full" and not torch.compiler.is_compiling()
+def check_values(tensor: Tensor) -> bool:
+    """True when value checks of ``tensor`` (which read it back to the host) should run:
+    at level ``"full"``, and at ``"auto"`` when it lives where a read costs no wait for a
+    device (:func:`reads_synchronise`); never under ``torch.compile``."""
+    if _validation == "shapes" or torch.compiler.is_compiling():
+        return False
+    return _validation == "full" or not reads_synchronise(tensor.device)
 
 
-def _check_inputs() -> bool:
+def reads_synchronise(device: torch.device) -> bool:
+    """Whether reading a tensor's value on ``device`` back to Python waits for the device
+    (every device but the CPU and ``meta``, which has no values)."""
+    return device.type not in ("cpu", "meta")
+
+
+def _check_inputs(tensor: Tensor) -> bool:
     """:func:`check_values`, except inside a module whose inputs were checked on entry
     (:class:`inputs_checked`): there the functions it calls do not check their inputs
     again; checks of intermediate values (overflowing logits) still run."""
-    return check_values() and not getattr(_state, "inputs_checked", False)
+    return check_values(tensor) and not getattr(_state, "inputs_checked", False)
 
 
 class inputs_checked:
@@ -130,7 +146,7 @@ def check_finite(tensor: Tensor, what: str, mask: Tensor | None = None) -> None:
     ``tensor`` has shape (..., T, d) and ``mask`` (..., T) with True at real steps.
     Skipped unless :func:`check_values`, and for the already checked inputs of a module.
     """
-    if not _check_inputs():
+    if not _check_inputs(tensor):
         return
     if bool(torch.isfinite(tensor.detach().sum())):
         return  # one pass: a sum is finite only if every term is (NaN and Inf propagate)
@@ -148,9 +164,10 @@ def check_all_finite(tensors: Sequence[tuple[Tensor, str, Tensor | None]]) -> No
     is finite whenever all its terms are, so only a NaN, an Inf (or an overflowing sum)
     pays for the full checks, which name the first tensor at fault. Skipped like
     :func:`check_finite`."""
-    if not _check_inputs() or not tensors:
+    if not tensors or not _check_inputs(tensors[0][0]):
         return
-    sums = torch.stack([tensor.detach().sum() for tensor, _, _ in tensors])
+    with torch.no_grad():
+        sums = torch.stack([tensor.sum() for tensor, _, _ in tensors])
     if bool(torch.isfinite(sums).all()):
         return
     for tensor, what, mask in tensors:
@@ -170,7 +187,7 @@ def check_mask(mask: object, shape: torch.Size | tuple[int, ...], what: str) -> 
         mask = mask.expand(shape)
     except RuntimeError:
         raise ValueError(f"{what} has shape {tuple(mask.shape)}, expected {tuple(shape)}") from None
-    if not _check_inputs():
+    if not _check_inputs(mask):
         return mask
     empty = ~mask.any(dim=-1)
     if bool(empty.any()):
@@ -180,6 +197,21 @@ def check_mask(mask: object, shape: torch.Size | tuple[int, ...], what: str) -> 
             "every sample needs at least one real step"
         )
     return mask
+
+
+def check_stacked_steps(mask: Tensor, lengths: Sequence[int], what: str) -> None:
+    """Raise when a sample of a mask (..., T) of modalities stacked along time (modality j
+    at the steps sum_{i<j} T_i .. sum_{i<=j} T_i - 1) has no real step in some modality.
+    One host read for all modalities; skipped unless :func:`check_values`."""
+    if not _check_inputs(mask):
+        return
+    empty = torch.stack([~part.any(-1) for part in mask.split(list(lengths), -1)], -1)  # (..., m)
+    if bool(empty.any()):
+        where = empty.nonzero()[0].tolist()
+        raise ValueError(
+            f"{what}: modality {where[-1]} is all padding for sample {tuple(where[:-1])}: "
+            "every sample needs at least one real step in every modality"
+        )
 
 
 def check_masks(
@@ -198,14 +230,35 @@ def check_masks(
             f"{what}: expected a list of {len(tensors)} masks (or None), "
             f"got {type(masks).__name__ if isinstance(masks, Tensor) else len(masks)}"
         )
-    result = []
-    for j, (mask, tensor) in enumerate(zip(masks, tensors, strict=True)):
-        expected = tensor.shape[:-1]
-        if mask is None:
-            result.append(torch.ones(expected, dtype=torch.bool, device=tensor.device))
-            continue
-        result.append(check_mask(mask, expected, f"{what}[{j}] (modality {j})"))
+    result, given = [], []
+    with _shapes_only():  # the masks' values are checked below, all behind one host read
+        for j, (mask, tensor) in enumerate(zip(masks, tensors, strict=True)):
+            expected = tensor.shape[:-1]
+            if mask is None:
+                result.append(torch.ones(expected, dtype=torch.bool, device=tensor.device))
+                continue
+            result.append(check_mask(mask, expected, f"{what}[{j}] (modality {j})"))
+            given.append(j)
+    if given and _check_inputs(result[given[0]]):
+        real = torch.cat([result[j].any(-1).flatten() for j in given])  # one entry per sample and mask
+        if not bool(real.all()):  # name the first mask at fault
+            for j in given:
+                check_mask(result[j], result[j].shape, f"{what}[{j}] (modality {j})")
     return result
+
+
+@contextlib.contextmanager
+def _shapes_only() -> Iterator[None]:
+    """Within the block, checks of inputs read no value (as inside :class:`inputs_checked`)."""
+    if torch.compiler.is_compiling():
+        yield
+        return
+    previous = getattr(_state, "inputs_checked", False)
+    _state.inputs_checked = True
+    try:
+        yield
+    finally:
+        _state.inputs_checked = previous
 
 
 def prepare_fusion_inputs(

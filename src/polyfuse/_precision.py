@@ -46,7 +46,7 @@ class _CheckedCast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         cast = grad.to(ctx.source)
-        if check_values() and bool(torch.isfinite(grad).all()) and not bool(torch.isfinite(cast).all()):
+        if check_values(grad) and bool(torch.isfinite(grad).all()) and not bool(torch.isfinite(cast).all()):
             raise ValueError(_advice(ctx.owner, "a gradient"))
         return cast, None, None
 
@@ -134,7 +134,7 @@ def float32_call(module: nn.Module, args: tuple[Any, ...], options: dict[str, An
     def narrow(x: Tensor) -> Tensor:
         if not x.is_floating_point() or x.dtype == dtype:
             return x
-        if dtype == torch.float16 and check_values() and bool(torch.isfinite(x).all()) and not bool(torch.isfinite(x.to(dtype)).all()):
+        if dtype == torch.float16 and check_values(x) and bool(torch.isfinite(x).all()) and not bool(torch.isfinite(x.to(dtype)).all()):
             raise ValueError(_advice(owner, "the output"))
         return _checked_cast(x, dtype, owner)
 

@@ -314,8 +314,8 @@ def test_gerf_kernel_variance_matches_the_formula(num_features):
     generator = torch.Generator().manual_seed(0)
     dim = 6
     features = [torch.randn(1, 2, dim, generator=generator, dtype=DOUBLE) * 0.3 for _ in range(3)]
-    layout = _had.had_layout(torch.Size([1]), features, torch.randn(4, dim))
-    rows, scale = _had.augmented_features(features, [None] * 3, 1.0, "gerf", layout)  # (1, 1, 6, K' + 2)
+    stacked = torch.cat(features, -2).unsqueeze(0)  # (G, N, T, K') = (1, 1, 6, K')
+    rows, scale = _had.augmented_features(stacked, None, 1.0, "gerf", (2, 2, 2))  # (1, 1, 6, K' + 2)
     first = rows[0, 0, ::2]  # the tuple (0, 0, 0): step 0 of each two-step modality, (3, K' + 2)
     draws = 20000
     matrices = torch.randn(draws, num_features, dim, generator=generator, dtype=DOUBLE)

@@ -272,4 +272,52 @@ def test_shapes_validation_reads_no_value_in_forward(name):
 def test_validation_levels_are_checked():
     with pytest.raises(ValueError, match="unknown validation level 'some'"):
         polyfuse.set_validation("some")
-    assert polyfuse.get_validation() == "full"
+    assert polyfuse.get_validation() == "auto"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_default_level_reads_no_value_where_reads_synchronise(name, monkeypatch):
+    """On a CUDA device a host read waits for the GPU. The default level ("auto") checks
+    values only where reads are free: with the CPU made to count as such a device, a
+    default forward and backward read no value (every read raises), and give what the
+    checked call gives; on the real CPU the same call reads values (finds a NaN)."""
+    module, count = build(name, torch.float32)
+    module.eval()
+    inputs, masks = batch(count, torch.float32)
+    expected = module(inputs, masks)
+    bad = [x.clone() for x in inputs]
+    bad[0][0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        module(bad, masks)  # CPU: values are checked by default
+    monkeypatch.setattr(polyfuse._checks, "reads_synchronise", lambda device: True)
+    assert polyfuse.get_validation() == "auto"
+    leaves = [x.detach().requires_grad_(True) for x in inputs]
+
+    def forward_backward(module, inputs, masks):
+        output = module(inputs, masks)
+        output.sum().backward()
+        return output
+
+    output = forward_without_host_reads(lambda *args: forward_backward(module, *args), leaves, masks)
+    torch.testing.assert_close(output, expected)
+    assert all(leaf.grad is not None and torch.isfinite(leaf.grad).all() for leaf in leaves)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", NAMES)
+def test_a_default_forward_and_backward_never_synchronise_on_cuda(name):
+    """On a GPU: with torch.cuda.set_sync_debug_mode("error"), every synchronising call
+    raises; a default forward and backward make none."""
+    module, count = build(name, torch.float32)
+    module = module.cuda().eval()
+    inputs, masks = batch(count, torch.float32)
+    inputs = [x.cuda().requires_grad_(True) for x in inputs]
+    masks = [m.cuda() for m in masks]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        module(inputs, masks).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(x.grad).all() for x in inputs)

@@ -39,7 +39,7 @@ def permuted_copy(module, order, **kwargs):
     for key, value in state.items():
         parts = key.split(".")
         for position, part in enumerate(parts[:-1]):
-            if part in ("value_projections", "feature_projections", "input_projections"):
+            if part in ("projections", "input_projections"):
                 parts[position + 1] = str(order.index(int(parts[position + 1])))
         new_state[".".join(parts)] = value
     other.load_state_dict(new_state)
@@ -139,8 +139,9 @@ def man_pass_by_brute_force(layer, sequences, masks, *, temperature, chunks, sca
     attention = {}
     for b in range(batch):
         real = [torch.nonzero(mask[b]).flatten().tolist() for mask in masks]
-        values = [project(x[b]) for project, x in zip(layer.value_projections, sequences, strict=True)]
-        features = [project(x[b]) for project, x in zip(layer.feature_projections, sequences, strict=True)]
+        # U'_j (the first hidden_dim rows of the joint map) and U''_j (the rest)
+        values = [project(x[b])[:, : heads * head_dim] for project, x in zip(layer.projections, sequences, strict=True)]
+        features = [project(x[b])[:, heads * head_dim :] for project, x in zip(layer.projections, sequences, strict=True)]
         for g in range(heads):
             k_slice = slice(g * head_dim, (g + 1) * head_dim)
             a_slice = slice(g * layer.attention_dim, (g + 1) * layer.attention_dim)
@@ -407,3 +408,41 @@ def test_float64_layer_uses_float64_lsc_vectors_for_equal_lengths():
         expected, _ = man_pass_by_brute_force(layer, inputs, masks, temperature=2.0, chunks=2, scale=0.1)
         actual = layer(inputs, masks)
     torch.testing.assert_close(actual, expected, rtol=1e-13, atol=1e-14)
+
+
+def test_a_layer_saved_with_separate_value_and_feature_maps_loads_into_the_joint_map():
+    """Checkpoints of polyfuse before the joint projection hold ``value_projections.j`` and
+    ``feature_projections.j``; they load into ``projections.j`` (U'_j's rows first) and
+    give the output of the old layer, computed here by hand from the old maps."""
+    module = make(mode="exact")
+    state = module.state_dict()
+    hidden = 12
+    old_state = {}
+    for key, value in state.items():
+        if ".projections." in key and key.startswith("layers."):
+            head, tail = key.split(".projections.")
+            old_state[f"{head}.value_projections.{tail}"] = value[:hidden].clone()
+            old_state[f"{head}.feature_projections.{tail}"] = value[hidden:].clone() + 1.0  # changed
+        else:
+            old_state[key] = value
+    other = make(mode="exact")
+    other.load_state_dict(old_state)
+    for j in range(len(DIMS)):
+        joint = other.layers[0].projections[j]
+        torch.testing.assert_close(joint.weight[:hidden], state[f"layers.0.projections.{j}.weight"][:hidden])
+        torch.testing.assert_close(joint.weight[hidden:], state[f"layers.0.projections.{j}.weight"][hidden:] + 1.0)
+        torch.testing.assert_close(joint.bias[hidden:], state[f"layers.0.projections.{j}.bias"][hidden:] + 1.0)
+
+
+def test_the_joint_map_starts_as_the_two_maps_of_earlier_versions():
+    """The same seed gives the same model as before the joint map: U'_j of every modality
+    drawn first, then U''_j, each as its own nn.Linear."""
+    torch.manual_seed(3)
+    module = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16)
+    torch.manual_seed(3)
+    values = [torch.nn.Linear(d, 12) for d in DIMS]
+    features = [torch.nn.Linear(d, 12) for d in DIMS]
+    for j in range(len(DIMS)):
+        joint = module.layers[0].projections[j]
+        assert joint.weight.equal(torch.cat([values[j].weight, features[j].weight]))
+        assert joint.bias.equal(torch.cat([values[j].bias, features[j].bias]))

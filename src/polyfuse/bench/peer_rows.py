@@ -209,12 +209,11 @@ def _build_man(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
         # [1, h] @ fm = h @ fm[1:] + fm[0]: the peer's row 0 is polyfuse's bias.
         for j, name in enumerate(("a", "v", "t")):
             values, features = getattr(peer, f"{name}_fm1"), getattr(peer, f"{name}_fm2")
-            layer.value_projections[j].weight.copy_(values[1:].T)
-            layer.value_projections[j].bias.copy_(values[0])
-            # The peer scales its features by K'^(-1/4) on both sides of the kernel, i.e.
-            # logits a_j . a_k / sqrt(K'): polyfuse's default temperature 1 / sqrt(K').
-            layer.feature_projections[j].weight.copy_(features[1:].T)
-            layer.feature_projections[j].bias.copy_(features[0])
+            # polyfuse's joint map: U'_j's rows, then U''_j's. The peer scales its features by
+            # K'^(-1/4) on both sides of the kernel, i.e. logits a_j . a_k / sqrt(K'):
+            # polyfuse's default temperature 1 / sqrt(K').
+            layer.projections[j].weight.copy_(torch.cat([values[1:].T, features[1:].T]))
+            layer.projections[j].bias.copy_(torch.cat([values[0], features[0]]))
         layer.pooling.copy_(torch.eye(value_dim).expand(heads, value_dim, value_dim))  # no pooling
         layer.random_matrix.copy_(peer.projection_matrix.expand_as(layer.random_matrix))  # shared by heads
         ours.output.weight.copy_(peer.out_weights.T)

@@ -1,7 +1,8 @@
 """The fast path of multi-linear attention's had mode (MAN Eq. 9 to 12).
 
 :func:`polyfuse.functional.multilinear._had_attention` lays its inputs out with
-:func:`had_layout`, builds the random features' exponent rows, stacked along time, with
+:func:`had_layout`, the modalities stacked along one time axis (each modality's steps a
+contiguous span, :func:`segments` says which), builds the random features' exponent rows with
 :func:`augmented_features` (the estimator: MAN's ARF or the default centred generalised
 features) and the columns with :func:`augmented_weights`, then runs :func:`had_chunked`
 (without gradients: chunk by chunk, in place, in buffers that stay in cache),
@@ -34,6 +35,7 @@ __all__ = [
     "HadLayout",
     "augmented_features",
     "augmented_weights",
+    "augmented_weights_of",
     "elementwise_product",
     "from_layout",
     "had_chunked",
@@ -41,7 +43,7 @@ __all__ = [
     "had_whole",
     "in_layout",
     "max_over_steps",
-    "padded_in_layout",
+    "segments",
     "to_layout",
 ]
 
@@ -72,14 +74,14 @@ class HadLayout(NamedTuple):
     offsets: tuple[int, ...]
 
 
-def had_layout(lead: torch.Size, features: Sequence[Tensor], random_matrix: Tensor) -> HadLayout:
-    """The layout for inputs whose leading dims broadcast to ``lead``."""
+def had_layout(lead: torch.Size, lengths: Sequence[int], random_matrix: Tensor) -> HadLayout:
+    """The layout for inputs whose leading dims broadcast to ``lead``, modalities of ``lengths``."""
     rank = len(lead)
     # The random features' leading dims, right-aligned with ``lead`` (MAN: (G,) against (B, G)).
     own = (1,) * (rank - random_matrix.dim() + 2) + tuple(random_matrix.shape[:-2])
     per_matrix = [i for i in range(rank) if own[i] > 1]
     shared = [i for i in range(rank) if own[i] == 1]
-    lengths = tuple(a.shape[-2] for a in features)
+    lengths = tuple(int(t) for t in lengths)
     return HadLayout(
         lead,
         (*per_matrix, *shared),
@@ -107,12 +109,53 @@ def from_layout(tensor: Tensor, layout: HadLayout) -> Tensor:
     return shaped.permute(*inverse, rank).contiguous()
 
 
+class Segments(NamedTuple):
+    """Which modality each step of the stacked time axis belongs to.
+
+    ``ids`` (T,) long: the modality of each step; ``indicator`` (m, T): 1 where step t
+    belongs to modality j, so that ``x @ indicator.T`` sums (..., T) per modality and
+    ``indicator @ x`` sums (..., T, d) per modality, each in one operation;
+    ``per_step`` (T, m) its transpose; ``counts`` (m,) the lengths and ``minus_first``
+    (T,) -1 at the steps of modality 0, 0 elsewhere, in ``indicator``'s dtype.
+    """
+
+    ids: Tensor
+    indicator: Tensor
+    per_step: Tensor
+    counts: Tensor
+    minus_first: Tensor
+
+
+_SEGMENTS: dict[tuple, Segments] = {}
+
+
+def segments(lengths: Sequence[int], dtype: torch.dtype, device: torch.device) -> Segments:
+    """:class:`Segments` of modalities of ``lengths`` stacked along time. Built once per
+    (lengths, dtype, device) and kept: a forward then spends no operation on them."""
+    key = (tuple(lengths), dtype, str(device))
+    cached = None if torch.compiler.is_compiling() else _SEGMENTS.get(key)
+    if cached is not None:
+        return cached
+    ids = torch.tensor([j for j, length in enumerate(lengths) for _ in range(length)])  # static shape
+    indicator = (ids == torch.arange(len(lengths)).unsqueeze(-1)).to(dtype)
+    built = Segments(
+        ids.to(device),
+        indicator.to(device),
+        indicator.T.contiguous().to(device),
+        torch.tensor(lengths, dtype=dtype, device=device),
+        (-indicator[0]).to(device),
+    )
+    if not torch.compiler.is_compiling() and len(_SEGMENTS) < 256:
+        _SEGMENTS[key] = built
+    return built
+
+
 def augmented_features(
-    features: Sequence[Tensor],
-    masks: Sequence[Tensor | None],
+    features: Tensor,
+    real: Tensor | None,
     temperature: float,
     estimator: str,
-    layout: HadLayout,
+    lengths: Sequence[int],
 ) -> tuple[Tensor, Tensor]:
     """The rows X of every modality, stacked along time, and the scale sigma > 0 of each
     sample and head such that sigma times a row times :func:`augmented_weights` is the
@@ -139,95 +182,48 @@ def augmented_features(
       c_j and alpha are chosen per sample and head from the data; gradients flow through
       them (and sigma), so that the gradient is that of the computed output.
 
-    Keeping sigma out of the rows costs nothing: the had steps multiply the exponent by it
-    in the pass that subtracts the stabilisers. Without gradients the rows are written
-    straight into the stacked tensor (one pass over the features per modality, besides
-    the reductions); dot products, not matrix products, so that FLOP counts keep the
-    method's two matrix products (except the mean over the real steps of a padded
-    modality, a (1, T_j) product).
+    All modalities are handled at once on the stacked time axis: the per-modality sums
+    are products with the (m, T) indicator of :func:`segments`, and a modality's mean
+    reaches its steps by one gather, so the number of operations does not grow with m.
+    Rows of padded steps are never read (their exponent is -inf).
 
     Args:
-        features: (..., T_j, K') per modality, padded steps zeroed.
-        masks: (..., T_j) bool per modality, or None for a modality without padding.
+        features: (G, N, T, K'), the modalities stacked along time, padded steps zeroed.
+        real: (G or 1, N, T) bool, True at real steps, or None when nothing is padded.
+        lengths: T_j of each modality (sum T).
 
     Returns:
-        X (heads, rows, T, K' + 2) and sigma (heads, rows) of ``layout``.
+        X (G, N, T, K' + 2) and sigma (G, N).
     """
-    feature_dim = features[0].shape[-1]
+    feature_dim = features.shape[-1]
     scale = math.sqrt(temperature)
-    ordered = [layout.lead[i] for i in layout.order]
-    # Without gradients the rows are written straight into the stacked tensor (out=). With
-    # them they are concatenated (out= is not differentiable, and in-place writes into views
-    # of one tensor would each copy its whole gradient in the backward), and so they are
-    # under torch.compile (which refuses a non-contiguous out=).
-    in_place = not torch.compiler.is_compiling() and not (
-        torch.is_grad_enabled() and any(a.requires_grad for a in features)
-    )
-    stacked = features[0].new_empty(*ordered, layout.offsets[-1], feature_dim + 2) if in_place else None
-    arrays = [to_layout(a, layout, 2) for a in features]  # (*ordered, T_j, K') views
-    targets = [
-        None if stacked is None else stacked[..., start:stop, :feature_dim] for start, stop in spans(layout)
-    ]
     if estimator == "arf":
-        rows = [a if target is None else target.copy_(a) for a, target in zip(arrays, targets, strict=True)]
-        # -|a~|^2 / 2 = sigma (-s |a|^2 / 2)
-        weight = -0.5 * temperature * torch.cat([_squared_norms(a, in_place) for a in arrays], -1)
-        sigma = arrays[0].new_full((*ordered, 1), scale)
-        return _assemble(stacked, rows, torch.stack([weight, torch.zeros_like(weight)], -1), sigma, layout)
-    real_masks = [None if mask is None else to_layout(mask, layout, 1) for mask in masks]
-    means, counts = [], []  # m_j (*ordered, 1, K') and the number of real steps (*ordered, 1)
-    for a, mask in zip(arrays, real_masks, strict=True):
-        if mask is None:
-            count = a.new_full((1,), a.shape[-2])
-            real_sum = a.sum(-2, keepdim=True)
-        else:  # the sum over real steps only, so that no gradient reaches padded ones
-            weights = mask.to(a.dtype).unsqueeze(-2)  # (*ordered, 1, T_j)
-            count = weights.sum(-1)
-            real_sum = weights @ a
-        counts.append(count)
-        means.append(real_sum / count.unsqueeze(-1))
-    total = means[0]
-    for mean in means[1:]:
-        total = total + mean  # M, (*ordered, 1, K')
-    rows, spreads, crosses, squares = [], [], [], []
-    for a, mean, mask, count, target in zip(arrays, means, real_masks, counts, targets, strict=True):
-        centred = a - mean if target is None else torch.sub(a, mean, out=target)  # d_j
-        rows.append(centred)
-        square = _squared_norms(centred, in_place)  # |d_j[t]|^2, (*ordered, T_j)
-        squares.append(square)
-        crosses.append(torch.linalg.vecdot(centred, total - mean))  # d_j . (M - m_j)
-        real = square if mask is None else square * mask
-        spreads.append(temperature * real.sum(-1, keepdim=True) / count)  # mean_t |a'_j|^2
-    alpha = random_features_module.gerf_alpha(spreads, feature_dim)  # (*ordered, 1)
-    sigma = scale * torch.sqrt(1 + 2 * alpha)  # s B
-    weight = temperature * (torch.cat(crosses, -1) - 0.5 * torch.cat(squares, -1))
-    first = layout.lengths[0]  # -alpha |w|^2 in modality 0 only
-    last = torch.cat([(-alpha).expand(*ordered, first), alpha.new_zeros(*ordered, layout.offsets[-1] - first)], -1)
-    return _assemble(stacked, rows, torch.stack([weight, last], -1), sigma, layout)
-
-
-def _squared_norms(x: Tensor, in_place: bool) -> Tensor:
-    """|x|^2 over the last axis: without gradients (``in_place``) by vector_norm, one read
-    and no temporary (vecdot multiplies into a temporary, then sums); with them by vecdot,
-    whose backward costs less than the norm's."""
-    return torch.linalg.vector_norm(x, dim=-1).square() if in_place else torch.linalg.vecdot(x, x)
-
-
-def _assemble(
-    stacked: Tensor | None, rows: Sequence[Tensor], columns: Tensor, sigma: Tensor, layout: HadLayout
-) -> tuple[Tensor, Tensor]:
-    """:func:`augmented_features`' result from the feature rows (written into ``stacked``
-    already, or None: then concatenated) and the two extra columns (*ordered, T, 2) of the
-    exponent, divided here by sigma (*ordered, 1)."""
-    columns = columns / sigma.unsqueeze(-1)
-    if stacked is None:
-        stacked = torch.cat([torch.cat(list(rows), -2), columns], -1)
-    else:
-        stacked[..., -2:] = columns
-    return (
-        stacked.view(layout.heads, layout.rows, *stacked.shape[-2:]),
-        sigma.reshape(layout.heads, layout.rows),
-    )
+        # -|a~|^2 / 2 = sigma (-s |a|^2 / 2), sigma = s
+        weight = (-0.5 * scale) * torch.linalg.vecdot(features, features)
+        columns = torch.stack([weight, torch.zeros_like(weight)], -1)
+        return torch.cat([features, columns], -1), features.new_full(features.shape[:-2], scale)
+    segment = segments(lengths, features.dtype, features.device)
+    if real is None:
+        counts = segment.counts  # (m,)
+        sums = segment.indicator @ features  # (G, N, m, K')
+    else:  # sums over real steps only, so that no gradient reaches padded ones
+        weights = segment.indicator * real.to(features.dtype).unsqueeze(-2)  # (G|1, N, m, T)
+        counts = weights.sum(-1)  # (G|1, N, m)
+        sums = weights @ features
+    means = sums / counts.unsqueeze(-1)  # m_j, (G, N, m, K')
+    total = means.sum(-2, keepdim=True)  # M, (G, N, 1, K')
+    mean_at_step = means.index_select(-2, segment.ids)  # m_j at the steps of j, (G, N, T, K')
+    centred = features - mean_at_step  # d_j
+    square = torch.linalg.vecdot(centred, centred)  # |d_j[t]|^2, (G, N, T)
+    cross = torch.linalg.vecdot(centred, total - mean_at_step)  # d_j . (M - m_j)
+    real_square = square if real is None else square * real
+    spread = (real_square @ segment.per_step) / counts  # mean_t |d_j|^2 over real steps, (G, N, m)
+    alpha = random_features_module.gerf_alpha([temperature * spread.sum(-1, keepdim=True)], feature_dim)
+    sigma = scale * torch.sqrt(1 + 2 * alpha)  # s B, (G, N, 1)
+    weight = temperature * (cross - 0.5 * square)
+    first = alpha * segment.minus_first  # -alpha |w|^2 enters in modality 0 only, (G, N, T)
+    columns = torch.stack([weight, first], -1) / sigma.unsqueeze(-1)
+    return torch.cat([centred, columns], -1), sigma.squeeze(-1)
 
 
 def augmented_weights(random_matrix: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
@@ -243,16 +239,23 @@ def augmented_weights(random_matrix: Tensor, estimator: str, dtype: torch.dtype)
     return torch.cat([matrices.transpose(-1, -2), ones, squared_norms], dim=-2)
 
 
-def padded_in_layout(masks: Sequence[Tensor | None], layout: HadLayout, device: torch.device) -> Tensor | None:
-    """(heads, rows, T) bool, True at padded steps; None when no modality has padding."""
-    if all(mask is None for mask in masks):
-        return None
-    ordered = [layout.lead[i] for i in layout.order]
-    padded = torch.zeros(*ordered, layout.offsets[-1], dtype=torch.bool, device=device)
-    for (start, stop), mask in zip(spans(layout), masks, strict=True):
-        if mask is not None:
-            padded[..., start:stop] = to_layout(~mask, layout, 1)
-    return padded.view(layout.heads, layout.rows, -1)
+def augmented_weights_of(random_matrix: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
+    """:func:`augmented_weights`, kept on the random matrix while it does not change.
+
+    A module's random matrix is a buffer that changes only in place (a redraw, a load),
+    which bumps its version counter: the columns are rebuilt then and otherwise reused,
+    so that a forward spends no operation on them. Not kept for a matrix that needs
+    gradients, under ``torch.compile`` or for inference tensors (no version counter).
+    """
+    if random_matrix.requires_grad or torch.compiler.is_compiling() or random_matrix.is_inference():
+        return augmented_weights(random_matrix, estimator, dtype)
+    key = (random_matrix._version, estimator, dtype)
+    kept = getattr(random_matrix, "_polyfuse_had_weights", None)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    weights = augmented_weights(random_matrix, estimator, dtype)
+    random_matrix._polyfuse_had_weights = (key, weights)
+    return weights
 
 
 def stabilisers_for(exponent: Tensor, layout: HadLayout, scale: Tensor | None = None) -> Tensor:
@@ -309,13 +312,15 @@ def had_whole(
     stacked_features: Tensor,
     weights: Tensor,
     scale: Tensor,
-    values: Sequence[Tensor],
+    values: Tensor,
     padded: Tensor | None,
     layout: HadLayout,
     return_attention: bool,
 ) -> tuple[Tensor, list[Tensor]]:
-    """The had steps on whole tensors, out of place: the path autograd differentiates."""
+    """The had steps on whole tensors, out of place: the path autograd differentiates.
+    Arguments as :class:`HadFunction`'s."""
     heads, rows, total, _ = stacked_features.shape
+    values = values.split(list(layout.lengths), dim=-2)  # (G, N, T_j, K)
     exponent = torch.matmul(stacked_features.view(heads, rows * total, -1), weights)
     scale = scale.view(heads, rows, 1, 1)
     exponent = exponent.view(heads, rows, total, -1) * scale  # Eq. 11 exponents, (G, N, T, H)
@@ -365,7 +370,7 @@ def had_chunked(
     stacked_features: Tensor,
     weights: Tensor,
     scale: Tensor,
-    values: Sequence[Tensor],
+    values: Tensor,
     padded: Tensor | None,
     layout: HadLayout,
     return_attention: bool,
@@ -373,41 +378,45 @@ def had_chunked(
     """The had steps chunk by chunk, in place, in preallocated buffers (no gradients).
 
     ``stacked_features`` (G, N, T, K' + 2) and ``scale`` (G, N) from
-    :func:`augmented_features`, ``values`` per modality (G, N, T_j, K).
+    :func:`augmented_features`, ``values`` (G, N, T, K) stacked like the features,
+    ``padded`` (G or 1, N, T) True at padded steps, or None.
     """
     heads, rows, total, _ = stacked_features.shape
     num_random_features = weights.shape[-1]
-    value_dim = values[0].shape[-1]
+    value_dim = values.shape[-1]
     head_chunk, row_chunk = chunk_sizes(layout, num_random_features, weights)
+    if head_chunk == heads and row_chunk == rows:  # one chunk: no slicing, no buffers kept
+        return had_chunk(stacked_features, weights, scale, values.transpose(-1, -2), padded, layout, None,
+                         return_attention)
     capacity = head_chunk * row_chunk
     new = weights.new_empty
     buffers = (
         new(capacity * total * num_random_features),
         new(capacity * num_random_features * value_dim),
-        new(capacity * num_random_features * value_dim),
     )
     output = new(heads, rows, value_dim)
     marginals = [new(heads, rows, t) for t in layout.lengths] if return_attention else []
-    transposed = [v.transpose(-1, -2) for v in values]  # v_j^T, (G, N, K, T_j)
+    transposed = values.transpose(-1, -2)  # v^T, (G, N, K, T)
     for head_start in range(0, heads, head_chunk):
         head_span = slice(head_start, min(heads, head_start + head_chunk))
         for row_start in range(0, rows, row_chunk):
             span = (head_span, slice(row_start, min(rows, row_start + row_chunk)))
-            if row_chunk == 1 and head_chunk == heads:  # one op per modality: a view
-                chunk_values = [v.select(1, row_start) for v in transposed]
-            else:
-                chunk_values = [v[span].flatten(0, 1) for v in transposed]
-            had_chunk(
+            chunk_padded = None
+            if padded is not None:
+                chunk_padded = padded[:, span[1]] if padded.shape[0] == 1 else padded[span]
+            chunk_output, chunk_marginals = had_chunk(
                 stacked_features[span],
                 weights[head_span],
                 scale[span],
-                chunk_values,
-                None if padded is None else padded[span],
+                transposed[span],
+                chunk_padded,
                 layout,
                 buffers,
-                output[span],
-                [marginal[span] for marginal in marginals],
+                return_attention,
             )
+            output[span] = chunk_output
+            for marginal, chunk_marginal in zip(marginals, chunk_marginals, strict=True):
+                marginal[span] = chunk_marginal
     return output, marginals
 
 
@@ -415,27 +424,30 @@ def had_chunk(
     stacked_features: Tensor,
     weights: Tensor,
     scale: Tensor,
-    values: Sequence[Tensor],
+    transposed_values: Tensor,
     padded: Tensor | None,
     layout: HadLayout,
-    buffers: tuple[Tensor, Tensor, Tensor],
-    output: Tensor,
-    marginals: Sequence[Tensor],
-) -> None:
+    buffers: tuple[Tensor, Tensor] | None,
+    return_attention: bool,
+    kept: dict[str, Tensor] | None = None,
+) -> tuple[Tensor, list[Tensor]]:
     """One chunk of :func:`had_chunked`: (g, n, T, K' + 2) stacked features, (g, n) scale,
-    values v_j^T as (g n, K, T_j); writes ``output`` (g, n, K) and, if given, ``marginals`` (g, n, T_j)."""
+    values v^T (g, n, K, T), padded (g or 1, n, T) or None; the exponents and the
+    products go to ``buffers`` if given (reused across chunks). Returns the output
+    (g, n, K) and, if asked, the marginals (g, n, T_j). With ``kept`` (a dict), the random
+    features E (g n, T, H) and their sums per modality (g n, m, H) are left in it for the
+    backward."""
     heads, rows, total, feature_dim = stacked_features.shape
     num_random_features = weights.shape[-1]
-    value_dim = values[0].shape[-2]
+    value_dim = transposed_values.shape[-2]
     count = heads * rows
-    lengths, offsets = layout.lengths, layout.offsets
+    lengths = layout.lengths
     num_modalities = len(lengths)
-    exponent_buffer, product_buffer, term_buffer = buffers
-    exponent = exponent_buffer[: count * total * num_random_features].view(heads, rows * total, -1)
-    torch.bmm(stacked_features.view(heads, rows * total, feature_dim), weights, out=exponent)
+    exponent = None if buffers is None else buffers[0][: count * total * num_random_features].view(heads, rows * total, -1)
+    exponent = torch.bmm(stacked_features.reshape(heads, rows * total, feature_dim), weights, out=exponent)
+    if padded is not None:  # B_j = 0 there
+        exponent.view(heads, rows, total, -1).masked_fill_(padded.unsqueeze(-1), float("-inf"))
     exponent = exponent.view(count, total, num_random_features)  # Eq. 11 exponents over sigma
-    if padded is not None:
-        exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))  # B_j = 0 there
     scale = scale.reshape(count, 1, 1)
     stabilisers = stabilisers_for(exponent, layout, scale).neg_()  # -m_j, (g n, m, H), note 5
     if len(set(lengths)) == 1:
@@ -443,32 +455,35 @@ def had_chunk(
         # sigma x - m_j in one pass, then B_j^T for every modality
         torch.addcmul(stabilisers.unsqueeze(2), by_modality, scale.unsqueeze(1), out=by_modality).exp_()
         sums = by_modality.sum(dim=2)  # B_j 1, (g n, m, H)
-        random = by_modality.unbind(1)  # (g n, T_j, H) views
     else:
-        for j, (start, stop) in enumerate(itertools.pairwise(offsets)):  # slices: no out= into them
-            exponent[:, start:stop].mul_(scale).add_(stabilisers[:, j].unsqueeze(1))
-        exponent.exp_()
-        random = [exponent[:, start:stop] for start, stop in itertools.pairwise(offsets)]
-        sums = torch.stack([b.sum(dim=1) for b in random], 1)
+        segment = segments(lengths, exponent.dtype, exponent.device)
+        # sigma x - m_j in one pass (m_j gathered to the steps of modality j), then B^T
+        torch.addcmul(stabilisers.index_select(1, segment.ids), exponent, scale, out=exponent).exp_()
+        sums = segment.indicator @ exponent  # B_j 1, (g n, m, H)
+    if kept is not None:
+        kept.update(random=exponent, sums=sums)
+    random = exponent.split(list(lengths), dim=1)  # B_j^T, (g n, T_j, H) views
+    values = transposed_values.reshape(count, value_dim, total).split(list(lengths), dim=-1)  # v_j^T (g n, K, T_j)
     # With v_j^T on the left the contractions produce (K, H), whose long rows suit the
     # matrix kernels better than (H, K).
-    size = count * num_random_features * value_dim
-    product = product_buffer[:size].view(count, value_dim, num_random_features)
-    term = term_buffer[:size].view_as(product)
     last = num_modalities - 1
-    torch.bmm(values[0], random[0], out=product)  # (B_0^T v_0)^T, Eq. 10
+    product = None if buffers is None else buffers[1][: count * num_random_features * value_dim].view(
+        count, value_dim, num_random_features)
+    product = torch.bmm(values[0], random[0], out=product)  # (B_0^T v_0)^T, Eq. 10
     for j in range(1, last):
-        torch.bmm(values[j], random[j], out=term)
-        product.mul_(term)
+        product.mul_(torch.bmm(values[j], random[j]))
     # sum_h product[k, h] (v^T B)[k, h] = sum_t v[t, k] (product B^T)[k, t], last modality
     mixed = torch.bmm(product, random[last].transpose(1, 2))  # (g n, K, T_last)
     numerator = mixed.mul_(values[last]).sum(dim=2)  # (g n, K)
     denominator = sums.prod(dim=1).sum(dim=-1, keepdim=True)  # sum A, Eq. 12, (g n, 1)
-    torch.div(numerator.view(heads, rows, -1), denominator.view(heads, rows, 1), out=output)
-    for j, marginal in enumerate(marginals):
-        others = elementwise_product([sums[:, i] for i in range(num_modalities) if i != j])  # (g n, H)
-        weighted = torch.bmm(random[j], others.unsqueeze(-1)).squeeze(-1) / denominator
-        marginal.copy_(weighted.view_as(marginal))
+    output = numerator.div_(denominator).view(heads, rows, value_dim)
+    marginals = []
+    if return_attention:
+        for j in range(num_modalities):
+            others = elementwise_product([sums[:, i] for i in range(num_modalities) if i != j])  # (g n, H)
+            weighted = torch.bmm(random[j], others.unsqueeze(-1)).squeeze(-1) / denominator
+            marginals.append(weighted.view(heads, rows, -1))
+    return output, marginals
 
 
 class HadFunction(torch.autograd.Function):
@@ -477,8 +492,8 @@ class HadFunction(torch.autograd.Function):
     memory beyond the inputs and outputs is one chunk's, whatever T.
 
     Inputs: ``stacked_features`` X (G, N, T, F), ``weights`` W (G, F, H), ``scale`` sigma
-    (G, N), ``padded`` (G, N, T) or None, ``layout``, then the m ``values`` (G, N, T_j, K).
-    Output (G, N, K).
+    (G, N), ``values`` (G, N, T, K) stacked like X, ``padded`` (G or 1, N, T) or None,
+    ``layout``. Output (G, N, K).
 
     Backward, per row (one sample and head), with the exponent sigma X W and
     E_j = exp(exponent_j - m_j) (T_j, H),
@@ -491,9 +506,19 @@ class HadFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, stacked_features, weights, scale, padded, layout, *values):
-        ctx.save_for_backward(stacked_features, weights, scale, padded, *values)
+    def forward(ctx, stacked_features, weights, scale, values, padded, layout):
         ctx.layout = layout
+        heads, rows = stacked_features.shape[:2]
+        if chunk_sizes(layout, weights.shape[-1], weights) == (heads, rows):
+            # One chunk: its random features and sums (within the chunk budget) are kept for
+            # the backward, which then does not recompute them.
+            kept: dict[str, Tensor] = {}
+            with torch.no_grad():
+                output, _ = had_chunk(stacked_features, weights, scale, values.transpose(-1, -2), padded,
+                                      layout, None, False, kept)
+            ctx.save_for_backward(stacked_features, weights, scale, values, padded, kept["random"], kept["sums"])
+            return output
+        ctx.save_for_backward(stacked_features, weights, scale, values, padded, None, None)
         output, _ = had_chunked(stacked_features, weights, scale, values, padded, layout, False)
         return output
 
@@ -504,45 +529,55 @@ class HadFunction(torch.autograd.Function):
                 'multilinear_attention(mode="had"): the backward is not differentiable '
                 '(no second derivatives); use mode="exact" for double backward'
             )
-        stacked_features, weights, scale, padded, *values = ctx.saved_tensors
-        layout = ctx.layout
+        stacked_features, weights, scale, values, padded, random, sums = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[1], ctx.needs_input_grad[2])
         with torch.no_grad():
-            grads = had_backward(stacked_features, weights, scale, values, padded, layout, grad_output,
-                                 ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+            if random is not None:
+                grads = had_chunk_backward(stacked_features, weights, scale, values, padded, ctx.layout,
+                                           grad_output, *needs, random=random, sums=sums)
+            else:
+                grads = had_backward(stacked_features, weights, scale, values, padded, ctx.layout, grad_output,
+                                     *needs)
         grad_stacked, grad_weights, grad_scale, grad_values = grads
-        return (grad_stacked, grad_weights, grad_scale, None, None, *grad_values)
+        return grad_stacked, grad_weights, grad_scale, grad_values, None, None
 
 
 def had_backward(
     stacked_features: Tensor,
     weights: Tensor,
     scale: Tensor,
-    values: Sequence[Tensor],
+    values: Tensor,
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
     weights_need_grad: bool,
     scale_needs_grad: bool,
-) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor]]:
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
     """Gradients of :class:`HadFunction`, chunk by chunk (see its docstring); those of
     the weights and the scale only when asked (MAN's W is a buffer, ARF's scale a constant)."""
     heads, rows = stacked_features.shape[:2]
     num_random_features = weights.shape[-1]
     head_chunk, row_chunk = chunk_sizes(layout, num_random_features, weights)
+    if head_chunk == heads and row_chunk == rows:  # one chunk: no slicing, no copies
+        return had_chunk_backward(stacked_features, weights, scale, values, padded, layout, grad_output,
+                                  weights_need_grad, scale_needs_grad)
     grad_stacked = torch.empty_like(stacked_features)
     grad_weights = torch.zeros_like(weights) if weights_need_grad else None
     grad_scale = scale.new_empty(scale.shape) if scale_needs_grad else None
-    grad_values = [v.new_empty(v.shape) for v in values]  # contiguous, whatever the values' strides
+    grad_values = values.new_empty(values.shape)  # contiguous, whatever the values' strides
     for head_start in range(0, heads, head_chunk):
         head_span = slice(head_start, min(heads, head_start + head_chunk))
         for row_start in range(0, rows, row_chunk):
             span = (head_span, slice(row_start, min(rows, row_start + row_chunk)))
+            chunk_padded = None
+            if padded is not None:
+                chunk_padded = padded[:, span[1]] if padded.shape[0] == 1 else padded[span]
             chunk_grads = had_chunk_backward(
                 stacked_features[span],
                 weights[head_span],
                 scale[span],
-                [v[span] for v in values],
-                None if padded is None else padded[span],
+                values[span],
+                chunk_padded,
                 layout,
                 grad_output[span],
                 weights_need_grad,
@@ -553,8 +588,7 @@ def had_backward(
                 grad_weights[head_span] += chunk_grads[1]
             if grad_scale is not None:
                 grad_scale[span] = chunk_grads[2]
-            for grad, chunk_grad in zip(grad_values, chunk_grads[3], strict=True):
-                grad[span] = chunk_grad
+            grad_values[span] = chunk_grads[3]
     return grad_stacked, grad_weights, grad_scale, grad_values
 
 
@@ -562,33 +596,41 @@ def had_chunk_backward(
     stacked_features: Tensor,
     weights: Tensor,
     scale: Tensor,
-    values: Sequence[Tensor],
+    values: Tensor,
     padded: Tensor | None,
     layout: HadLayout,
     grad_output: Tensor,
     weights_need_grad: bool,
     scale_needs_grad: bool,
-) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor]]:
+    random: Tensor | None = None,
+    sums: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
     """One chunk of :func:`had_backward`: (g, n, T, F) features, (g, F, H) weights, (g, n)
-    scale, values (g, n, T_j, K), grad_output (g, n, K)."""
+    scale, values (g, n, T, K), padded (g or 1, n, T) or None, grad_output (g, n, K);
+    the forward's random features E (g n, T, H) and their sums per modality (g n, m, H)
+    if it kept them (else they are recomputed)."""
     heads, rows, total, feature_dim = stacked_features.shape
     num_random_features = weights.shape[-1]
     count = heads * rows
-    scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
-    exponent = torch.bmm(scaled, weights).view(count, total, num_random_features)  # sigma X W
-    if padded is not None:
-        exponent.masked_fill_(padded.reshape(count, total, 1), float("-inf"))
-    stabilisers = stabilisers_for(exponent, layout)  # (g n, m, H)
-    # E_j = exp(exponent_j - m_j), in place: the exponents are not needed afterwards.
-    random = [
-        piece.sub_(stabiliser.unsqueeze(-2)).exp_()
-        for piece, stabiliser in zip(
-            exponent.split(list(layout.lengths), dim=-2), stabilisers.unbind(-2), strict=True
-        )
-    ]  # E_j, (g n, T_j, H)
-    flat_values = [v.reshape(count, *v.shape[-2:]) for v in values]
-    contracted = [b.transpose(-1, -2) @ v for b, v in zip(random, flat_values, strict=True)]  # P_j
-    sums = [b.sum(dim=-2) for b in random]  # s_j, (g n, H)
+    lengths = list(layout.lengths)
+    if random is None:
+        exponent = torch.bmm((stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, -1),
+                             weights)  # sigma X W
+        if padded is not None:
+            exponent.view(heads, rows, total, -1).masked_fill_(padded.unsqueeze(-1), float("-inf"))
+        exponent = exponent.view(count, total, num_random_features)
+        stabilisers = stabilisers_for(exponent, layout).neg_()  # -m_j, (g n, m, H)
+        # E_j = exp(exponent_j - m_j), in place: the exponents are not needed afterwards.
+        if len(set(lengths)) == 1:
+            exponent.view(count, len(lengths), lengths[0], -1).add_(stabilisers.unsqueeze(2)).exp_()
+        else:
+            exponent.add_(stabilisers.index_select(1, segments(lengths, exponent.dtype, exponent.device).ids)).exp_()
+        random = exponent
+        sums = segments(lengths, random.dtype, random.device).indicator @ random  # s_j, (g n, m, H)
+    pieces = random.split(lengths, dim=1)  # E_j, (g n, T_j, H)
+    flat_values = values.reshape(count, total, -1).split(lengths, dim=1)  # V_j, (g n, T_j, K)
+    contracted = [torch.bmm(b.transpose(-1, -2), v) for b, v in zip(pieces, flat_values, strict=True)]  # P_j
+    sums = sums.unbind(1)  # s_j, (g n, H)
     others_contracted = products_of_others(contracted)  # Q_j = prod_{i != j} P_i, (g n, H, K)
     others_sums = products_of_others(sums)
     numerator = (contracted[0] * others_contracted[0]).sum(dim=-2)  # (g n, K)
@@ -597,16 +639,16 @@ def had_chunk_backward(
     grad = grad_output.reshape(count, -1)
     grad_numerator = (grad / denominator).unsqueeze(-2)  # dy / den, (g n, 1, K)
     grad_denominator = -(grad * output).sum(-1, keepdim=True) / denominator  # (g n, 1)
-    grad_exponent = torch.empty_like(exponent)
-    grad_values = []
-    for j, (start, stop) in enumerate(spans(layout)):
-        # dP_j = (dy / den) * Q_j is never formed at (H, K): the scale over K moves to the
-        # (T_j, K) side, V_j dP_j^T = (V_j * dy / den) Q_j^T and E_j dP_j = (E_j Q_j) * dy / den.
-        grad_sums = (grad_denominator * others_sums[j]).unsqueeze(-2)  # ds_j, (g n, 1, H)
-        scaled_values = flat_values[j] * grad_numerator  # (g n, T_j, K)
-        grad_random = torch.baddbmm(grad_sums, scaled_values, others_contracted[j].transpose(-1, -2))
-        grad_exponent[:, start:stop] = grad_random.mul_(random[j])  # dE_j * E_j, (g n, T_j, H)
-        grad_values.append((random[j] @ others_contracted[j]).mul_(grad_numerator).view(values[j].shape))
+    # d exponent_j = dE_j * E_j with dE_j = V_j dP_j^T + 1 ds_j^T; dP_j = (dy / den) * Q_j
+    # is never formed at (H, K): the scale over K moves to the (T_j, K) side,
+    # V_j dP_j^T = (V_j * dy / den) Q_j^T and dV_j = E_j dP_j = (E_j Q_j) * dy / den.
+    grad_random = [
+        torch.baddbmm((grad_denominator * s).unsqueeze(-2), v * grad_numerator, q.transpose(-1, -2))
+        for v, q, s in zip(flat_values, others_contracted, others_sums, strict=True)
+    ]
+    grad_exponent = torch.cat(grad_random, 1).mul_(random)  # (g n, T, H)
+    grad_values = torch.cat([torch.bmm(b, q) for b, q in zip(pieces, others_contracted, strict=True)], 1)
+    grad_values.mul_(grad_numerator)
     grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
     # D = d exponent W^T; dX = sigma D, d sigma = sum_t X[t] . D[t] (see HadFunction).
     projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
@@ -616,9 +658,10 @@ def had_chunk_backward(
         grad_scale = torch.bmm(flat_projected, stacked_features.reshape(count, total * feature_dim, 1)).view(heads, rows)
     grad_stacked = projected.mul_(scale.view(heads, rows, 1, 1))
     grad_weights = None
-    if weights_need_grad:
+    if weights_need_grad:  # dW = sigma X^T d exponent
+        scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
         grad_weights = torch.bmm(scaled.transpose(-1, -2), grad_exponent)
-    return grad_stacked, grad_weights, grad_scale, grad_values
+    return grad_stacked, grad_weights, grad_scale, grad_values.view(values.shape)
 
 
 def products_of_others(tensors: Sequence[Tensor]) -> list[Tensor]:

@@ -260,7 +260,7 @@ def bilinear_attention_map(
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"{owner}: logits must be a float tensor (B, G, T_x, T_y), got {shape}")
     batch, _, length_x, length_y = logits.shape
-    checked = check_values()
+    checked = check_values(logits)
     flat = logits.flatten(start_dim=2)  # (B, G, T_x * T_y): one softmax per whole map
     masked = x_mask is not None or y_mask is not None
     if checked:
@@ -361,7 +361,7 @@ def bilinear_attention_pooling(
     if single:
         attention = attention.unsqueeze(1)  # (B, 1, T_x, T_y)
     pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
-    if check_values() and bool((~torch.isfinite(attention) & pair_mask).any()):
+    if check_values(attention) and bool((~torch.isfinite(attention) & pair_mask).any()):
         raise ValueError(f"{owner}: attention contains NaN or Inf at a real (x, y) pair")
     attention = attention.masked_fill(~pair_mask, 0.0)
 

@@ -22,7 +22,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from polyfuse._checks import check_all_finite, check_masks, check_modality_list, check_values
+from polyfuse._checks import (
+    check_all_finite,
+    check_mask,
+    check_masks,
+    check_modality_list,
+    check_stacked_steps,
+)
 from polyfuse.functional import _had
 
 __all__ = [
@@ -30,8 +36,10 @@ __all__ = [
     "MODES",
     "lsc_encoding",
     "lsc_encoding_from_mask",
+    "lsc_encoding_stacked",
     "multilinear_attention",
     "multilinear_pooling",
+    "stacked_multilinear_attention",
 ]
 
 MODES = ("exact", "hadamard", "had")
@@ -114,8 +122,28 @@ def lsc_encoding_from_mask(mask: Tensor, chunks: int, scale: float, *, dtype: to
     Returns:
         (..., T, chunks) tensor.
     """
-    rank = mask.long().cumsum(-1) - 1
-    length = mask.sum(-1, keepdim=True).clamp_min(1)
+    return lsc_encoding_stacked(mask, (mask.shape[-1],), chunks, scale, dtype=dtype)
+
+
+def lsc_encoding_stacked(
+    mask: Tensor, lengths: Sequence[int], chunks: int, scale: float, *, dtype: torch.dtype
+) -> Tensor:
+    """:func:`lsc_encoding_from_mask` of m modalities stacked along time, in one pass.
+
+    Args:
+        mask: (..., T) bool with T = sum_j T_j: modality j at the steps
+            sum_{i<j} T_i .. sum_{i<=j} T_i - 1; its real steps are numbered within its span.
+        lengths: T_j of each modality.
+
+    Returns:
+        (..., T, chunks): modality j's steps hold ``lsc_encoding_from_mask`` of its own mask.
+    """
+    segment = _had.segments(lengths, torch.float32, mask.device)  # counts are exact in float32 to 2^24
+    real = mask.to(torch.float32)
+    counts = real @ segment.per_step  # real steps of each modality, (..., m)
+    before = counts.cumsum(-1) - counts  # real steps of the modalities before j
+    rank = real.cumsum(-1) - 1 - before.index_select(-1, segment.ids)  # rank within j's real steps
+    length = counts.clamp_min(1).index_select(-1, segment.ids)
     chunk_of_step = torch.div(rank.clamp_min(0) * chunks, length, rounding_mode="floor")
     encoding = _lsc_from_chunks(chunk_of_step, chunks, scale, dtype)
     return encoding * mask.unsqueeze(-1)
@@ -207,57 +235,121 @@ def multilinear_attention(
         for j, (a, v, mask) in enumerate(zip(features, values, full_masks, strict=True))
         for t, kind in ((a, "features"), (v, "values"))
     ])
-    # Zero padded steps so that whatever they hold can never reach the output.
-    # (Reading the masks to skip unpadded modalities is a value check: without value
-    # checks every mask given is applied.)
-    padded = [
-        given is not None and (not check_values() or not bool(mask.all()))
-        for given, mask in zip(masks or [None] * len(full_masks), full_masks, strict=True)
-    ]
-    features = [
-        a.masked_fill(~mask.unsqueeze(-1), 0.0) if pad else a
-        for a, mask, pad in zip(features, full_masks, padded, strict=True)
-    ]
-    values = [
-        v.masked_fill(~mask.unsqueeze(-1), 0.0) if pad else v
-        for v, mask, pad in zip(values, full_masks, padded, strict=True)
-    ]
-
+    # Zero padded steps so that whatever they hold can never reach the output (every
+    # mask given is applied: skipping an all-True one would read it back to the host).
+    given = masks or [None] * len(full_masks)
+    features = [a if m is None else a.masked_fill(~mask.unsqueeze(-1), 0.0)
+                for a, m, mask in zip(features, given, full_masks, strict=True)]
+    values = [v if m is None else v.masked_fill(~mask.unsqueeze(-1), 0.0)
+              for v, m, mask in zip(values, given, full_masks, strict=True)]
     if mode == "had":
-        if random_matrix is None:
-            raise ValueError('mode="had" needs random_matrix, the random matrix W of shape (H, K\')')
-        if random_matrix.shape[-1] != features[0].shape[-1]:
-            raise ValueError(
-                f"random_matrix has rows of size {random_matrix.shape[-1]}, "
-                f"features have K' = {features[0].shape[-1]}"
-            )
-        try:
-            _broadcast_shape(lead, random_matrix.shape[:-2])
-        except RuntimeError:
-            raise ValueError(
-                f"random_matrix has batch dims {tuple(random_matrix.shape[:-2])}, which do not "
-                f"broadcast with the inputs' {tuple(lead)}"
-            ) from None
-        if not temperature > 0:
-            raise ValueError(f'mode="had" needs temperature > 0, got {temperature}')
-        if estimator not in ESTIMATORS:
-            raise ValueError(
-                f"unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}"
-            )
+        _check_had_options(random_matrix, features[0].shape[-1], lead, temperature, estimator)
         return _had_attention(
             features,
             values,
-            [mask if pad else None for mask, pad in zip(full_masks, padded, strict=True)],
+            [mask if m is not None else None for m, mask in zip(given, full_masks, strict=True)],
             random_matrix,
             temperature,
             return_attention,
             estimator,
         )
-
     logits = (
         _cao_logits(features) if mode == "exact" else _hadamard_logits(features)
     ) * temperature
     return _tensor_attention(logits, values, full_masks, return_attention)
+
+
+def stacked_multilinear_attention(
+    features: Tensor,
+    values: Tensor,
+    lengths: Sequence[int],
+    mask: Tensor | None = None,
+    *,
+    mode: str,
+    random_matrix: Tensor | None = None,
+    temperature: float = 1.0,
+    return_attention: bool = False,
+    estimator: str = "gerf",
+) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
+    """:func:`multilinear_attention` of m modalities stacked along one time axis.
+
+    The same attention (MAN Eq. 5), for callers that hold the modalities in one tensor
+    (MAN's layer): modality j occupies the steps sum_{i<j} T_i .. sum_{i<=j} T_i - 1.
+    Every step of the computation then handles all modalities at once, so that a call
+    costs a number of operations that does not grow with m (fewer kernel launches).
+
+    Args:
+        features: (B, T, K'), T = sum_j T_j.
+        values: (B, T, K); its leading dims broadcast with the features'.
+        lengths: T_j of each modality (m >= 2).
+        mask: None or bool (B, T) (broadcastable), True at real steps; every sample
+            needs a real step in every modality.
+        mode, random_matrix, temperature, return_attention, estimator: as for
+            :func:`multilinear_attention`.
+
+    Returns:
+        As :func:`multilinear_attention`.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    lengths = [int(t) for t in lengths]
+    if len(lengths) < 2 or min(lengths) < 1:
+        raise ValueError(f"lengths: expected at least 2 modalities of positive length, got {lengths}")
+    for name, tensor in (("features", features), ("values", values)):
+        if tensor.dim() < 2 or tensor.shape[-2] != sum(lengths):
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}; expected (B, T, d) with T = {sum(lengths)}, "
+                f"the sum of lengths {lengths}"
+            )
+    if features.dtype != values.dtype:
+        raise ValueError(f"features have dtype {features.dtype} and values {values.dtype}; expected one dtype")
+    try:
+        lead = _broadcast_shape(features.shape[:-2], values.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"batch dims of features {tuple(features.shape[:-2])} and values {tuple(values.shape[:-2])} "
+            "do not broadcast"
+        ) from None
+    if mask is not None:
+        mask = check_mask(mask, (*lead, sum(lengths)), "mask")
+        check_stacked_steps(mask, lengths, "mask")
+    check_all_finite([(features, "features", mask), (values, "values", mask)])
+    if mask is not None:  # zero padded steps: whatever they hold never reaches the output
+        padded = ~mask.unsqueeze(-1)
+        features, values = features.masked_fill(padded, 0.0), values.masked_fill(padded, 0.0)
+    if mode == "had":
+        _check_had_options(random_matrix, features.shape[-1], lead, temperature, estimator)
+        return _had_stacked(features, values, mask, lengths, random_matrix, temperature, return_attention,
+                            estimator)
+    features_list, values_list = features.split(lengths, -2), values.split(lengths, -2)
+    masks = [None] * len(lengths) if mask is None else list(mask.split(lengths, -1))
+    full_masks = check_masks(masks, features_list)
+    logits = (
+        _cao_logits(features_list) if mode == "exact" else _hadamard_logits(features_list)
+    ) * temperature
+    return _tensor_attention(logits, values_list, full_masks, return_attention)
+
+
+def _check_had_options(
+    random_matrix: Tensor | None, feature_dim: int, lead: torch.Size, temperature: float, estimator: str
+) -> None:
+    if random_matrix is None:
+        raise ValueError('mode="had" needs random_matrix, the random matrix W of shape (H, K\')')
+    if random_matrix.shape[-1] != feature_dim:
+        raise ValueError(
+            f"random_matrix has rows of size {random_matrix.shape[-1]}, features have K' = {feature_dim}"
+        )
+    try:
+        _broadcast_shape(lead, random_matrix.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"random_matrix has batch dims {tuple(random_matrix.shape[:-2])}, which do not "
+            f"broadcast with the inputs' {tuple(lead)}"
+        ) from None
+    if not temperature > 0:
+        raise ValueError(f'mode="had" needs temperature > 0, got {temperature}')
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
 
 
 def _broadcast_shape(*shapes: Sequence[int]) -> torch.Size:
@@ -328,6 +420,36 @@ def _had_attention(
     return_attention: bool,
     estimator: str = "gerf",
 ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    """:func:`_had_stacked` of per-modality lists (what :func:`multilinear_attention`
+    hands over: padded steps zeroed, and a mask per modality, or None for a modality
+    without padding): the modalities are broadcast to common leading dims and stacked
+    along time."""
+    lead = _broadcast_shape(*(a.shape[:-2] for a in features), *(v.shape[:-2] for v in values))
+    lengths = [a.shape[-2] for a in features]
+
+    def stack(tensors: Sequence[Tensor]) -> Tensor:
+        return torch.cat([t.expand(*lead, *t.shape[-2:]) for t in tensors], -2)
+
+    real = None
+    if any(mask is not None for mask in masks):
+        real = torch.cat([
+            features[j].new_ones((), dtype=torch.bool).expand(*lead, t) if mask is None else mask.expand(*lead, t)
+            for j, (mask, t) in enumerate(zip(masks, lengths, strict=True))
+        ], -1)
+    return _had_stacked(stack(features), stack(values), real, lengths, random_matrix, temperature,
+                        return_attention, estimator)
+
+
+def _had_stacked(
+    features: Tensor,
+    values: Tensor,
+    real: Tensor | None,
+    lengths: Sequence[int],
+    random_matrix: Tensor,
+    temperature: float,
+    return_attention: bool,
+    estimator: str,
+) -> Tensor | tuple[Tensor, list[Tensor]]:
     """Hierarchical approximation decomposition (MAN Eq. 9 to 12, appendix Algorithm 1).
 
     With B_j[t, h] = phi(a_j[t])_h the positive random features (Eq. 11),
@@ -351,28 +473,33 @@ def _had_attention(
     and recomputes each chunk in its backward (memory independent of T); the
     marginals with gradients take the whole-tensor autograd path.
 
-    Takes what :func:`multilinear_attention` hands over: padded steps zeroed, and a
-    mask per modality, or None for a modality without padding.
+    Takes the modalities stacked along time, (..., T, K') features and (..., T, K)
+    values with padded steps zeroed, and ``real`` (..., T) True at real steps, or None
+    when nothing is padded.
     """
-    inputs = (*features, *values, random_matrix)
-    differentiable = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in inputs)
-    lead = _broadcast_shape(
-        *(a.shape[:-2] for a in features),
-        *(v.shape[:-2] for v in values),
-        random_matrix.shape[:-2],
+    differentiable = torch.is_grad_enabled() and any(
+        tensor.requires_grad for tensor in (features, values, random_matrix)
     )
-    layout = _had.had_layout(lead, features, random_matrix)
-    weights = _had.augmented_weights(random_matrix, estimator, features[0].dtype)
-    padded = _had.padded_in_layout(masks, layout, features[0].device)
-    values = _had.in_layout(values, layout)  # (G, N, T_j, K)
-    stacked, scale = _had.augmented_features(features, masks, temperature, estimator, layout)
+    lead = _broadcast_shape(features.shape[:-2], values.shape[:-2], random_matrix.shape[:-2],
+                            () if real is None else real.shape[:-1])
+    layout = _had.had_layout(lead, lengths, random_matrix)
+
+    def in_layout(tensor: Tensor, trailing: int) -> Tensor:
+        arranged = _had.to_layout(tensor, layout, trailing)
+        return arranged.reshape(layout.heads, layout.rows, *arranged.shape[arranged.dim() - trailing:])
+
+    weights = _had.augmented_weights_of(random_matrix, estimator, features.dtype)
+    real = None if real is None else in_layout(real, 1)  # (G, N, T)
+    stacked, scale = _had.augmented_features(in_layout(features, 2), real, temperature, estimator, lengths)
     # (G, N, T, K' + 2) rows and (G, N) scale
+    values = in_layout(values, 2)  # (G, N, T, K)
+    padded = None if real is None else ~real
     if not differentiable:
         output, marginals = _had.had_chunked(stacked, weights, scale, values, padded, layout, return_attention)
     elif return_attention:
         output, marginals = _had.had_whole(stacked, weights, scale, values, padded, layout, True)
     else:
-        output, marginals = _had.HadFunction.apply(stacked, weights, scale, padded, layout, *values), []
+        output, marginals = _had.HadFunction.apply(stacked, weights, scale, values, padded, layout), []
     output = _had.from_layout(output, layout)
     if not return_attention:
         return output

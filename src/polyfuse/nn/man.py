@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from polyfuse.functional.multilinear import (
     ESTIMATORS,
     MODES,
-    lsc_encoding_from_mask,
-    multilinear_attention,
+    lsc_encoding_stacked,
+    stacked_multilinear_attention,
 )
 from polyfuse.functional.random_features import gaussian_random_matrix
 from polyfuse.nn.base import FusionModule, FusionOutput
@@ -66,10 +66,21 @@ class MultiLinearAttentionLayer(nn.Module):
         self.temperature = temperature
         self.estimator = estimator
         self.orthogonal = orthogonal
-        self.value_projections = nn.ModuleList(nn.Linear(d, hidden_dim) for d in input_dims)  # U'_j
-        self.feature_projections = nn.ModuleList(  # U''_j
-            nn.Linear(d, heads * attention_dim) for d in input_dims
-        )
+        self.hidden_dim = hidden_dim
+        # U'_j (values, hidden_dim rows) and U''_j (attention features, G K' rows) of each
+        # modality as one linear map, so that a forward projects each modality once.
+        # Initialised as two separate maps drawn in the order of earlier polyfuse
+        # versions, so that a seed gives the same model as before.
+        values = [nn.Linear(d, hidden_dim) for d in input_dims]
+        features = [nn.Linear(d, heads * attention_dim) for d in input_dims]
+        self.projections = nn.ModuleList()
+        for d, value_map, feature_map in zip(input_dims, values, features, strict=True):
+            joint = nn.utils.skip_init(nn.Linear, d, hidden_dim + heads * attention_dim)
+            with torch.no_grad():
+                joint.weight.copy_(torch.cat([value_map.weight, feature_map.weight]))
+                joint.bias.copy_(torch.cat([value_map.bias, feature_map.bias]))
+            self.projections.append(joint)
+        self._register_load_state_dict_pre_hook(_join_old_projections)
         pooling = torch.stack([torch.eye(self.head_dim)] * heads)  # P, one per head
         self.pooling = nn.Parameter(pooling + 0.01 * torch.randn(pooling.shape, generator=generator))
         self.register_buffer(
@@ -93,33 +104,29 @@ class MultiLinearAttentionLayer(nn.Module):
         fresh = self._draw(self.random_matrix.shape[1], generator)
         self.random_matrix.copy_(fresh.to(self.random_matrix))
 
-    def _lsc(self, masks: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
-        """The LSC vectors (B, T_j, C) of every modality (Eq. 8), in one call when the
-        masks have one shape (the usual padded batch)."""
-        if len({mask.shape for mask in masks}) == 1:
-            return list(lsc_encoding_from_mask(torch.stack(list(masks)), self.chunks, self.lsc_scale,
-                                               dtype=dtype).unbind(0))
-        return [lsc_encoding_from_mask(mask, self.chunks, self.lsc_scale, dtype=dtype) for mask in masks]
-
     def forward(
         self, sequences: Sequence[Tensor], masks: Sequence[Tensor], return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
-        """sequences: (B, T_j, d_j) with padded steps zeroed; masks: (B, T_j) bool."""
-        features, values, head_masks = [], [], []
-        encodings = self._lsc(masks, sequences[0].dtype) if self.chunks else [None] * len(masks)
-        for x, mask, lsc, to_values, to_features in zip(
-            sequences, masks, encodings, self.value_projections, self.feature_projections, strict=True
-        ):
-            values.append(rearrange(to_values(x), "b t (g k) -> b g t k", g=self.heads))
-            a = rearrange(to_features(x), "b t (g k) -> b g t k", g=self.heads)
-            if lsc is not None:
-                a = torch.cat([a, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)  # Eq. 8
-            features.append(a)
-            head_masks.append(mask.unsqueeze(1))
-        result = multilinear_attention(
+        """sequences: (B, T_j, d_j) with padded steps zeroed; masks: (B, T_j) bool.
+
+        The modalities are stacked along time once, after their projections, so that the
+        heads, the LSC vectors and the attention handle all of them in one operation
+        each (:func:`stacked_multilinear_attention`).
+        """
+        lengths = [x.shape[-2] for x in sequences]
+        projected = torch.cat([project(x) for project, x in zip(self.projections, sequences, strict=True)], -2)
+        mask = torch.cat(list(masks), dim=-1)  # (B, T)
+        values, features = projected.split([self.hidden_dim, projected.shape[-1] - self.hidden_dim], -1)
+        values = rearrange(values, "b t (g k) -> b g t k", g=self.heads)  # U'_j^T v_j per head
+        features = rearrange(features, "b t (g k) -> b g t k", g=self.heads)  # U''_j^T v_j per head
+        if self.chunks:  # Eq. 8: the LSC vectors appended to every head's features
+            lsc = lsc_encoding_stacked(mask, lengths, self.chunks, self.lsc_scale, dtype=features.dtype)
+            features = torch.cat([features, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)
+        result = stacked_multilinear_attention(
             features,
             values,
-            head_masks,
+            lengths,
+            mask.unsqueeze(1),
             mode=self.mode,
             random_matrix=self.random_matrix,
             temperature=self.temperature,
@@ -130,6 +137,18 @@ class MultiLinearAttentionLayer(nn.Module):
         fused = torch.einsum("bgk,gkc->bgc", fused, self.pooling)  # f = P^T f' per head
         fused = rearrange(fused, "b g c -> b (g c)")  # concatenate heads
         return (fused, attention) if return_attention else fused
+
+
+def _join_old_projections(state_dict: dict, prefix: str, *args: object) -> None:
+    """Load a layer saved before U'_j and U''_j became one map: its
+    ``value_projections.j`` and ``feature_projections.j`` become ``projections.j``."""
+    for key in [k for k in state_dict if k.startswith(prefix + "value_projections.")]:
+        index, name = key[len(prefix + "value_projections."):].split(".", 1)
+        feature_key = f"{prefix}feature_projections.{index}.{name}"
+        if feature_key in state_dict:
+            state_dict[f"{prefix}projections.{index}.{name}"] = torch.cat(
+                [state_dict.pop(key), state_dict.pop(feature_key)]
+            )
 
 
 @register("man")
