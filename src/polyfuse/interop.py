@@ -302,7 +302,7 @@ def _ban_from_state(
 
     def put_stacked(name: str, layers: list[tuple[Tensor, Tensor, Tensor | None]]) -> None:
         """One (g, v, bias) per glimpse -> the stacked parameters of a GlimpseLinears."""
-        weights[f"{name}.weight_g"] = torch.stack([g.reshape(()) for g, _, _ in layers])
+        weights[f"{name}.weight_g"] = torch.stack([g.reshape(1, 1) for g, _, _ in layers])
         weights[f"{name}.weight_v"] = torch.stack([v for _, v, _ in layers])
         weights[f"{name}.bias"] = torch.stack([
             torch.zeros_like(v[:, 0]) if bias is None else bias for _, v, bias in layers

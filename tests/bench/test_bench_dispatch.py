@@ -67,7 +67,9 @@ def test_a_module_with_known_operations_is_counted_as_dispatched():
     assert sum(count for _, count in row["forward_top"]) <= row["forward"]
     counts = [count for _, count in row["forward_backward_top"]]
     assert counts == sorted(counts, reverse=True)
-    assert payload["settings"]["validation"] == "full"
+    from polyfuse._checks import get_validation
+
+    assert payload["settings"]["validation"] == get_validation()
 
 
 def test_cli_writes_counts_with_a_baseline_and_the_docs_script_renders_them(tmp_path, capsys):

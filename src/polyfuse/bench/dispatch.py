@@ -220,6 +220,9 @@ def read_baseline(path: str | Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+_VALIDATION_NOTE = {"auto": " (values checked, as `full`: the inputs are on the CPU)"}
+
+
 def ops_markdown(payload: dict[str, Any], output_dir: str = "docs/benchmarks") -> list[str]:
     """The section of docs/BENCHMARKS.md for an ``ops`` result (a list of lines).
 
@@ -242,7 +245,8 @@ def ops_markdown(payload: dict[str, Any], output_dir: str = "docs/benchmarks") -
         f"`out_dim={settings['out_dim']}`, batch {settings['batch']}, inputs of sizes {dims} "
         f"and lengths {lengths} (two-modality modules take the first two), each sample "
         f"a random real length in [1, T] (seed {settings['seed']}), validation "
-        f"`{settings['validation']}`, torch {settings['torch']}, polyfuse at commit "
+        f"`{settings['validation']}`{_VALIDATION_NOTE.get(settings['validation'], '')}, "
+        f"torch {settings['torch']}, polyfuse at commit "
         f"{settings.get('commit') or 'unknown'}. Forward: eval mode, "
         "`torch.no_grad`; forward+backward: eval mode, "
         "`module(inputs, masks).sum().backward()` with inputs that require gradients and "

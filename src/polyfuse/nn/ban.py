@@ -88,8 +88,9 @@ class GlimpseLinears(nn.Module):
     ``weight[g] = weight_g[g] * weight_v[g] / ||weight_v[g]||_F``: each glimpse's matrix is
     normalised over the whole matrix, as ``weight_norm(nn.Linear(...), dim=None)`` of the
     reference's ``FCNet``, and the G weights come from one ``torch._weight_norm`` over dim 0.
-    Parameters: ``weight_g`` (G,), ``weight_v`` (G, out, in), ``bias`` (G, out); ``layers[g]``
-    is glimpse g's weight and bias (callable).
+    Parameters: ``weight_g`` (G, 1, 1) (the shape torch's weight norm gives the gain over
+    dim 0), ``weight_v`` (G, out, in), ``bias`` (G, out); ``layers[g]`` is glimpse g's weight
+    and bias (callable).
 
     State dicts of the former layout, one weight-normalised :class:`torch.nn.Linear` per
     glimpse (``<g>.parametrizations.weight.original0``, ``...original1``, ``<g>.bias``), load
@@ -102,7 +103,7 @@ class GlimpseLinears(nn.Module):
         # layout, so a seed gives the same model), and g = ||v||_F as weight_norm sets it.
         layers = [nn.Linear(in_features, out_features) for _ in range(glimpses)]
         direction = torch.stack([layer.weight.detach() for layer in layers])
-        self.weight_g = nn.Parameter(torch.linalg.vector_norm(direction, dim=(1, 2)))
+        self.weight_g = nn.Parameter(torch.linalg.vector_norm(direction, dim=(1, 2), keepdim=True))
         self.weight_v = nn.Parameter(direction)
         self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
 
@@ -136,7 +137,7 @@ def _stack_glimpse_layers(state: dict[str, Any], prefix: str) -> None:
     for new, old in names.items():
         if glimpses:
             values = [state.pop(f"{prefix}{glimpse}.{old}") for glimpse in range(glimpses)]
-            state[prefix + new] = torch.stack([value.reshape(()) if new == "weight_g" else value
+            state[prefix + new] = torch.stack([value.reshape(1, 1) if new == "weight_g" else value
                                                for value in values])
 
 
