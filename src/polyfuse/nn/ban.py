@@ -134,11 +134,13 @@ def _stack_glimpse_layers(state: dict[str, Any], prefix: str) -> None:
     glimpses = 0
     while all(f"{prefix}{glimpses}.{old}" in state for old in names.values()):
         glimpses += 1
+    if glimpses == 0:  # the stacked layout, or keys that load_state_dict will report
+        return
     for new, old in names.items():
-        if glimpses:
-            values = [state.pop(f"{prefix}{glimpse}.{old}") for glimpse in range(glimpses)]
-            state[prefix + new] = torch.stack([value.reshape(1, 1) if new == "weight_g" else value
-                                               for value in values])
+        values = [state.pop(f"{prefix}{glimpse}.{old}") for glimpse in range(glimpses)]
+        if new == "weight_g":
+            values = [value.reshape(1, 1) for value in values]  # a scalar gain per glimpse
+        state[prefix + new] = torch.stack(values)
 
 
 @register("ban")
