@@ -3,7 +3,7 @@
 
     python scripts/write_benchmarks_md.py [--results docs/benchmarks] [--output docs/BENCHMARKS.md]
 
-The results come from ``polyfuse bench {targets,paper,complexity,approximation}
+The results come from ``polyfuse bench {targets,paper,complexity,approximation,ops}
 --output-dir docs/benchmarks``; a missing result gets a line saying so.
 """
 
@@ -15,15 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.bench.complexity import geometric_growth
+from polyfuse.bench.dispatch import ops_markdown
 from polyfuse.bench.results import format_bytes, read_results
 
-ORDER = ("targets", "paper", "complexity", "approximation", "backbones")
+ORDER = ("targets", "paper", "complexity", "approximation", "backbones", "ops")
 COMMANDS = {
     "targets": "polyfuse bench targets --output-dir docs/benchmarks",
     "paper": "polyfuse bench paper --output-dir docs/benchmarks",
     "complexity": "polyfuse bench complexity --output-dir docs/benchmarks",
     "approximation": "polyfuse bench approximation --output-dir docs/benchmarks",
     "backbones": "PYTHONPATH=src python scripts/bench_backbones.py --out docs/benchmarks/backbones.json",
+    "ops": "polyfuse bench ops --output-dir docs/benchmarks",
 }
 TARGET_TEXT = {
     "exact_over_had": "exact / had forward time, MOSI configuration, m = 3, T = 50, batch 32",
@@ -299,9 +301,14 @@ def backbones_section(payload: dict[str, Any], folder: Path) -> list[str]:
     return [*lines, ""]
 
 
+def ops_section(payload: dict[str, Any], folder: Path) -> list[str]:
+    """Operations dispatched per forward and forward+backward of every registered module."""
+    return ops_markdown(payload)
+
+
 SECTIONS = {"targets": targets_section, "paper": paper_section,
             "complexity": complexity_section, "approximation": approximation_section,
-            "backbones": backbones_section}
+            "backbones": backbones_section, "ops": ops_section}
 
 
 def render(folder: Path) -> str:

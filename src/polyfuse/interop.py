@@ -300,13 +300,19 @@ def _ban_from_state(
         if bias is not None:
             weights[f"{name}.bias"] = bias
 
+    def put_stacked(name: str, layers: list[tuple[Tensor, Tensor, Tensor | None]]) -> None:
+        """One (g, v, bias) per glimpse -> the stacked parameters of a GlimpseLinears."""
+        weights[f"{name}.weight_g"] = torch.stack([g.reshape(1, 1) for g, _, _ in layers])
+        weights[f"{name}.weight_v"] = torch.stack([v for _, v, _ in layers])
+        weights[f"{name}.bias"] = torch.stack([
+            torch.zeros_like(v[:, 0]) if bias is None else bias for _, v, bias in layers
+        ])
+
     put("attention_x", (att_g_x, att_v_x, att_bias_x))
     put("attention_y", (att_g_y, att_v_y, att_bias_y))
     put("attention_glimpses", (glimpse_g, glimpse_v, None))
-    for glimpse, (joint_x, joint_y, projection) in enumerate(joint_layers):
-        put(f"joint_x.{glimpse}", joint_x)
-        put(f"joint_y.{glimpse}", joint_y)
-        put(f"joint_projections.{glimpse}", projection)
+    for index, name in enumerate(("joint_x", "joint_y", "joint_projections")):
+        put_stacked(name, [layers[index] for layers in joint_layers])
     for key, value in ban.state_dict().items():
         if key.endswith(".bias") and key not in weights:  # a layer stored without a bias
             weights[key] = torch.zeros_like(value)

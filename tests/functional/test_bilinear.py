@@ -11,7 +11,9 @@ from polyfuse.functional import (
     bilinear_attention_logits,
     bilinear_attention_map,
     bilinear_attention_pooling,
+    bilinear_logits_of_features,
     bilinear_pooling_of_features,
+    bilinear_residual_glimpses,
 )
 
 DTYPE = torch.float64
@@ -505,3 +507,65 @@ def test_logits_ignore_nan_at_padded_y_steps():
     dirty = bilinear_attention_logits(**inputs, y_mask=y_mask)
     assert torch.equal(dirty, clean)
     assert torch.isneginf(dirty[0, :, :, 3]).all() and torch.isfinite(dirty[0, :, :, :3]).all()
+
+
+def _residual_chain_by_glimpses(x_features, y, attention, y_weight, y_bias, projection_weight, projection_bias, pool):
+    """BAN Eq. 11 and 12 as the reference runs them: one glimpse after the other on the
+    whole (B, T_y, d_y) stream, f'_g summed over every pair (i, j) by einsum."""
+    stream = y
+    for g in range(y_weight.shape[0]):
+        y_features = torch.relu(stream @ y_weight[g].T + y_bias[g])  # relu(V'_g^T y_j + v'_g)
+        joint = torch.einsum("bij,bik,bjk->bk", attention[:, g], x_features[:, :, g], y_features)  # Eq. 12
+        joint = joint.unflatten(-1, (-1, pool)).sum(-1)  # sum pooling
+        stream = stream + (joint @ projection_weight[g].T + projection_bias[g])[:, None, :]  # Eq. 11
+    return stream
+
+
+@pytest.mark.parametrize(("pool", "glimpses"), [(1, 3), (2, 2), (1, 1)])
+def test_residual_glimpses_equal_the_glimpse_loop_on_the_whole_stream(pool, glimpses):
+    """The batched chain (a residual r per sample, one product for V'_g^T y_j and for
+    A_g^T relu(X^T U'_g) of all glimpses) against the per-glimpse loop it replaces."""
+    g = torch.Generator().manual_seed(3)
+    batch, length_x, length_y, dim_y, hidden = 3, 4, 5, 6, 2
+    rank = hidden * pool
+    p = _problem(batch=batch, length_x=length_x, length_y=length_y, dim_y=dim_y, glimpses=glimpses)
+    attention = bilinear_attention_map(_logits(p))  # 0 at padded pairs
+    x_features = torch.randn(batch, length_x, glimpses, rank, generator=g, dtype=DTYPE).relu()
+    y = torch.randn(batch, length_y, dim_y, generator=g, dtype=DTYPE)
+    weights = (
+        torch.randn(glimpses, rank, dim_y, generator=g, dtype=DTYPE),
+        torch.randn(glimpses, rank, generator=g, dtype=DTYPE),
+        torch.randn(glimpses, dim_y, hidden, generator=g, dtype=DTYPE),
+        torch.randn(glimpses, dim_y, generator=g, dtype=DTYPE),
+    )
+    residual = bilinear_residual_glimpses(x_features, y, attention, *weights, pool=pool)
+    expected = _residual_chain_by_glimpses(x_features, y, attention, *weights, pool)
+    assert residual.shape == (batch, 1, dim_y)
+    torch.testing.assert_close(y + residual, expected, rtol=1e-12, atol=1e-12)
+    # every glimpse counts: the chain of the first G - 1 glimpses differs
+    if glimpses > 1:
+        shorter = bilinear_residual_glimpses(
+            x_features[:, :, :-1], y, attention[:, :-1], *(w[:-1] for w in weights), pool=pool
+        )
+        assert not torch.allclose(shorter, residual)
+
+
+@pytest.mark.parametrize(("length_x", "length_y"), [(4, 3), (3, 4), (3, 3)])
+def test_logits_of_features_on_either_side_equal_einsum(length_x, length_y):
+    g = torch.Generator().manual_seed(4)
+    x_features = torch.randn(2, length_x, 5, generator=g, dtype=DTYPE)
+    y_features = torch.randn(2, length_y, 5, generator=g, dtype=DTYPE)
+    glimpse_weight = torch.randn(3, 5, generator=g, dtype=DTYPE)
+    expected = torch.einsum("gk,bik,bjk->bgij", glimpse_weight, x_features, y_features)  # BAN Eq. 10
+    torch.testing.assert_close(bilinear_logits_of_features(x_features, y_features, glimpse_weight), expected)
+
+
+def test_map_checks_take_one_reduction_and_one_read():
+    """The value checks of a well-formed map: one amax, one test of its finiteness and one
+    host read (they were two reductions and reads over the whole logits before)."""
+    from polyfuse.bench.dispatch import count_operations
+
+    logits = _logits(_problem())
+    counter = count_operations(lambda: bilinear_attention_map(logits))
+    assert counter.by_name["aten.amax"] == 1 and counter.by_name["aten._local_scalar_dense"] == 1
+    assert counter.total == 8  # flatten, amax, mul, eq, all, read, softmax, view

@@ -186,8 +186,15 @@ def test_options_defaults_and_their_checks():
     # p_g drawn from N(0, 1) as the reference's h_mat (not the default uniform(+-1/sqrt(48)))
     assert 0.85 < float(model.attention_glimpses.weight.detach().std()) < 1.15
     # weight norm over the whole matrix: one scalar gain per linear map
-    for linear in [model.attention_x, model.attention_glimpses, model.joint_y[1], model.output_projection]:
+    for linear in [model.attention_x, model.attention_glimpses, model.output_projection]:
         assert linear.parametrizations.weight.original0.shape == ()
+    # ... and one per glimpse's matrix of the stacked joint maps: ||weight[g]||_F = weight_g[g]
+    for stacked in [model.joint_x, model.joint_y, model.joint_projections]:
+        assert stacked.weight_g.shape == (8, 1, 1)
+        with torch.no_grad():
+            stacked.weight_g.mul_(torch.arange(1.0, 9.0).view(8, 1, 1))
+        norms = torch.linalg.vector_norm(stacked.weight.detach(), dim=(1, 2))
+        torch.testing.assert_close(norms, stacked.weight_g.detach().flatten())
     assert model.extra_repr() == (
         f"input_dims=[{X_DIM}, {Y_DIM}], out_dim=16, hidden_dim=16, glimpses=8, attention_rank=48, "
         "joint_pool=1, dropout=0.2, attention_dropout=0.5"
@@ -203,3 +210,69 @@ def test_options_defaults_and_their_checks():
         BAN([X_DIM, Y_DIM], 4, dropout=1.0)
     with pytest.raises(ValueError, match=r"^BAN: attention_dropout must lie in \[0, 1\), got -0.1$"):
         BAN([X_DIM, Y_DIM], 4, attention_dropout=-0.1)
+
+
+def test_operation_counts_at_the_sizes_of_issue_26():
+    """Operations dispatched by one forward (eval, no_grad) and one forward+backward at the
+    sizes of issue 26 (out_dim 8, batch 8, inputs of sizes 300 and 74, lengths 20 and 30,
+    random padding): 325 and 1,252 before the glimpses were batched (main 71d5fea).
+    Deterministic; see `polyfuse bench ops`."""
+    from polyfuse.bench.dispatch import OpsSettings, count_module_operations, ops_inputs
+
+    settings = OpsSettings()
+    torch.manual_seed(0)
+    model = create("ban", input_dims=list(settings.dims[:2]), out_dim=settings.out_dim)
+    forward, forward_backward = count_module_operations(model, *ops_inputs(settings, 2))
+    assert forward.total <= 151
+    assert forward_backward.total <= 498
+    assert forward.by_name["aten._weight_norm_interface"] == 3  # U'_g, V'_g, P_g: one each
+
+
+def _old_layout(state):
+    """The state dict of the former layout, one weight-normalised nn.Linear per glimpse."""
+    old = {}
+    for key, value in state.items():
+        module, name = key.rsplit(".", 1)
+        if module not in ("joint_x", "joint_y", "joint_projections"):
+            old[key] = value
+            continue
+        suffix = {"weight_g": "parametrizations.weight.original0",
+                  "weight_v": "parametrizations.weight.original1", "bias": "bias"}[name]
+        for glimpse, part in enumerate(value):
+            old[f"{module}.{glimpse}.{suffix}"] = part.reshape(()) if name == "weight_g" else part.clone()
+    return old
+
+
+def test_state_dicts_of_the_per_glimpse_layout_still_load():
+    model = _model(out_dim=4).double()
+    x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
+    expected = model([x, y], masks=[x_mask, y_mask])
+    old = _old_layout(model.state_dict())
+    assert "joint_y.2.parametrizations.weight.original0" in old and old["joint_y.2.bias"].shape == (4,)
+    assert old["joint_x.0.parametrizations.weight.original0"].shape == ()
+    torch.manual_seed(1)
+    fresh = BAN([X_DIM, Y_DIM], 4, glimpses=3).double().eval()
+    assert not torch.allclose(fresh([x, y], masks=[x_mask, y_mask]), expected)
+    fresh.load_state_dict(old)  # strict: every key used, none missing
+    torch.testing.assert_close(fresh([x, y], masks=[x_mask, y_mask]), expected, rtol=0, atol=0)
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    # a stacked state dict still loads, and a glimpse missing from the old layout is reported
+    fresh.load_state_dict(model.state_dict())
+    del old["joint_y.2.bias"]
+    with pytest.raises(RuntimeError, match="joint_y"):
+        fresh.load_state_dict(old)
+
+
+def test_the_glimpse_loop_with_dropout_equals_the_batched_chain_without():
+    """Training with dropout runs the glimpses one by one on the whole stream; with the
+    dropout off it must give the batched chain's answer."""
+    model = _model(out_dim=4, hidden_dim=4, joint_pool=2).double()
+    x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
+    batched = model([x, y], masks=[x_mask, y_mask], return_details=True)
+    model.train()
+    model.dropout, model.attention_dropout = 1e-300, 0.0  # the loop's path, drawing no zero
+    looped = model([x, y], masks=[x_mask, y_mask], return_details=True)
+    torch.testing.assert_close(looped.fused, batched.fused, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(looped.sequences[1], batched.sequences[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(looped.attention, batched.attention, rtol=0, atol=0)

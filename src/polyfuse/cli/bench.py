@@ -202,6 +202,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="record the top N operators of each side (torch.profiler, at the lowest thread count)")
     common(peers)
     _add_captioning(commands, common)
+    _add_ops(commands, common)
+
+
+def _add_ops(commands: Any, common: Any) -> None:
+    ops = commands.add_parser(
+        "ops",
+        help="ATen operations dispatched per forward and forward+backward of every registered module",
+        description=(
+            "Counts the operations (kernel launches on a GPU) of one forward (eval, "
+            "torch.no_grad) and one forward+backward (eval, output.sum().backward()) of each "
+            "registered fusion module with a TorchDispatchMode, at issue 26's sizes by "
+            "default (out_dim 8, batch 8, sizes 300/74/35, lengths 20/30/25, random "
+            "padding); prints the counts and the most frequent operations. Deterministic, "
+            "seconds."
+        ),
+    )
+    ops.add_argument("--modules", type=_words, default=None, help="default: every registered one")
+    ops.add_argument("--batch", type=int, default=8)
+    ops.add_argument("--dims", type=_ints, default=(300, 74, 35), help="feature sizes (default '300 74 35')")
+    ops.add_argument("--lengths", type=_ints, default=(20, 30, 25), help="lengths (default '20 30 25')")
+    ops.add_argument("--out-dim", type=int, default=8)
+    ops.add_argument("--seed", type=int, default=0)
+    ops.add_argument("--top", type=int, default=8, help="most frequent operations kept per module (default 8)")
+    ops.add_argument("--baseline", type=Path, default=None,
+                     help="an earlier ops.json (same sizes): its counts are shown beside the new ones")
+    common(ops)
 
 
 def _add_captioning(commands: Any, common: Any) -> None:
@@ -357,9 +383,21 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return payload, None
 
 
+def _ops(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import dispatch
+
+    settings = dispatch.OpsSettings(batch=args.batch, dims=tuple(args.dims), lengths=tuple(args.lengths),
+                                    out_dim=args.out_dim, seed=args.seed, top=args.top)
+    baseline = None if args.baseline is None else dispatch.read_baseline(args.baseline)
+    payload = dispatch.run_ops_bench(args.modules, settings, baseline=baseline, progress=_progress(args))
+    payload["settings"]["baseline_file"] = None if args.baseline is None else str(args.baseline)
+    print("\n".join(dispatch.ops_markdown(payload)))
+    return payload, None
+
+
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
             "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers,
-            "captioning": _captioning}
+            "captioning": _captioning, "ops": _ops}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,9 @@ from polyfuse.functional.bilinear import (
     bilinear_attention_logits,
     bilinear_attention_map,
     bilinear_attention_pooling,
+    bilinear_logits_of_features,
     bilinear_pooling_of_features,
+    bilinear_residual_glimpses,
 )
 from polyfuse.functional.chimera_losses import (
     chimera_objective,
@@ -56,7 +58,9 @@ __all__ = [
     "bilinear_attention_logits",
     "bilinear_attention_map",
     "bilinear_attention_pooling",
+    "bilinear_logits_of_features",
     "bilinear_pooling_of_features",
+    "bilinear_residual_glimpses",
     "chimera_objective",
     "clip_radius",
     "cp_weight_tensor",

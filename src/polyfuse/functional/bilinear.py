@@ -35,7 +35,9 @@ __all__ = [
     "bilinear_attention_logits",
     "bilinear_attention_map",
     "bilinear_attention_pooling",
+    "bilinear_logits_of_features",
     "bilinear_pooling_of_features",
+    "bilinear_residual_glimpses",
 ]
 
 
@@ -166,6 +168,7 @@ def bilinear_attention_logits(
             weight, a sample whose x or y is all padding.
     """
     owner = "bilinear_attention_logits"
+    x_mask_given, y_mask_given = x_mask, y_mask
     x_mask, y_mask = _check_pair(x, y, x_mask, y_mask, owner)
     _check_projection(x_weight, x_bias, x.shape[-1], "x", owner)
     _check_projection(y_weight, y_bias, y.shape[-1], "y", owner)
@@ -190,26 +193,46 @@ def bilinear_attention_logits(
         check_finite(glimpse_bias, f"{owner}: glimpse_bias")
     check_dropout(dropout, owner)
 
-    x_features = _project(x, x_mask, x_weight, x_bias)  # relu(X^T U): (B, T_x, K'), Eq. 13
+    # The padded steps are not zeroed: a logit depends on its own x and y step only, and
+    # every pair with a padded step is set to -inf below, whatever it held (NaN included).
+    x_features = F.relu(F.linear(x, x_weight, x_bias))  # relu(X^T U): (B, T_x, K'), Eq. 13
     x_features = F.dropout(x_features, dropout, training)
-    y_features = _project(y, y_mask, y_weight, y_bias)  # relu(V^T Y)^T: (B, T_y, K'), Eq. 13
-    # BAN Eq. 10: ((1 p_g^T) o relu(X^T U)) relu(V^T Y). The Hadamard product with p_g
-    # is put on the shorter sequence, which keeps the (B, G, T, K') intermediate small.
-    # One batched product per sample over all glimpses (no copy of the other side per glimpse).
-    weights = glimpse_weight[None, :, None, :]  # (1, G, 1, K')
-    batch, length_x, length_y = x.shape[0], x.shape[1], y.shape[1]
+    y_features = F.relu(F.linear(y, y_weight, y_bias))  # relu(V^T Y)^T: (B, T_y, K'), Eq. 13
+    logits = bilinear_logits_of_features(x_features, y_features, glimpse_weight)
+    if glimpse_bias is not None:
+        logits = logits + glimpse_bias[None, :, None, None]
+    if x_mask_given is None and y_mask_given is None:
+        return logits
+    pair_mask = x_mask.unsqueeze(-1) & y_mask.unsqueeze(1)  # (B, T_x, T_y), True at real pairs
+    return logits.masked_fill(~pair_mask.unsqueeze(1), float("-inf"))  # BAN section 5.2: mask with -inf
+
+
+def bilinear_logits_of_features(x_features: Tensor, y_features: Tensor, glimpse_weight: Tensor) -> Tensor:
+    """BAN Eq. 10 on projected features: ``logits[b, g, i, j] = p_g^T (x_features[b, i] o y_features[b, j])``.
+
+    The core of :func:`bilinear_attention_logits` without its checks, biases and masks.
+
+    Args:
+        x_features: (B, T_x, K'), relu(X^T U).
+        y_features: (B, T_y, K'), relu(V^T Y)^T.
+        glimpse_weight: (G, K'), the vectors p_g stacked.
+
+    Returns:
+        (B, G, T_x, T_y) logits.
+    """
+    # ((1 p_g^T) o relu(X^T U)) relu(V^T Y): the Hadamard product with p_g is put on the
+    # shorter sequence, which keeps the (B, G, T, K') intermediate small; one batched
+    # product per sample over all glimpses (no copy of the other side per glimpse).
+    weights = glimpse_weight.unsqueeze(1)  # (G, 1, K'), broadcast over (B, G, T, K')
+    batch, length_x, length_y = x_features.shape[0], x_features.shape[1], y_features.shape[1]
+    glimpses = glimpse_weight.shape[0]
     if length_y <= length_x:
         weighted_y = (y_features.unsqueeze(1) * weights).flatten(1, 2)  # (B, G T_y, K')
         logits = torch.bmm(x_features, weighted_y.transpose(1, 2))  # (B, T_x, G T_y)
-        logits = logits.view(batch, length_x, glimpses, length_y).transpose(1, 2)
-    else:
-        weighted_x = (x_features.unsqueeze(1) * weights).flatten(1, 2)  # (B, G T_x, K')
-        logits = torch.bmm(weighted_x, y_features.transpose(1, 2))  # (B, G T_x, T_y)
-        logits = logits.view(batch, glimpses, length_x, length_y)
-    if glimpse_bias is not None:
-        logits = logits + glimpse_bias[None, :, None, None]
-    pair_mask = x_mask[:, None, :, None] & y_mask[:, None, None, :]  # (B, 1, T_x, T_y)
-    return logits.masked_fill(~pair_mask, float("-inf"))  # BAN section 5.2: mask with -inf
+        return logits.view(batch, length_x, glimpses, length_y).transpose(1, 2)
+    weighted_x = (x_features.unsqueeze(1) * weights).flatten(1, 2)  # (B, G T_x, K')
+    logits = torch.bmm(weighted_x, y_features.transpose(1, 2))  # (B, G T_x, T_y)
+    return logits.view(batch, glimpses, length_x, length_y)
 
 
 def bilinear_attention_map(
@@ -237,20 +260,39 @@ def bilinear_attention_map(
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"{owner}: logits must be a float tensor (B, G, T_x, T_y), got {shape}")
     batch, _, length_x, length_y = logits.shape
-    if check_values(logits) and (bool(torch.isnan(logits).any()) or bool((logits == float("inf")).any())):
-        raise ValueError(f"{owner}: logits contain NaN or +Inf")
-    reference_x = logits.new_empty(batch, length_x, 0)
-    reference_y = logits.new_empty(batch, length_y, 0)
-    if x_mask is not None:
-        x_mask = _check_mask(x_mask, reference_x, "x_mask", owner)
-        logits = logits.masked_fill(~x_mask[:, None, :, None], float("-inf"))
-    if y_mask is not None:
-        y_mask = _check_mask(y_mask, reference_y, "y_mask", owner)
-        logits = logits.masked_fill(~y_mask[:, None, None, :], float("-inf"))
+    checked = check_values(logits)
     flat = logits.flatten(start_dim=2)  # (B, G, T_x * T_y): one softmax per whole map
-    if check_values(flat) and bool(torch.isinf(flat).all(dim=-1).any()):
-        raise ValueError(f"{owner}: a glimpse's map has no finite logit (every pair is -inf)")
+    masked = x_mask is not None or y_mask is not None
+    if checked:
+        _check_logits(flat, owner, maps_may_be_empty=masked)  # before the masks hide a NaN
+    if masked:
+        if x_mask is not None:
+            x_mask = _check_mask(x_mask, logits.new_empty(batch, length_x, 0), "x_mask", owner)
+            logits = logits.masked_fill(~x_mask[:, None, :, None], float("-inf"))
+        if y_mask is not None:
+            y_mask = _check_mask(y_mask, logits.new_empty(batch, length_y, 0), "y_mask", owner)
+            logits = logits.masked_fill(~y_mask[:, None, None, :], float("-inf"))
+        flat = logits.flatten(start_dim=2)
+        if checked:
+            _check_logits(flat, owner)  # the masks may leave a map without a finite logit
     return torch.softmax(flat, dim=-1).view_as(logits)
+
+
+def _check_logits(flat: Tensor, owner: str, *, maps_may_be_empty: bool = False) -> None:
+    """No NaN or +Inf in ``flat`` (B, G, N), and (unless ``maps_may_be_empty``) a finite
+    logit in every map.
+
+    One reduction and one host read when all is well: the largest logit of a map
+    (``amax`` propagates NaN) is NaN if the map holds a NaN, else +Inf if it holds +Inf,
+    else -Inf if every logit is -Inf, and finite exactly when the map is fine.
+    """
+    peak = flat.amax(dim=-1)  # (B, G)
+    if bool((peak * 0 == 0).all()):  # x * 0 is 0 for a finite x, NaN for an infinite or NaN one
+        return
+    if bool(torch.isnan(peak).any()) or bool((peak == float("inf")).any()):
+        raise ValueError(f"{owner}: logits contain NaN or +Inf")
+    if not maps_may_be_empty:
+        raise ValueError(f"{owner}: a glimpse's map has no finite logit (every pair is -inf)")
 
 
 def bilinear_attention_pooling(
@@ -357,3 +399,71 @@ def bilinear_pooling_of_features(
     if pool > 1:
         joint = joint.unflatten(-1, (rank // pool, pool)).sum(dim=-1)  # (B, G, K)
     return joint.squeeze(1) if single else joint
+
+
+def bilinear_residual_glimpses(
+    x_features: Tensor,
+    y: Tensor,
+    attention: Tensor,
+    y_weight: Tensor,
+    y_bias: Tensor,
+    projection_weight: Tensor,
+    projection_bias: Tensor,
+    *,
+    pool: int = 1,
+) -> Tensor:
+    """BAN's residual learning of attention (Eq. 11 with Eq. 12) over G glimpses, no dropout.
+
+    For g = 1..G, f'_g is Eq. 12 of x and the current stream y_g under map A_g (with U'_g,
+    V'_g), and ``y_{g+1} = y_g + (P_g^T f'_g + p_g) 1^T`` (Eq. 11). The update adds the same
+    vector to every token, so ``y_g = y + 1 r_g^T`` with ``r_1 = 0`` and
+    ``r_{g+1} = r_g + P_g^T f'_g + p_g``, and Eq. 12 splits into
+
+        relu(V'_g^T (y_j + r_g) + v'_g) = relu(V'_g^T y_j + v'_g + V'_g^T r_g)
+        f'_g,k = sum_j relu(...)_jk z_g,jk  with  z_g = A_g^T relu(X^T U'_g)  (T_y x R)
+
+    The products V'_g^T y_j and z_g of all glimpses are one batched product each before the
+    loop over glimpses, which is left with (B, d_y)-sized products: the (B, T_y, d_y) stream
+    is never rebuilt. The core of :class:`polyfuse.nn.BAN` in evaluation (or without dropout),
+    without checks.
+
+    Args:
+        x_features: (B, T_x, G, R), relu(U'_g^T x_i + u'_g) of every glimpse; finite at
+            padded steps too (they get zero attention, but 0 * NaN is NaN).
+        y: (B, T_y, d_y), the stream before the first glimpse, finite.
+        attention: (B, G, T_x, T_y) maps that are 0 at padded pairs (as from
+            :func:`bilinear_attention_map`).
+        y_weight: V'_g^T stacked, (G, R, d_y).
+        y_bias: v'_g stacked, (G, R).
+        projection_weight: P_g^T stacked, (G, d_y, K), with R = K * pool.
+        projection_bias: p_g stacked, (G, d_y).
+        pool: sum pooling over consecutive groups of ``pool`` features of f'_g.
+
+    Returns:
+        r_{G+1}, (B, 1, d_y): the stream after the last glimpse is ``y + r``.
+    """
+    batch, length_x, glimpses, rank = x_features.shape
+    length_y = y.shape[1]
+    # z_g = A_g^T relu(X^T U'_g) of all glimpses in one product: (B G, T_y, R).
+    x_by_glimpse = x_features.transpose(1, 2).reshape(batch * glimpses, length_x, rank)
+    maps = attention.reshape(batch * glimpses, length_x, length_y)
+    attended_x = torch.bmm(maps.transpose(1, 2), x_by_glimpse).view(batch, glimpses, length_y, rank)
+    # V'_g^T y_j + v'_g of all glimpses in one product: (B, T_y, G, R).
+    y_projected = F.linear(y, y_weight.flatten(0, 1), y_bias.flatten()).view(batch, length_y, glimpses, rank)
+    # V'_g and P_g^T repeated over the batch (stride 0, no copy) for batched products with r_g.
+    y_weights = y_weight.transpose(1, 2).expand(batch, -1, -1, -1).unbind(1)  # G x (B, d_y, R)
+    projections = projection_weight.transpose(1, 2).expand(batch, -1, -1, -1).unbind(1)  # G x (B, K, d_y)
+    attended_x, y_projected, biases = attended_x.unbind(1), y_projected.unbind(2), projection_bias.unbind(0)
+    residual = None  # r_g, (B, 1, d_y); r_1 = 0
+    for glimpse in range(glimpses):
+        y_features = y_projected[glimpse]  # V'_g^T y_j + v'_g, (B, T_y, R)
+        if residual is not None:
+            y_features = y_features + torch.bmm(residual, y_weights[glimpse])  # + V'_g^T r_g
+        # f'_g = sum_j relu(V'_g^T y_g,j + v'_g) o z_g,j: (B, 1, R), BAN Eq. 12
+        joint = (attended_x[glimpse] * F.relu(y_features)).sum(dim=1, keepdim=True)
+        if pool > 1:
+            joint = joint.unflatten(-1, (rank // pool, pool)).sum(dim=-1)  # (B, 1, K)
+        # BAN Eq. 11: r_{g+1} = r_g + p_g + P_g^T f'_g
+        start = biases[glimpse] if residual is None else residual + biases[glimpse]
+        residual = torch.baddbmm(start, joint, projections[glimpse])
+    return residual

@@ -20,12 +20,20 @@ Eq. 11 is the question X, i.e. the second input y here:
 3. the result is the final y summed over its real tokens, (B, d_y).
 
 Every linear map is weight-normalised over the whole matrix (weight norm with
-``dim=None``) as in the reference, and preceded by dropout.
+``dim=None``) as in the reference, and preceded by dropout. The per-glimpse maps U'_g,
+V'_g and P_g are stored stacked (:class:`GlimpseLinears`), so that each side is one
+batched product. Without dropout (evaluation, or ``dropout=0``) the glimpse loop
+works on (B, d_y) vectors only: the update of Eq. 11 is the same for every token of y,
+so y after glimpse g is y + r_g and V'_g^T (y_j + r_g) = V'_g^T y_j + V'_g^T r_g (see
+:func:`polyfuse.functional.bilinear_residual_glimpses`). With dropout in training, which
+draws a mask over the whole stream for each glimpse, the glimpses run one after the
+other on the (B, T_y, d_y) stream as in the reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +45,12 @@ from polyfuse.functional.bilinear import (
     bilinear_attention_logits,
     bilinear_attention_map,
     bilinear_pooling_of_features,
+    bilinear_residual_glimpses,
 )
 from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.registry import register
 
-__all__ = ["BAN"]
+__all__ = ["BAN", "GlimpseLinears"]
 
 
 def _weight_normed_linear(in_features: int, out_features: int, *, bias: bool = True) -> nn.Linear:
@@ -51,6 +60,87 @@ def _weight_normed_linear(in_features: int, out_features: int, *, bias: bool = T
     and v of the weight's shape (``original1``), as ``FCNet`` of the reference code.
     """
     return parametrizations.weight_norm(nn.Linear(in_features, out_features, bias=bias), dim=None)
+
+
+def _weights_of(linears: Sequence[nn.Linear]) -> list[Tensor]:
+    """The weights ``g v / ||v||_F`` of layers made by :func:`_weight_normed_linear`, all
+    computed together (three foreach operations instead of three per layer); the values
+    of reading each ``linear.weight``."""
+    directions = [linear.parametrizations.weight.original1 for linear in linears]
+    gains = [linear.parametrizations.weight.original0 for linear in linears]
+    scales = torch._foreach_div(gains, torch._foreach_norm(directions))  # g / ||v||_F
+    return list(torch._foreach_mul(directions, scales))
+
+
+class _Glimpse(NamedTuple):
+    """One glimpse's map of a :class:`GlimpseLinears`: its weight and bias; calling it applies them."""
+
+    weight: Tensor
+    bias: Tensor
+
+    def __call__(self, tensor: Tensor) -> Tensor:
+        return F.linear(tensor, self.weight, self.bias)
+
+
+class GlimpseLinears(nn.Module):
+    """G weight-normalised linear maps of one shape, one per glimpse, stored stacked.
+
+    ``weight[g] = weight_g[g] * weight_v[g] / ||weight_v[g]||_F``: each glimpse's matrix is
+    normalised over the whole matrix, as ``weight_norm(nn.Linear(...), dim=None)`` of the
+    reference's ``FCNet``, and the G weights come from one ``torch._weight_norm`` over dim 0.
+    Parameters: ``weight_g`` (G, 1, 1) (the shape torch's weight norm gives the gain over
+    dim 0), ``weight_v`` (G, out, in), ``bias`` (G, out); ``layers[g]`` is glimpse g's weight
+    and bias (callable).
+
+    State dicts of the former layout, one weight-normalised :class:`torch.nn.Linear` per
+    glimpse (``<g>.parametrizations.weight.original0``, ``...original1``, ``<g>.bias``), load
+    as they are.
+    """
+
+    def __init__(self, glimpses: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        # nn.Linear's initialisation glimpse after glimpse (the random draws of the former
+        # layout, so a seed gives the same model), and g = ||v||_F as weight_norm sets it.
+        layers = [nn.Linear(in_features, out_features) for _ in range(glimpses)]
+        direction = torch.stack([layer.weight.detach() for layer in layers])
+        self.weight_g = nn.Parameter(torch.linalg.vector_norm(direction, dim=(1, 2), keepdim=True))
+        self.weight_v = nn.Parameter(direction)
+        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
+
+    @property
+    def weight(self) -> Tensor:
+        """The G weights, (G, out, in)."""
+        return torch._weight_norm(self.weight_v, self.weight_g, 0)
+
+    def __len__(self) -> int:
+        return self.weight_v.shape[0]
+
+    def __getitem__(self, glimpse: int) -> _Glimpse:
+        return _Glimpse(self.weight[glimpse], self.bias[glimpse])
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        _stack_glimpse_layers(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def extra_repr(self) -> str:
+        glimpses, out_features, in_features = self.weight_v.shape
+        return f"glimpses={glimpses}, in_features={in_features}, out_features={out_features}"
+
+
+def _stack_glimpse_layers(state: dict[str, Any], prefix: str) -> None:
+    """Replace the per-glimpse keys of the former layout under ``prefix`` by the stacked ones."""
+    names = {"weight_g": "parametrizations.weight.original0",
+             "weight_v": "parametrizations.weight.original1", "bias": "bias"}
+    glimpses = 0
+    while all(f"{prefix}{glimpses}.{old}" in state for old in names.values()):
+        glimpses += 1
+    if glimpses == 0:  # the stacked layout, or keys that load_state_dict will report
+        return
+    for new, old in names.items():
+        values = [state.pop(f"{prefix}{glimpse}.{old}") for glimpse in range(glimpses)]
+        if new == "weight_g":
+            values = [value.reshape(1, 1) for value in values]  # a scalar gain per glimpse
+        state[prefix + new] = torch.stack(values)
 
 
 @register("ban")
@@ -126,17 +216,12 @@ class BAN(FusionModule):
         # The reference's per-glimpse constant h_bias is left out: it shifts a whole
         # map and cancels in the softmax, so it could never receive a gradient.
         self.attention_glimpses = parametrizations.weight_norm(glimpse_vectors, dim=None)
-        # Joint representation (BAN Eq. 12) and its projection P_g (Eq. 11), per glimpse.
+        # Joint representation (BAN Eq. 12) and its projection P_g (Eq. 11): one map per
+        # glimpse, stacked (G, out, in) so that each side is one batched product.
         joint_rank = self.joint_pool * hidden_dim
-        self.joint_x = nn.ModuleList(
-            _weight_normed_linear(x_dim, joint_rank) for _ in range(self.glimpses)
-        )
-        self.joint_y = nn.ModuleList(
-            _weight_normed_linear(y_dim, joint_rank) for _ in range(self.glimpses)
-        )
-        self.joint_projections = nn.ModuleList(
-            _weight_normed_linear(hidden_dim, y_dim) for _ in range(self.glimpses)
-        )
+        self.joint_x = GlimpseLinears(self.glimpses, x_dim, joint_rank)  # U'_g^T, u'_g
+        self.joint_y = GlimpseLinears(self.glimpses, y_dim, joint_rank)  # V'_g^T, v'_g
+        self.joint_projections = GlimpseLinears(self.glimpses, hidden_dim, y_dim)  # P_g^T, p_g
         self.output_projection = (
             None if self.out_dim == y_dim else _weight_normed_linear(y_dim, self.out_dim)
         )
@@ -152,12 +237,26 @@ class BAN(FusionModule):
         ``x`` (B, T_x, d_x), ``y`` (B, T_y, d_y), masks None or (B, T_x) and (B, T_y)
         bool (True = real step); padded pairs get attention 0.
         """
+        weights = _weights_of([self.attention_x, self.attention_y, self.attention_glimpses])
+        return self._attention_maps(x, y, x_mask, y_mask, *weights)
+
+    def _attention_maps(
+        self,
+        x: Tensor,
+        y: Tensor,
+        x_mask: Tensor | None,
+        y_mask: Tensor | None,
+        x_weight: Tensor,
+        y_weight: Tensor,
+        glimpse_weight: Tensor,
+    ) -> Tensor:
+        """:meth:`attention_maps` with the weights U^T, V^T and the p_g already computed."""
         logits = bilinear_attention_logits(
             self._drop(x),
             self._drop(y),
-            self.attention_x.weight,
-            self.attention_y.weight,
-            self.attention_glimpses.weight,
+            x_weight,
+            y_weight,
+            glimpse_weight if len(glimpse_weight) == self.glimpses else glimpse_weight[: self.glimpses],
             x_bias=self.attention_x.bias,
             y_bias=self.attention_y.bias,
             x_mask=x_mask,
@@ -167,45 +266,75 @@ class BAN(FusionModule):
         )
         return bilinear_attention_map(logits)
 
-    def _joint_x_features(self, x: Tensor) -> Tensor:
-        """relu(U'_g^T x + u_g) for every glimpse g at once: (B, T_x, G, rank)."""
-        glimpses = self.joint_x[: self.glimpses]
-        weight = torch.cat([linear.weight for linear in glimpses])  # (G rank, d_x)
-        bias = torch.cat([linear.bias for linear in glimpses])
-        return F.relu(F.linear(x, weight, bias)).unflatten(-1, (self.glimpses, -1))
-
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        return self.fuse_details(inputs, masks).fused
+        return self._fuse(inputs, masks, details=False).fused
 
     def fuse_details(self, inputs: list[Tensor], masks: list[Tensor]) -> FusionOutput:
         """Fused output, sequences [x, the residual stream of y after the last glimpse
         (Eq. 14)] and the G attention maps (B, G, T_x, T_y)."""
+        return self._fuse(inputs, masks, details=True)
+
+    def _fuse(self, inputs: list[Tensor], masks: list[Tensor], *, details: bool) -> FusionOutput:
         x, y = inputs
         x_mask, y_mask = masks
-        attention = self.attention_maps(x, y, x_mask, y_mask)  # (B, G, T_x, T_y), 0 at padding
-        # relu(U'_g^T x) of every glimpse in one product when no dropout is drawn (x does
-        # not change between glimpses); in training with dropout each glimpse drops x
-        # on its own, in the reference's order of random draws.
-        all_x = None if self.training and self.dropout > 0 else self._joint_x_features(x)
+        # The 2-d weight-normalised weights, all at once: U^T, V^T, the p_g and the output map.
+        layers = [self.attention_x, self.attention_y, self.attention_glimpses]
+        if self.output_projection is not None:
+            layers.append(self.output_projection)
+        weights = _weights_of(layers)
+        attention = self._attention_maps(x, y, x_mask, y_mask, *weights[:3])  # 0 at padded pairs
+        if self.training and self.dropout > 0:
+            stream = self._glimpses_with_dropout(x, y, attention)
+            # Sum over the real tokens of y (the reference's q_emb.sum(1)), (B, d_y).
+            fused = stream.masked_fill(~y_mask.unsqueeze(-1), 0.0).sum(dim=1)
+        else:
+            x_weight, x_bias = self._stacked(self.joint_x)
+            # relu(U'_g^T x + u'_g) of all glimpses in one product, (B, T_x, G, rank); x and y
+            # are zero at padded steps on entry.
+            x_features = F.relu(F.linear(x, x_weight.flatten(0, 1), x_bias.flatten()))
+            residual = bilinear_residual_glimpses(  # BAN Eq. 11, 12: y + r after the last glimpse
+                x_features.unflatten(-1, (self.glimpses, -1)),
+                y,
+                attention,
+                *self._stacked(self.joint_y),
+                *self._stacked(self.joint_projections),
+                pool=self.joint_pool,
+            )  # (B, 1, d_y)
+            stream = y + residual if details else None
+            # Sum over the real tokens of y + r (the reference's q_emb.sum(1)): y is zero at
+            # padded steps and r counts once per real token. (B, d_y)
+            real_tokens = y_mask.sum(dim=1, keepdim=True, dtype=y.dtype)  # (B, 1)
+            fused = torch.addcmul(y.sum(dim=1), real_tokens, residual.squeeze(1))
+        if self.output_projection is not None:
+            fused = F.linear(fused, weights[3], self.output_projection.bias)
+        return FusionOutput(fused, [x, stream] if details else None, attention)
+
+    def _stacked(self, layers: GlimpseLinears) -> tuple[Tensor, Tensor]:
+        """(weight, bias) of the first ``self.glimpses`` maps of ``layers``."""
+        weight, bias = layers.weight, layers.bias
+        if len(layers) > self.glimpses:  # the glimpses were reduced after construction
+            weight, bias = weight[: self.glimpses], bias[: self.glimpses]
+        return weight, bias
+
+    def _glimpses_with_dropout(self, x: Tensor, y: Tensor, attention: Tensor) -> Tensor:
+        """The residual stream after the last glimpse, (B, T_y, d_y), one glimpse after the
+        other with its own dropout on x, on the stream and on f'_g, in the reference's
+        order of random draws (BAN Eq. 11, 12)."""
+        joint_x, joint_y = self.joint_x.weight, self.joint_y.weight
+        projections = self.joint_projections.weight
         stream = y  # the residual stream, (B, T_y, d_y)
         for glimpse in range(self.glimpses):
-            if all_x is None:
-                x_features = F.relu(self.joint_x[glimpse](self._drop(x)))
-            else:
-                x_features = all_x[:, :, glimpse]
-            y_features = F.relu(self.joint_y[glimpse](self._drop(stream)))
+            x_features = F.relu(F.linear(self._drop(x), joint_x[glimpse], self.joint_x.bias[glimpse]))
+            y_features = F.relu(F.linear(self._drop(stream), joint_y[glimpse], self.joint_y.bias[glimpse]))
             # f'_g: (B, K), BAN Eq. 12. Padded steps were zeroed on entry and the map is 0
             # at padded pairs, so padded steps add nothing.
             joint = bilinear_pooling_of_features(
                 x_features, y_features, attention[:, glimpse], pool=self.joint_pool
             )
             # BAN Eq. 11 (on y, as the reference code): y <- P_g^T f'_g 1^T + y
-            stream = stream + self.joint_projections[glimpse](self._drop(joint)).unsqueeze(1)
-        # Sum over the real tokens of y (the reference's q_emb.sum(1)), (B, d_y).
-        fused = stream.masked_fill(~y_mask.unsqueeze(-1), 0.0).sum(dim=1)
-        if self.output_projection is not None:
-            fused = self.output_projection(fused)
-        return FusionOutput(fused, [x, stream], attention)
+            step = F.linear(self._drop(joint), projections[glimpse], self.joint_projections.bias[glimpse])
+            stream = stream + step.unsqueeze(1)
+        return stream
 
     def extra_repr(self) -> str:
         return (

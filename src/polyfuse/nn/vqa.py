@@ -157,20 +157,23 @@ class BanVQA(nn.Module):
             training=self.training,
         )
         attention = bilinear_attention_map(logits)  # BAN Eq. 8
+        # U'_g, V'_g, P_g of all glimpses, each stack weight-normalised at once: (G, out, in)
+        joint_x, joint_y, projections = ban.joint_x.weight, ban.joint_y.weight, ban.joint_projections.weight
         stream = question
         for glimpse in range(self.glimpses):
             joint = bilinear_attention_pooling(  # f'_g, (B, H), BAN Eq. 12
                 drop(image),
                 drop(stream),
                 attention[:, glimpse],
-                ban.joint_x[glimpse].weight,
-                ban.joint_y[glimpse].weight,
-                x_bias=ban.joint_x[glimpse].bias,
-                y_bias=ban.joint_y[glimpse].bias,
+                joint_x[glimpse],
+                joint_y[glimpse],
+                x_bias=ban.joint_x.bias[glimpse],
+                y_bias=ban.joint_y.bias[glimpse],
                 x_mask=objects,
             )
             # BAN Eq. 11 (residual learning of attention): f_{g+1} = P_g^T f_g 1^T + f_g
-            stream = stream + ban.joint_projections[glimpse](drop(joint)).unsqueeze(1)
+            step = F.linear(drop(joint), projections[glimpse], ban.joint_projections.bias[glimpse])
+            stream = stream + step.unsqueeze(1)
             if self.counter is not None:
                 # Count features from each object's largest logit over the words (ban-vqa),
                 # added to the stream through a ReLU projection.
