@@ -446,3 +446,21 @@ def test_the_joint_map_starts_as_the_two_maps_of_earlier_versions():
         joint = module.layers[0].projections[j]
         assert joint.weight.equal(torch.cat([values[j].weight, features[j].weight]))
         assert joint.bias.equal(torch.cat([values[j].bias, features[j].bias]))
+
+
+def test_operation_counts_at_the_sizes_of_issue_26():
+    """Operations dispatched by one forward (eval, no_grad) and one forward+backward of MAN
+    with its registry defaults at the sizes of issue 26 (out_dim 8, batch 8, inputs of
+    sizes 300 / 74 / 35, lengths 20 / 30 / 25, random padding), after a warm-up call:
+    417 and 847 before the modalities were stacked along time (main 71d5fea).
+    Deterministic; see `polyfuse bench ops`."""
+    from polyfuse.bench.dispatch import OpsSettings, count_module_operations, ops_inputs
+
+    settings = OpsSettings()
+    torch.manual_seed(0)
+    model = MAN(list(settings.dims), settings.out_dim)
+    forward, forward_backward = count_module_operations(model, *ops_inputs(settings, 3))
+    assert forward.total <= 192
+    assert forward_backward.total <= 408
+    assert forward.by_name["aten.addmm"] == 3  # one joint map U'_j, U''_j per modality
+    assert forward.by_name["aten.bmm"] == 5  # the exponents, m - 1 contractions, the last one's reordered one
