@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from polyfuse._checks import check_dropout, check_finite, check_mask, check_values
+from polyfuse._precision import float32_under_autocast
 
 __all__ = [
     "bilinear_attention_logits",
@@ -212,6 +213,7 @@ def bilinear_attention_logits(
     return logits.masked_fill(~pair_mask, float("-inf"))  # BAN section 5.2: mask with -inf
 
 
+@float32_under_autocast
 def bilinear_attention_map(
     logits: Tensor, *, x_mask: Tensor | None = None, y_mask: Tensor | None = None
 ) -> Tensor:
@@ -226,7 +228,8 @@ def bilinear_attention_map(
 
     Returns:
         (B, G, T_x, T_y) attention maps: each (b, g) map sums to 1 over the real
-        pairs and is exactly 0 on padded ones.
+        pairs and is exactly 0 on padded ones. Under ``torch.autocast`` the softmax
+        (its exponentials and denominator) computes in float32 and the maps are float32.
 
     Raises:
         ValueError: wrong shape, NaN or +Inf in ``logits``, a mask that is all
