@@ -41,11 +41,11 @@ from polyfuse.tasks.retrieval import RetrievalModel
 __all__ = [
     "LOOP_PRECISIONS",
     "RetrievalSettings",
-    "training_autocast",
     "encode_captions",
     "evaluate_retrieval",
     "shuffle_words",
     "train_retrieval",
+    "training_autocast",
 ]
 
 
