@@ -177,8 +177,13 @@ def autocast_device(*values: Any) -> str | None:
         tensors = _flatten(value)
         if tensors:
             device_type = tensors[0].device.type
-            return device_type if torch.is_autocast_enabled(device_type) else None
+            return device_type if _autocast_enabled(device_type) else None
     return None
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    # autocast exists for cpu, cuda, xpu, ... but not for meta (where asking would raise)
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 
 def _to_float32(x: Tensor) -> Tensor:
@@ -188,7 +193,7 @@ def _to_float32(x: Tensor) -> Tensor:
 def widen_under_autocast(x: Tensor) -> Tensor:
     """``x`` in float32 while autocast is on for its device and it is float16 / bfloat16
     (for a softmax or a norm that must not run in the low dtype); else ``x`` itself."""
-    return _to_float32(x) if x.dtype in _NARROW and torch.is_autocast_enabled(x.device.type) else x
+    return _to_float32(x) if x.dtype in _NARROW and _autocast_enabled(x.device.type) else x
 
 
 def float32_under_autocast(function: Function) -> Function:

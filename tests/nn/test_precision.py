@@ -444,3 +444,9 @@ def test_float32_under_autocast_widens_only_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert widen_under_autocast(half).dtype == torch.float32 and widen_under_autocast(double).dtype == torch.float64
     assert widen_under_autocast(half) is half
+
+
+def test_float32_under_autocast_on_a_device_without_autocast():
+    meta = torch.empty(2, dtype=torch.bfloat16, device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert widen_under_autocast(meta) is meta and float32_under_autocast(torch.neg)(meta).dtype == torch.bfloat16
