@@ -1,4 +1,4 @@
-"""Numerics shared by every fusion module: empty batches and float16.
+"""Numerics shared by every fusion module: empty batches, float16 and autocast.
 
 :func:`guarded_fuse` wraps a module's ``fuse`` step:
 
@@ -9,23 +9,44 @@
   holds only |x| <= 65504: when the output or a gradient does not fit, a
   ValueError names the module and says to use bfloat16 or float32, instead of
   returning Inf / NaN silently. bfloat16 (float32's range) runs as it is.
+
+Under ``torch.autocast`` (bfloat16 on CPU and CUDA, float16 on CUDA) matrix products
+run in the low dtype, and on CPU even softmax, log-softmax, logsumexp, exp and norms
+of a low-precision tensor stay in it. :func:`float32_under_autocast` marks the
+numerically sensitive pure functions (exponentials and their stabilisers, softmax
+denominators and normalisers, Lorentz geometry, the counter): while autocast is on
+for their inputs' device they compute in float32, with autocast off, and return
+float32 (which the next autocast matrix product narrows again). Without autocast they
+run unchanged in the inputs' dtype.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import check_values
 
-__all__ = ["FLOAT16_MAX", "empty_output", "float32_call", "guarded_fuse", "needs_float32"]
+__all__ = [
+    "FLOAT16_MAX",
+    "autocast_device",
+    "empty_output",
+    "float32_call",
+    "float32_under_autocast",
+    "guarded_fuse",
+    "needs_float32",
+    "widen_under_autocast",
+]
 
 FLOAT16_MAX = float(torch.finfo(torch.float16).max)
 _state = threading.local()  # widened: inside float32_call (weights and inputs float32)
+_NARROW = (torch.float16, torch.bfloat16)
+Function = TypeVar("Function", bound=Callable[..., Any])
 
 
 def _advice(owner: str, what: str) -> str:
@@ -147,3 +168,49 @@ def _flatten(value: Any) -> list[Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _flatten(v)]
     return []
+
+
+def autocast_device(*values: Any) -> str | None:
+    """The device type of the first tensor in ``values`` (searched through lists and
+    tuples) when autocast is enabled for it, else None."""
+    for value in values:
+        tensors = _flatten(value)
+        if tensors:
+            device_type = tensors[0].device.type
+            return device_type if _autocast_enabled(device_type) else None
+    return None
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    # autocast exists for cpu, cuda, xpu, ... but not for meta (where asking would raise)
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
+def _to_float32(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in _NARROW else x
+
+
+def widen_under_autocast(x: Tensor) -> Tensor:
+    """``x`` in float32 while autocast is on for its device and it is float16 / bfloat16
+    (for a softmax or a norm that must not run in the low dtype); else ``x`` itself."""
+    return _to_float32(x) if x.dtype in _NARROW and _autocast_enabled(x.device.type) else x
+
+
+def float32_under_autocast(function: Function) -> Function:
+    """Decorator for a pure function of tensors: while autocast is enabled for the
+    device of its first tensor argument, its float16 / bfloat16 tensor arguments
+    (also inside lists and tuples) are widened to float32 and it runs with autocast
+    disabled, so that every operation inside computes in float32 (or float64 for
+    float64 inputs). Without autocast it is called unchanged."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        device_type = autocast_device(*args, *kwargs.values())
+        if device_type is None:
+            return function(*args, **kwargs)
+        with torch.autocast(device_type, enabled=False):
+            return function(
+                *_map(args, _to_float32), **{key: _map(value, _to_float32) for key, value in kwargs.items()}
+            )
+
+    return wrapper  # type: ignore[return-value]

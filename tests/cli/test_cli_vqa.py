@@ -171,3 +171,15 @@ def test_vqa_resume_continues_to_the_same_result(vqa_folder):
     resumed = train({}, resume=vqa_folder / "cut")
     assert resumed.test == whole.test and resumed.validation == whole.validation
     assert resumed.epochs == whole.epochs
+
+
+@pytest.mark.parametrize("fusion", ["ban", "man"])
+def test_vqa_trains_in_bf16_mixed(vqa_folder, training_witness, fusion):
+    """precision: bf16-mixed through the engine: BAN with its counter (float32 inside), or MAN."""
+    config = _config(vqa_folder)
+    config["model"]["fusion"] = fusion
+    config["model"]["options"]["man"] = {"hidden_dim": 8, "heads": 2, "num_random_features": 8}
+    config["trainer"].update(max_epochs=4, precision="bf16-mixed")
+    result = train(config, run_dir=vqa_folder / fusion, callbacks=[training_witness])
+    training_witness.assert_trained()
+    assert all(np.isfinite(value) for value in result.test.values())

@@ -115,3 +115,16 @@ def test_compare_variants(tmp_path: Path) -> None:
     assert "mean-pool (n=2)" in table and "HOCA-UB (n=2)" in table and "CIDEr-D" in table
     runs = (out / "runs.csv").read_text().splitlines()
     assert len(runs) == 1 + 4
+
+
+def test_trains_in_bf16_mixed(tmp_path: Path, training_witness) -> None:
+    """precision: bf16-mixed through the engine (L-HOCA-UBT): teacher forcing under autocast,
+    beam search (its log-softmax in float32) for the validation and test captions."""
+    from polyfuse.engine import load_config, train
+
+    _write_data(tmp_path)
+    config = load_config(_config(tmp_path))
+    config["trainer"].update(max_epochs=3, precision="bf16-mixed")
+    result = train(config, run_dir=tmp_path / "run", callbacks=[training_witness])
+    training_witness.assert_trained()
+    assert all(np.isfinite(value) for value in result.test.values())

@@ -98,10 +98,29 @@ def test_early_stopping(tiny_config, tmp_path):
     assert result.epochs == 3
 
 
-def test_bf16_autocast(tiny_config, tmp_path):
-    result = train(tiny_config(trainer={"max_epochs": 1, "precision": "bf16-mixed"}), run_dir=tmp_path / "r")
+def test_bf16_autocast(tiny_config, tmp_path, training_witness):
+    result = train(tiny_config(trainer={"max_epochs": 1, "precision": "bf16-mixed"}), run_dir=tmp_path / "r",
+                   callbacks=[training_witness])
+    training_witness.assert_trained(loss_falls=False)  # one epoch
     assert all(np.isfinite(v) for v in result.test.values())
     assert all(t.dtype == torch.float32 for k, t in weights(result.best_checkpoint).items() if "random_matrix" not in k)
+
+
+def test_bf16_autocast_contextual_sentiment_with_gru_encoders(tiny_config, tmp_path, training_witness):
+    """MOSI's setting (configs/mosi/man.yaml): GRU encoders, which autocast leaves in float32
+    on the CPU, feed MAN, whose projections run in bfloat16 and whose float32 LSC vectors
+    then meet bfloat16 values (it raised a dtype error before the float32 islands)."""
+    data = {
+        "source": contextual_file(tmp_path / "ctx.npz"), "modalities": ["text", "audio"], "split": "split",
+        "id": "segment", "context": {"group_by": "video", "order_by": "start", "window": 5},
+        "validation_fraction": 0.25,
+    }
+    config = tiny_config(task={"type": "sentiment", "loss": "l1"}, data=data,
+                         model={"encoder": {"type": "gru"}, "skip": False, "centre_marker": True},
+                         trainer={"max_epochs": 2, "precision": "bf16-mixed"})
+    result = train(config, run_dir=tmp_path / "r", callbacks=[training_witness])
+    training_witness.assert_trained()
+    assert all(np.isfinite(v) for v in result.test.values())
 
 
 def test_evaluate_and_predict_agree_with_the_run(tiny_config, tmp_path):

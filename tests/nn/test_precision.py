@@ -1,6 +1,7 @@
 """Every registered fusion module: empty batches, bfloat16, float16 computed in float32
 (or refused with a clear message), and a fuzz over modules x dtypes x scales x
-lengths x masks that finds no NaN / Inf in outputs or gradients for finite inputs."""
+lengths x masks that finds no NaN / Inf in outputs or gradients for finite inputs;
+the numerically sensitive functions compute in float32 under autocast."""
 
 import functools
 
@@ -10,7 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import polyfuse
-from polyfuse._precision import empty_output, float32_call, needs_float32
+from polyfuse._precision import (
+    empty_output,
+    float32_call,
+    float32_under_autocast,
+    needs_float32,
+    widen_under_autocast,
+)
+from polyfuse.functional.contrastive import info_nce_loss
+from polyfuse.functional.counting import count_features
+from polyfuse.functional.pooling import masked_softmax
 
 NAMES = polyfuse.nn.available()
 DIMS = (4, 3, 5)
@@ -326,3 +336,117 @@ def test_needs_float32_reads_inputs_then_weights_of_any_module():
     assert needs_float32(torch.nn.Linear(2, 2).half(), single)  # a plain module: its parameters are read
     module = polyfuse.nn.create("concat", input_dims=[2, 2], out_dim=2)
     assert not needs_float32(module, single) and needs_float32(module.half(), single)  # the cached flag
+
+
+# ---------------------------------------------------------- float32 islands under autocast
+
+
+def _rounded(*shape, seed, scale=1.0):
+    """Random bfloat16 values (already rounded, so that a float64 copy holds them exactly)."""
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).bfloat16()
+
+
+def _man_inputs():
+    features = [_rounded(2, t, 6, seed=t, scale=2.0) for t in (5, 3, 4)]
+    values = [_rounded(2, t, 3, seed=10 + t) for t in (5, 3, 4)]
+    masks = [torch.arange(t) < torch.tensor([[t], [t - 1]]) for t in (5, 3, 4)]
+    random_matrix = polyfuse.functional.gaussian_random_matrix(8, 6, generator=torch.Generator().manual_seed(0))
+    return features, values, masks, random_matrix
+
+
+def _boxes(seed):
+    corners = torch.rand(2, 6, 2, generator=torch.Generator().manual_seed(seed))
+    return torch.cat([corners, corners + 0.3], dim=-1).bfloat16()
+
+
+ISLANDS = {
+    # name: (function of the inputs, inputs): each numerically sensitive function of the list in
+    # polyfuse._precision's docstring, called on bfloat16 tensors
+    "multilinear_attention had (MAN)": (
+        lambda f, v, m, w: polyfuse.functional.multilinear_attention(f, v, m, mode="had", random_matrix=w),
+        _man_inputs(),
+    ),
+    "multilinear_attention exact": (
+        lambda f, v, m, w: polyfuse.functional.multilinear_attention(f, v, m, mode="exact"),
+        _man_inputs(),
+    ),
+    "masked_softmax (HOCA, MAF)": (
+        masked_softmax,
+        (_rounded(3, 7, seed=1, scale=30.0), torch.arange(7) < torch.tensor([[7], [4], [1]])),
+    ),
+    "bilinear_attention_map (BAN)": (
+        polyfuse.functional.bilinear_attention_map, (_rounded(2, 2, 4, 5, seed=2, scale=30.0),)
+    ),
+    "count_features (counter)": (
+        lambda boxes, attention, weights: count_features(boxes, attention, weights, objects=4),
+        (_boxes(3), _rounded(2, 6, seed=4, scale=3.0), (torch.rand(8, 17, generator=torch.Generator().manual_seed(5)) + 0.5).bfloat16()),
+    ),
+    "lorentz_expmap0 and lorentz_distance (Chimera)": (
+        lambda x, y: polyfuse.functional.lorentz_distance(
+            polyfuse.functional.lorentz_expmap0(x), polyfuse.functional.lorentz_expmap0(y)
+        ),
+        (_rounded(4, 5, seed=6, scale=2.0), _rounded(4, 5, seed=7, scale=2.0)),
+    ),
+    "info_nce_loss (retrieval)": (
+        lambda scores, positives: info_nce_loss(scores, positives),
+        (_rounded(5, 5, seed=8), torch.eye(5, dtype=torch.bool)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ISLANDS))
+def test_sensitive_functions_compute_in_float32_under_autocast(name):
+    """Under CPU bfloat16 autocast, on bfloat16 inputs, each returns float32 equal to its own
+    float64 evaluation of the same (rounded) inputs to float32 accuracy: computed in
+    float32 throughout, not in bfloat16 (whose 2^-9 rounding would show as ~1e-3)."""
+    function, inputs = ISLANDS[name]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = function(*inputs)
+    widened = [[x.double() if x.is_floating_point() else x for x in item] if isinstance(item, list)
+               else item.double() if item.is_floating_point() else item for item in inputs]
+    expected = function(*widened)
+    assert output.dtype == torch.float32
+    torch.testing.assert_close(output.double(), expected, rtol=2e-5, atol=2e-6 * float(expected.abs().max()))
+
+
+def test_man_features_and_values_of_other_dtypes_under_autocast():
+    """The reported failure: float32 features (the LSC vectors appended to bfloat16
+    projections) beside bfloat16 values; under autocast both are computed in float32.
+    Outside autocast the dtypes must still agree (a clear error)."""
+    features, values, masks, random_matrix = _man_inputs()
+    features = [a.float() for a in features]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = polyfuse.functional.multilinear_attention(features, values, masks, mode="had", random_matrix=random_matrix)
+    expected = polyfuse.functional.multilinear_attention(
+        features, [v.float() for v in values], masks, mode="had", random_matrix=random_matrix
+    )
+    assert output.dtype == torch.float32
+    torch.testing.assert_close(output, expected)
+    with pytest.raises(ValueError, match=r"modality 0: features have dtype torch\.float32 and values torch\.bfloat16"):
+        polyfuse.functional.multilinear_attention(features, values, masks, mode="had", random_matrix=random_matrix)
+
+
+def test_float32_under_autocast_widens_only_under_autocast():
+    seen = {}
+
+    @float32_under_autocast
+    def record(x, pair, *, other):
+        seen.update(x=x.dtype, pair=[t.dtype for t in pair], other=other.dtype, autocast=torch.is_autocast_enabled("cpu"))
+        return x
+
+    half, single, double = torch.ones(2, dtype=torch.bfloat16), torch.ones(2), torch.ones(2, dtype=torch.float64)
+    assert record(half, [half, torch.ones(2, dtype=torch.float16)], other=half).dtype == torch.bfloat16
+    assert seen == {"x": torch.bfloat16, "pair": [torch.bfloat16, torch.float16], "other": torch.bfloat16, "autocast": False}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert record(half, (single, double), other=torch.ones(2, dtype=torch.float16)).dtype == torch.float32
+        assert torch.is_autocast_enabled("cpu")  # restored after the call
+    assert seen == {"x": torch.float32, "pair": [torch.float32, torch.float64], "other": torch.float32, "autocast": False}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert widen_under_autocast(half).dtype == torch.float32 and widen_under_autocast(double).dtype == torch.float64
+    assert widen_under_autocast(half) is half
+
+
+def test_float32_under_autocast_on_a_device_without_autocast():
+    meta = torch.empty(2, dtype=torch.bfloat16, device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert widen_under_autocast(meta) is meta and float32_under_autocast(torch.neg)(meta).dtype == torch.bfloat16

@@ -106,3 +106,25 @@ def test_train_chimera_frozen_and_with_the_text_encoder_fine_tuned(tmp_path):
     with pytest.raises(ValueError, match="has nothing to fine-tune"):
         train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=1, expert="app", encoder=frozen,
                       text_lr=0.5)
+
+
+def test_train_chimera_in_bf16_mixed_follows_float32(tmp_path):
+    """``precision="bf16-mixed"``: the training steps (topic layers, Lorentz geometry and the
+    four losses, the sensitive parts in float32 inside) run under bfloat16 autocast: finite
+    losses within 0.5% of float32's (measured: 0.03%), not equal to them, and a model that trains."""
+    from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, train_chimera
+    from polyfuse.nn.sentence_encoder import StaticWordEncoder
+
+    train, val, path = _tiny_corpus(tmp_path)
+    row = ChimeraRow(num_topics=2, hyperbolic_dim=3)
+    encoder = StaticWordEncoder(path)
+    tokens = {name: encode_tokens(encoder, part.captions) for name, part in (("train", train), ("val", val))}
+    losses = {}
+    for precision in ("32-true", "bf16-mixed"):
+        _, history = train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=4, batch_size=3,
+                                   expert="app", precision=precision)
+        losses[precision] = torch.tensor([h["loss"] for h in history])
+    mixed, single = losses["bf16-mixed"], losses["32-true"]
+    assert torch.isfinite(mixed).all() and mixed[-1] < mixed[0]
+    assert not torch.equal(mixed, single)
+    torch.testing.assert_close(mixed, single, rtol=0.005, atol=0)

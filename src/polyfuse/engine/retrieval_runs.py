@@ -208,12 +208,14 @@ def run_chimera_ablation(
     batch_size: int = 16,
     text_lr: float | None = None,
     expert: str | None = None,
+    precision: str = "32-true",
 ) -> dict:
     """Chimera on MiniLM token states + one video expert (``expert``, default the corpus's
     first: MSVD's ``vgg_appearance``), one entry per Table 4 row; test with captions as
     written (EX1) and with their words shuffled (EX2). With ``text_lr`` MiniLM is fine-tuned
     with each model (every row and seed starting from the pre-trained weights). Each model
-    is saved as ``<out>/<row>/seed<N>.pt`` for ``polyfuse retrieval evaluate``."""
+    is saved as ``<out>/<row>/seed<N>.pt`` for ``polyfuse retrieval evaluate``. ``precision``:
+    of :func:`~polyfuse.engine.chimera_retrieval.train_chimera`."""
     from polyfuse.engine.chimera_retrieval import (
         ABLATION_ROWS,
         encode_tokens,
@@ -244,7 +246,8 @@ def run_chimera_ablation(
                 encoder.load_state_dict(initial_text)
             model, history = train_chimera(parts["train"], tokens["train"], parts["val"], tokens["val"],
                                            ABLATION_ROWS[name], seed, epochs=epochs, batch_size=batch_size,
-                                           encoder=encoder, text_lr=text_lr, expert=expert)
+                                           encoder=encoder, text_lr=text_lr, expert=expert,
+                                           precision=precision)
             seconds = time.perf_counter() - start
             test_tokens, test_shuffled = tokens["test"], shuffled
             if text_lr is not None:  # through the fine-tuned encoder
@@ -259,6 +262,7 @@ def run_chimera_ablation(
                         "text_dim": tokens["train"][0].shape[-1], "video_dim": corpus.experts[expert].dim,
                         "expert": expert, **({"text_state": encoder.state_dict()} if text_lr is not None else {})},
                        out / name / f"seed{seed}.pt")
-        results[name] = {"row": asdict(ABLATION_ROWS[name]), "text_lr": text_lr, "runs": runs}
+        results[name] = {"row": asdict(ABLATION_ROWS[name]), "text_lr": text_lr, "precision": precision,
+                         "runs": runs}
         (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     return results

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from polyfuse._checks import check_dropout, check_finite, check_mask, check_values
+from polyfuse._precision import float32_under_autocast
 
 __all__ = [
     "bilinear_attention_logits",
@@ -235,6 +236,7 @@ def bilinear_logits_of_features(x_features: Tensor, y_features: Tensor, glimpse_
     return logits.view(batch, glimpses, length_x, length_y)
 
 
+@float32_under_autocast
 def bilinear_attention_map(
     logits: Tensor, *, x_mask: Tensor | None = None, y_mask: Tensor | None = None
 ) -> Tensor:
@@ -249,7 +251,8 @@ def bilinear_attention_map(
 
     Returns:
         (B, G, T_x, T_y) attention maps: each (b, g) map sums to 1 over the real
-        pairs and is exactly 0 on padded ones.
+        pairs and is exactly 0 on padded ones. Under ``torch.autocast`` the softmax
+        (its exponentials and denominator) computes in float32 and the maps are float32.
 
     Raises:
         ValueError: wrong shape, NaN or +Inf in ``logits``, a mask that is all

@@ -8,6 +8,9 @@ a topic representation, ``n`` hyperbolic dimension (points have n + 1 coordinate
 In a batch, pair (b, b) is the observed (positive) pair of Eq. 10 to 12 and every
 (k, j) with k != j is a negative: N = B - 1 in-batch negatives, as in the paper's
 fine-tuning (N set to the batch size, following CLIP).
+
+Under ``torch.autocast`` every objective computes in float32 (autocast off, float32
+returned): log-softmax, logsumexp and the hyperbolic distances must not run in bfloat16.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from torch import Tensor
 
 from polyfuse._checks import check_finite, check_float_tensor, check_hyperboloid_points
+from polyfuse._precision import float32_under_autocast
 from polyfuse.functional.lorentz import lorentz_distance
 
 __all__ = [
@@ -52,6 +56,7 @@ def _check_pairs(text: Tensor, image: Tensor, text_name: str, image_name: str) -
         )
 
 
+@float32_under_autocast
 def topic_lm_loss(
     topic_vocab_logits: Tensor,
     topic_logits: Tensor,
@@ -123,6 +128,7 @@ def topic_lm_loss(
     return _reduce(-log_likelihood, reduction)
 
 
+@float32_under_autocast
 def topic_matching_loss(
     text_topics: Tensor,
     image_topics: Tensor,
@@ -172,6 +178,7 @@ def _pair_distances(text_points: Tensor, image_points: Tensor) -> Tensor:
     return lorentz_distance(text_points.unsqueeze(1), image_points.unsqueeze(0))
 
 
+@float32_under_autocast
 def hyperbolic_matching_loss(
     text_points: Tensor,
     image_points: Tensor,
@@ -219,6 +226,7 @@ def hyperbolic_matching_loss(
     return _reduce(terms, reduction)
 
 
+@float32_under_autocast
 def distortion_loss(
     text_points: Tensor,
     image_points: Tensor,
@@ -274,6 +282,7 @@ def distortion_loss(
     return _reduce(terms, reduction)
 
 
+@float32_under_autocast
 def chimera_objective(
     *,
     topic_lm: Tensor | None = None,

@@ -20,6 +20,8 @@ or negative,
 ``reduction="mean"`` divides by the number of terms; ``"none"`` returns the per-word
 sums (B, N_t) (zero at padded words), so that a permutation of one caption's words
 permutes its row exactly and leaves every other row unchanged.
+
+Under ``torch.autocast`` both losses compute in float32 (autocast off, float32 returned).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from polyfuse._precision import float32_under_autocast
 from polyfuse.functional.lorentz import lorentz_distance
 
 __all__ = ["word_region_distortion_loss", "word_region_matching_loss"]
@@ -57,6 +60,7 @@ def _distances(words: Tensor, regions: Tensor) -> Tensor:
     return lorentz_distance(words[:, :, None, None, :], regions[None, None, :, :, :])
 
 
+@float32_under_autocast
 def word_region_matching_loss(
     word_points: Tensor,
     region_points: Tensor,
@@ -102,6 +106,7 @@ def word_region_matching_loss(
     return _reduce(terms.sum(dim=(2, 3, 4)), valid.sum(), reduction)
 
 
+@float32_under_autocast
 def word_region_distortion_loss(
     word_points: Tensor,
     region_points: Tensor,

@@ -4,12 +4,17 @@ Shapes: ``B_t`` texts and ``B_v`` videos in the batch; ``scores`` (B_t, B_v) hol
 s(text_i, video_j) (cosine similarities for MAN section 3.3); ``positives``
 (B_t, B_v) bool marks the matching pairs. Several captions of one video may share a
 batch: all of them are positives of that video, never negatives of it.
+
+Under ``torch.autocast`` both losses compute in float32 (autocast off, float32 returned):
+the logsumexp over the batch must not run in bfloat16.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from polyfuse._precision import float32_under_autocast
 
 __all__ = ["info_nce_loss", "max_margin_ranking_loss"]
 
@@ -26,6 +31,7 @@ def _check(scores: object, positives: object) -> tuple[Tensor, Tensor]:
     return scores, positives
 
 
+@float32_under_autocast
 def max_margin_ranking_loss(
     scores: Tensor, positives: Tensor, *, margin: float = 0.2, hardest: bool = True
 ) -> Tensor:
@@ -61,6 +67,7 @@ def max_margin_ranking_loss(
     return (t2v.sum(dim=1) + v2t.sum(dim=1)).mean()
 
 
+@float32_under_autocast
 def info_nce_loss(scores: Tensor, positives: Tensor, *, temperature: float = 0.05) -> Tensor:
     """Symmetric InfoNCE (CLIP, Radford et al. 2021) with several positives per row.
 

@@ -27,12 +27,18 @@ The attention a_i is the sigmoid of the given logits (``already_sigmoided=False`
 as in BAN where the logit of box i is the maximum over words of its attention logits.
 The computation is laid out as in the authors' code (github.com/Cyanogenoid/vqa-counting),
 which ban-vqa ships unchanged, so that a trained counter gives the same numbers.
+
+Under ``torch.autocast`` the count computes in float32 (autocast off, float32 returned):
+its products over boxes, divisions by the copy counts s_i and the square root would lose
+the fractional count in bfloat16 (8 bits) or float16.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from polyfuse._precision import float32_under_autocast
 
 __all__ = [
     "box_iou",
@@ -124,6 +130,7 @@ def _keep_most_attended(boxes: Tensor, attention: Tensor, objects: int) -> tuple
     return boxes, attention
 
 
+@float32_under_autocast
 def count_score(
     boxes: Tensor,
     attention: Tensor,
@@ -180,6 +187,7 @@ def count_to_one_hot(count: Tensor, objects: int) -> Tensor:
     return (1 - fraction) * at_lower + fraction * at_upper
 
 
+@float32_under_autocast
 def count_features(
     boxes: Tensor,
     attention: Tensor,

@@ -22,6 +22,8 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from polyfuse._precision import widen_under_autocast
+
 __all__ = ["multihead_attention", "sinusoidal_positions"]
 
 
@@ -87,7 +89,8 @@ def multihead_attention(
     q = rearrange(query, "b q (h e) -> b h q e", h=heads)
     k = rearrange(key, "b k (h e) -> b h k e", h=heads)
     v = rearrange(value, "b k (h e) -> b h k e", h=heads)
-    logits = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(dim // heads)
+    # Under autocast the softmax (exponentials, denominator) computes in float32.
+    logits = widen_under_autocast(torch.einsum("bhqe,bhke->bhqk", q, k)) / math.sqrt(dim // heads)
     if key_mask is not None:
         if key_mask.shape != key.shape[:2] or key_mask.dtype != torch.bool:
             raise ValueError(

@@ -54,6 +54,11 @@ to a relative 5e-6), evaluated in float64; near the origin, where x_0 ~ 1, this 
 the absolute bound. Capping the radius at ~3 instead would have bought the absolute
 bound at the price of flattening every tangent vector of norm above 3 onto one
 sphere, a far larger distortion than a relative error of 1e-7.
+
+Under ``torch.autocast`` (bfloat16 or float16) every public function here computes in
+float32 with autocast off (:func:`polyfuse._precision.float32_under_autocast`; the
+distances and the attention's aggregation still in float64) and returns float32: a
+bfloat16 x_0 ~ e^r / 2 would carry 8 bits, and the hyperboloid constraint none.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ import torch
 from torch import Tensor
 
 from polyfuse._checks import check_finite, check_float_tensor, check_hyperboloid_points, check_mask
+from polyfuse._precision import float32_under_autocast
 
 __all__ = [
     "clip_radius",
@@ -171,6 +177,7 @@ def _radial_excess(radius_x: Tensor, radius_y: Tensor) -> Tensor:
 # -------------------------------------------------------------- Lorentz model basics
 
 
+@float32_under_autocast
 def lorentz_inner(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
     """Lorentzian scalar product <x, y>_L = sum_{i>=1} x_i y_i - x_0 y_0 (Chimera Eq. 6).
 
@@ -193,6 +200,7 @@ def lorentz_inner(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
     return _geoopt_lorentz().inner(x, y, keepdim=keepdim)
 
 
+@float32_under_autocast
 def lorentz_distance(x: Tensor, y: Tensor, *, keepdim: bool = False) -> Tensor:
     """Geodesic distance d_L(x, y) = arcosh(-<x, y>_L) on the hyperboloid (Chimera Eq. 6).
 
@@ -253,6 +261,7 @@ def _pairwise_distance(x: Tensor, y: Tensor) -> Tensor:
     return _distance_from_excess(excess)
 
 
+@float32_under_autocast
 def lorentz_pairwise_distance(x: Tensor, y: Tensor) -> Tensor:
     """All pairwise distances d_L(x_i, y_j) (Chimera Eq. 6) with O(N M) memory.
 
@@ -277,6 +286,7 @@ def lorentz_pairwise_distance(x: Tensor, y: Tensor) -> Tensor:
     return _pairwise_distance(x, y).to(torch.promote_types(x.dtype, y.dtype))
 
 
+@float32_under_autocast
 def clip_radius(tangent: Tensor, max_radius: float) -> Tensor:
     """Rescale the vectors whose Euclidean norm exceeds ``max_radius`` to that norm.
 
@@ -294,6 +304,7 @@ def clip_radius(tangent: Tensor, max_radius: float) -> Tensor:
     return tangent * (max_radius / radius.clamp_min(max_radius))
 
 
+@float32_under_autocast
 def lorentz_expmap0(tangent: Tensor, *, max_radius: float | None = None) -> Tensor:
     """Exponential map at the origin through the polar form (note 10; Chimera sec. 3.6).
 
@@ -331,6 +342,7 @@ def lorentz_expmap0(tangent: Tensor, *, max_radius: float | None = None) -> Tens
     return points + torch.cat((torch.zeros_like(radius), first_order), dim=-1)
 
 
+@float32_under_autocast
 def lorentz_logmap0(points: Tensor) -> Tensor:
     """Logarithmic map at the origin, the inverse of :func:`lorentz_expmap0`.
 
@@ -354,6 +366,7 @@ def lorentz_logmap0(points: Tensor) -> Tensor:
     return (spatial * scale).to(points.dtype)
 
 
+@float32_under_autocast
 def lorentz_project(points: Tensor) -> Tensor:
     """Projection onto the hyperboloid: x_0 <- sqrt(1 + |x_{1:n}|^2), spatial part kept.
 
@@ -374,6 +387,7 @@ def lorentz_project(points: Tensor) -> Tensor:
 # ------------------------------------------------------------------- Klein model
 
 
+@float32_under_autocast
 def lorentz_to_klein(points: Tensor) -> Tensor:
     """Map from the hyperboloid to the Klein model: v = x_{1:n} / x_0 (note 10).
 
@@ -406,6 +420,7 @@ def _check_klein(points_klein: Tensor, name: str, mask: Tensor | None = None) ->
         raise ValueError(f"{name} has points outside the unit ball (|v| > 1): not Klein points")
 
 
+@float32_under_autocast
 def klein_to_lorentz(points_klein: Tensor) -> Tensor:
     """Map from the Klein model to the hyperboloid: x = gamma(v) (1, v) (note 10).
 
@@ -423,6 +438,7 @@ def klein_to_lorentz(points_klein: Tensor) -> Tensor:
     return _klein_to_lorentz(points_klein)
 
 
+@float32_under_autocast
 def lorentz_factor(points_klein: Tensor) -> Tensor:
     """Lorentz factor gamma(v) = 1 / sqrt(1 - |v|^2) of Klein points (Chimera Eq. 8).
 
@@ -439,6 +455,7 @@ def lorentz_factor(points_klein: Tensor) -> Tensor:
     return torch.rsqrt((1.0 - points_klein.pow(2).sum(-1)).clamp_min(eps))
 
 
+@float32_under_autocast
 def einstein_midpoint(
     points_klein: Tensor,
     weights: Tensor,
@@ -510,6 +527,7 @@ def einstein_midpoint(
 # ------------------------------------------------------------------------ attention
 
 
+@float32_under_autocast
 def lorentz_attention(
     queries: Tensor,
     keys: Tensor,

@@ -29,6 +29,7 @@ from polyfuse._checks import (
     check_modality_list,
     check_stacked_steps,
 )
+from polyfuse._precision import float32_under_autocast
 from polyfuse.functional import _had
 
 __all__ = [
@@ -156,6 +157,7 @@ def _lsc_from_chunks(chunk_of_step: Tensor, chunks: int, scale: float, dtype: to
     return sign * scale
 
 
+@float32_under_autocast
 def multilinear_attention(
     features: Sequence[Tensor],
     values: Sequence[Tensor],
@@ -199,6 +201,13 @@ def multilinear_attention(
 
     Returns:
         (B, K) tensor, or ``(output, attention)`` when ``return_attention``.
+
+    Under ``torch.autocast`` the whole attention computes in float32 (autocast off,
+    float16 / bfloat16 features, values and random matrix widened; float32 returned):
+    had's exponentials, their stabilisers, the normalisers (numerator and denominator
+    of Eq. 10 and 12) and the exact modes' softmax over all tuples would lose their
+    digits in a low dtype. Features and values may then differ in dtype (e.g. float32
+    LSC vectors beside bfloat16 projections); outside autocast they may not.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -259,6 +268,7 @@ def multilinear_attention(
     return _tensor_attention(logits, values, full_masks, return_attention)
 
 
+@float32_under_autocast
 def stacked_multilinear_attention(
     features: Tensor,
     values: Tensor,
@@ -288,7 +298,7 @@ def stacked_multilinear_attention(
             :func:`multilinear_attention`.
 
     Returns:
-        As :func:`multilinear_attention`.
+        As :func:`multilinear_attention` (float32 under autocast, as it).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

@@ -5,12 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from polyfuse._precision import float32_under_autocast
+
 __all__ = ["masked_mean", "masked_softmax"]
 
 
+@float32_under_autocast
 def masked_softmax(logits: Tensor, mask: Tensor) -> Tensor:
     """Softmax over the last axis of ``logits`` (..., T) restricted to ``mask`` (..., T)
-    (True = a real step): padded steps get probability 0."""
+    (True = a real step): padded steps get probability 0. Under ``torch.autocast`` the
+    softmax (its exponentials and denominator) computes in float32 and returns float32."""
     return logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import check_finite, check_mask
-from polyfuse._precision import float32_call, needs_float32
+from polyfuse._precision import float32_call, needs_float32, widen_under_autocast
 from polyfuse.functional.lorentz import (
     clip_radius,
     lorentz_attention,
@@ -190,8 +190,9 @@ class TopicLayer(nn.Module):
     def forward(self, hidden: Tensor, mask: Tensor | None = None) -> TopicLayerOutput:
         """Args: ``hidden`` (B, N, d) H_L of one modality; ``mask`` (B, N) bool or None."""
         hidden, mask = _prepare_hidden(hidden, mask, self.hidden_size, "hidden", "mask")
-        topic_logits = self.topic_prior(self.norm(hidden))  # Eq. 4
-        topic_probs = torch.softmax(topic_logits, dim=-1)
+        # Eq. 4; under autocast the LayerNorm and the softmax compute in float32
+        topic_logits = self.topic_prior(self.norm(widen_under_autocast(hidden)))
+        topic_probs = torch.softmax(widen_under_autocast(topic_logits), dim=-1)
         residual_prob = topic_probs[..., :1]
         other_probs = topic_probs[..., 1:]
         # H_T = sum_z P(z) T_z(h), without materialising all T_z(h) where avoidable

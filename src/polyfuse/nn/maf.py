@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import inputs_checked, prepare_fusion_inputs
-from polyfuse._precision import empty_output, float32_call, needs_float32
+from polyfuse._precision import empty_output, float32_call, needs_float32, widen_under_autocast
 from polyfuse.functional.hoca import DEFAULT_MAX_ELEMENTS
 from polyfuse.functional.pooling import masked_mean, masked_softmax
 from polyfuse.nn.base import FusionModule, FusionOutput
@@ -349,7 +349,7 @@ class MAF(nn.Module):
             ],
             dim=1,
         )  # (B, n), e_t^k of Eq. 21
-        modality_weights = scores.softmax(dim=1)  # beta_t^k, Eq. 20
+        modality_weights = widen_under_autocast(scores).softmax(dim=1)  # beta_t^k, Eq. 20 (float32 under autocast)
         projected = torch.stack(
             [
                 projection(context)
