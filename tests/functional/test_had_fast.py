@@ -180,6 +180,21 @@ def test_a_float32_random_matrix_is_used_in_the_features_dtype():
                                      temperature=0.7, return_attention=True)
     assert actual[0].dtype == DOUBLE
     assert_same(actual, expected)
+    # and so when W is learnt (its columns are then rebuilt every call, not kept)
+    learnt = F.multilinear_attention(features, values, masks, mode="had", random_matrix=matrix32.requires_grad_(),
+                                     temperature=0.7, return_attention=True)
+    assert_same(learnt, expected)
+
+
+def test_a_random_matrix_made_in_inference_mode_works():
+    """Inference tensors have no version counter: their columns are rebuilt every call."""
+    features, values, masks, matrix = make_case((3, 4, 2), lead=(2,))
+    expected = oracle(features, values, masks, matrix)
+    with torch.inference_mode():
+        inference_matrix = matrix.clone()
+        actual = F.multilinear_attention(features, values, masks, mode="had", random_matrix=inference_matrix,
+                                         temperature=0.7, return_attention=True)
+    assert_same(actual, expected)
 
 
 @pytest.mark.parametrize("budget", [1, 600, 3500])
@@ -458,6 +473,12 @@ def test_dot_by_segment_and_its_gradients_equal_the_gathered_dot_product():
     by_hand = torch.stack([(x[:, t] * vectors[:, ids[t]]).sum(-1) for t in range(6)], -1)
     torch.testing.assert_close(result, by_hand, rtol=0, atol=1e-14)
     assert torch.autograd.gradcheck(lambda a, v: _had.dot_by_segment(a, v, ids), (x, vectors))
+    # each input alone needing its gradient
+    (only_x,) = torch.autograd.grad(_had.dot_by_segment(x, vectors.detach(), ids).sum(), x)
+    torch.testing.assert_close(only_x, vectors.detach().index_select(1, ids), rtol=0, atol=0)
+    (only_vectors,) = torch.autograd.grad(_had.dot_by_segment(x.detach(), vectors, ids).sum(), vectors)
+    expected = torch.stack([x.detach()[:, 0:3].sum(1), x.detach()[:, 3:4].sum(1), x.detach()[:, 4:6].sum(1)], 1)
+    torch.testing.assert_close(only_vectors, expected, rtol=0, atol=1e-14)
 
 
 def test_segments_are_built_once_per_lengths_dtype_and_device():
