@@ -148,6 +148,27 @@ def test_had_equals_the_oracle_for_leading_dims_and_masks(lead, matrix_lead, pad
         assert_same(fast(features, values, [None] * 3, matrix), expected)
 
 
+def test_had_with_a_modality_without_mask_and_values_shared_by_the_batch():
+    """Masks for some modalities only (None: no padding) and values without the batch dim:
+    the oracle's result on the inputs expanded to the batch, the missing mask all True."""
+    features, values, masks, matrix = make_case((3, 4, 2), lead=(2,))
+    masks[1] = torch.ones(2, 4, dtype=torch.bool)
+    given_values = [v[0] for v in values]
+    values = [v[:1].expand(2, -1, -1) for v in values]
+    values = [v.masked_fill(~m.unsqueeze(-1), 0) for v, m in zip(values, masks, strict=True)]
+    expected = oracle(features, values, masks, matrix)
+    given_masks = [masks[0], None, masks[2]]
+    actual = F.multilinear_attention(features, given_values, given_masks, mode="had", random_matrix=matrix,
+                                     temperature=0.7, return_attention=True)
+    assert_same(actual, expected)
+    # no mask at all: values shared by the batch keep their batch dim from the features
+    expected = oracle(features, [v.expand(2, -1, -1) for v in given_values], [torch.ones_like(m) for m in masks],
+                      matrix)
+    actual = F.multilinear_attention(features, given_values, None, mode="had", random_matrix=matrix,
+                                     temperature=0.7, return_attention=True)
+    assert_same(actual, expected)
+
+
 @pytest.mark.parametrize("shared", ["values", "features"])
 def test_had_broadcasts_features_and_values_against_each_other(shared):
     """Values shared by the batch (no leading dim) against batched features, and
