@@ -14,6 +14,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from polyfuse._checks import check_values
 from polyfuse.functional.multilinear import (
     ESTIMATORS,
     MODES,
@@ -122,11 +123,15 @@ class MultiLinearAttentionLayer(nn.Module):
         if self.chunks:  # Eq. 8: the LSC vectors appended to every head's features
             lsc = lsc_encoding_stacked(mask, lengths, self.chunks, self.lsc_scale, dtype=features.dtype)
             features = torch.cat([features, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)
+        if check_values(mask) and bool(mask.all()):
+            # Nothing padded: the attention skips the masks' work (filling, counting real
+            # steps). Knowing it reads the mask back, so only where a read is free (the CPU).
+            mask = None
         result = stacked_multilinear_attention(
             features,
             values,
             lengths,
-            mask.unsqueeze(1),
+            None if mask is None else mask.unsqueeze(1),
             mode=self.mode,
             random_matrix=self.random_matrix,
             temperature=self.temperature,
