@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from polyfuse import validation
 import polyfuse
-from polyfuse import _checks
+from polyfuse import _checks, validation
 from polyfuse._checks import check_all_finite, inputs_checked
 
 
@@ -58,9 +57,8 @@ def test_full_checks_values_even_where_reads_synchronise(monkeypatch):
     monkeypatch.setattr(_checks, "reads_synchronise", lambda device: True)
     bad = torch.tensor([[[float("nan")]]])
     _checks.check_finite(bad, "x")  # auto: not read
-    with polyfuse.validation("full"):
-        with pytest.raises(ValueError, match="x contains NaN"):
-            _checks.check_finite(bad, "x")
+    with polyfuse.validation("full"), pytest.raises(ValueError, match="x contains NaN"):
+        _checks.check_finite(bad, "x")
     with polyfuse.validation("shapes"):
         _checks.check_finite(bad, "x")
 
