@@ -216,7 +216,81 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="record the top N operators of each side (torch.profiler, at the lowest thread count)")
     common(peers)
     _add_captioning(commands, common)
+    _add_gpu(commands, common)
     _add_ops(commands, common)
+
+
+def _add_gpu(commands: Any, common: Any) -> None:
+    gpu = commands.add_parser(
+        "gpu",
+        help="every module by batch and length: eager and compiled, fp32 and bf16, memory; MAN's exact/had crossover",
+        description=(
+            "Every registered fusion module at each batch size and length, eager and compiled "
+            "(polyfuse.nn.compile), fp32 and bf16 autocast, forward and forward+backward, timed in "
+            "interleaved rounds by CUDA events, with peak memory (torch.cuda.max_memory_allocated); "
+            "then MAN's exact and had modes over the lengths and the length where had gets faster. "
+            "A failing cell records its error. Writes gpu.json and gpu.md (gpu_cpu.* with --device cpu)."
+        ),
+    )
+    gpu.add_argument("--device", default=None, help="cuda (default) or cpu")
+    gpu.add_argument("--quick", action="store_true",
+                     help="tiny sizes on the CPU that exercise every path in seconds (not a measurement)")
+    gpu.add_argument("--modules", type=_words, default=None, help="default: every registered one")
+    gpu.add_argument("--batch-sizes", type=_ints, default=None, help="default '32 256'")
+    gpu.add_argument("--lengths", type=_ints, default=None, help="steps per modality, default '50 200'")
+    gpu.add_argument("--precisions", type=_words, default=None, help="of fp32 bf16 fp16 (default 'fp32 bf16')")
+    gpu.add_argument("--no-compile", action="store_true", help="eager only")
+    gpu.add_argument("--compiled-grid", choices=("all", "first"), default=None,
+                     help="compile at every point (all, default) or at the first batch and length only")
+    gpu.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default=None)
+    gpu.add_argument("--backend", default=None, help="torch.compile backend (default inductor)")
+    gpu.add_argument("--repeats", type=int, default=None)
+    gpu.add_argument("--warmup", type=int, default=None)
+    gpu.add_argument("--no-memory", action="store_true", help="skip peak memory")
+    gpu.add_argument("--crossover-lengths", type=_ints, default=None,
+                     help="MAN exact/had lengths, default '25 50 100 200 400 800 1600'; '' to skip")
+    gpu.add_argument("--exact-memory-bound", default=None,
+                     help="largest predicted memory of MAN's exact mode, e.g. 60GiB (default 80%% of the GPU)")
+    gpu.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                     help="start no new grid row after this many seconds (the rest are listed as not run)")
+    common(gpu)
+
+
+def _gpu(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import gpu
+    from polyfuse.bench.results import parse_bytes
+
+    settings = gpu.QUICK if args.quick else gpu.FULL
+    changes: dict[str, Any] = {name: getattr(args, name) for name in
+                               ("device", "modules", "batch_sizes", "lengths", "precisions", "compiled_grid",
+                                "backend", "repeats", "warmup", "crossover_lengths")
+                               if getattr(args, name) is not None}
+    if args.compile_mode is not None:
+        changes["compile_mode"] = None if args.compile_mode == "default" else args.compile_mode
+    if args.no_compile:
+        changes["compiled"] = False
+    if args.no_memory:
+        changes["memory"] = False
+    if args.exact_memory_bound is not None:
+        changes["exact_memory_bound"] = parse_bytes(args.exact_memory_bound)
+    if args.time_budget is not None:
+        changes["time_budget_s"] = args.time_budget
+    settings = dataclasses.replace(settings, **changes)
+    payload = gpu.run_gpu_bench(settings, progress=_progress(args))
+    on_gpu = payload["settings"]["device"].startswith("cuda")
+    args.result_name = "gpu" if on_gpu else "gpu_cpu"
+    command = "polyfuse bench " + " ".join(_given_arguments(args))
+    report = gpu.gpu_markdown(payload, command)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{args.result_name}.md").write_text(report, encoding="utf-8")
+    print(report)
+    return payload, None
+
+
+def _given_arguments(args: argparse.Namespace) -> list[str]:
+    """The command line as given (sys.argv after ``bench``), for the report."""
+    words = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else [args.benchmark]
+    return [f"'{word}'" if " " in word or not word else word for word in words]
 
 
 def _add_ops(commands: Any, common: Any) -> None:
@@ -429,7 +503,7 @@ def _ops(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
             "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers,
-            "captioning": _captioning, "ops": _ops}
+            "captioning": _captioning, "ops": _ops, "gpu": _gpu}
 
 
 def run(args: argparse.Namespace) -> int:
