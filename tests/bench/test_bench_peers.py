@@ -228,3 +228,103 @@ def test_real_man_as_published_differs_but_matches_at_one_step():
     assert long["status"] == "refused" and long["max_abs_difference"] > 1e-3
     # With one step per modality the per-step max is a per-sample constant and cancels.
     assert one_step["status"] == "timed" and one_step["max_abs_difference"] < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# Devices: the CUDA path's logic, as far as it runs without a GPU
+# ---------------------------------------------------------------------------
+
+
+def test_batch_sizes_run_every_row_at_each_size(tmp_path):
+    root = _fake_multibench(tmp_path / "MultiBench")
+    payload = run_peers({"multibench": root}, rows=["tfn"], specs=_tiny_specs(), batch_sizes=(2, 3), **_QUICK)
+    rows = payload["rows"]
+    assert [(row["name"], row["batch"], row["status"]) for row in rows] == [("tfn", 2, "timed"), ("tfn", 3, "timed")]
+    # 300 matrix-product FLOPs per sample on each side (see the TFN count above): batch 2 and 3.
+    assert [row["forward_flops"]["polyfuse"] for row in rows] == [600, 900]
+    assert payload["settings"]["batch_sizes"] == [2, 3] and payload["settings"]["device"] == "cpu"
+    assert all(row["patches"] == [] for row in rows)  # nothing patched on the CPU
+    assert "| tfn | 1 | 3 |" in format_table(payload)
+
+
+def test_pair_moves_modules_loose_weights_and_inputs(tmp_path):
+    """Pair.to is what puts a row on the GPU; the meta device stands in for it here. The
+    peer's plain-list factors and the closure's parameters move with the modules."""
+    from polyfuse.bench.peer_rows import built_on_cpu
+
+    root = _fake_multibench(tmp_path / "MultiBench")
+    spec = _tiny_specs()["low_rank_fusion"]
+    with built_on_cpu():
+        pair = spec.build(root, spec.sizes, 0, torch.device("cpu"))
+    assert pair.loose and all(t.device.type == "cpu" for t in pair.loose)
+    pair.to(torch.device("meta"))
+    tensors = [*pair.loose, *pair.inputs, *(p for m in pair.modules for p in m.parameters())]
+    assert all(t.device.type == "meta" for t in tensors)
+    assert pair.ours(pair.inputs).device.type == "meta"  # the closure sees the moved weights
+
+
+def test_rows_are_built_on_the_cpu_whatever_the_machine():
+    from polyfuse.bench.peer_rows import built_on_cpu
+
+    with built_on_cpu():
+        assert not torch.cuda.is_available()
+        assert torch.ones(2).cuda().device.type == "cpu"  # a peer's hard-coded .cuda()
+    assert torch.Tensor.cuda is not None and torch.cuda.is_available.__module__ == "torch.cuda"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        run_peers({"multibench": tmp_path}, rows=["tfn"], specs=_tiny_specs(), device="cuda", **_QUICK)
+    assert main(["bench", "peers", "--device", "cuda", "--output-dir", str(tmp_path), "--quiet"]) != 0
+    assert "CUDA is not available" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_timer_follows_the_device():
+    from polyfuse.bench.measure import call_timer, cuda_event_seconds, wall_seconds
+
+    assert call_timer("cpu") is wall_seconds
+    assert call_timer("cuda") is cuda_event_seconds and call_timer(torch.device("cuda", 1)) is cuda_event_seconds
+
+
+def test_source_patch_is_applied_in_memory_only(tmp_path):
+    from polyfuse.bench.peer_rows import describe_patch, peer_modules
+
+    root = tmp_path / "peer"
+    root.mkdir()
+    source = "def flat(x):\n    return x.view(-1)\n"
+    (root / "shapes.py").write_text(source)
+    patch = ("shapes", "x.view(-1)", "x.reshape(-1)")
+    strided = torch.arange(6.0).reshape(2, 3).T  # not contiguous: view(-1) refuses it
+    with peer_modules(root, ["shapes"], patches=[patch]) as modules:
+        assert modules["shapes"].flat(strided).tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+    with peer_modules(root, ["shapes"]) as modules, pytest.raises(RuntimeError, match="view"):
+        modules["shapes"].flat(strided)
+    assert (root / "shapes.py").read_text() == source and not list(root.glob("__pycache__"))
+    assert describe_patch(patch) == "shapes.py: `x.view(-1)` -> `x.reshape(-1)`"
+    missing = ("shapes", "x.view(1, -1)", "x.reshape(1, -1)")
+    refused = r"does not apply to .*shapes\.py: the old text occurs 0 times"
+    with pytest.raises(ImportError, match=refused), peer_modules(root, ["shapes"], patches=[missing]):
+        pass
+    assert "shapes" not in sys.modules
+
+
+def test_real_ban_vqa_with_its_cuda_patch_matches_polyfuse():
+    """The row as it is built for CUDA (the patch applied to attention.py in memory), run
+    on the CPU: the patch changes no value, and it is listed."""
+    from polyfuse.bench.peer_rows import CUDA_PATCHES, built_on_cpu, describe_patch
+
+    if not (_PEERS / "ban-vqa").is_dir():
+        pytest.skip(f"no checkout at {_PEERS / 'ban-vqa'}")
+    source = (_PEERS / "ban-vqa" / "attention.py").read_text()
+    spec = ROWS["ban_small"]
+    with built_on_cpu():
+        pair = spec.build(_PEERS / "ban-vqa", _SMALL["ban_small"], 0, torch.device("cuda"))
+    assert pair.patches == [describe_patch(patch) for patch in CUDA_PATCHES["ban_vqa"]]
+    assert pair.patches == ["attention.py: `logits.view(-1, self.glimpse, v_num * q_num)` -> "
+                            "`logits.reshape(-1, self.glimpse, v_num * q_num)`"]
+    for module in pair.modules:
+        module.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(pair.ours(pair.inputs), pair.theirs(pair.inputs), rtol=1e-5, atol=1e-5)
+    assert (_PEERS / "ban-vqa" / "attention.py").read_text() == source

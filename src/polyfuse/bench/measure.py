@@ -5,7 +5,12 @@ What each number means (and does not):
 * **Time**: wall-clock seconds of one call, by ``time.perf_counter``, median (and
   min, max) over ``repeats`` calls after ``warmup`` calls. Several callables that are
   compared are timed in turns (a, b, a, b, ...), so that a change of machine load
-  during the run hits them alike.
+  during the run hits them alike. On CUDA (:func:`call_timer`) one call is timed by
+  two CUDA events recorded around it on the current stream, after a
+  ``torch.cuda.synchronize()``, and read once the end event has completed: the
+  device's time from the call's first kernel to its last, including the gaps where
+  the device waits for the host to launch the next kernel (a launch-bound call is
+  not hidden by asynchronous execution).
 * **FLOPs**: what ``torch.utils.flop_counter.FlopCounterMode`` counts for the ops that
   actually run: matrix products (mm, addmm, bmm, baddbmm, einsum's products),
   convolutions and attention kernels, 2 FLOPs per multiply-add. Element-wise work
@@ -39,14 +44,19 @@ from torch.utils.flop_counter import FlopCounterMode
 __all__ = [
     "LoadMonitor",
     "Timing",
+    "bench_device",
+    "call_timer",
     "count_flops",
+    "cuda_event_seconds",
     "machine_info",
     "matmul_flop_rate",
     "paired_ratio",
     "peak_allocated_bytes",
+    "peak_memory_bytes",
     "time_callable",
     "time_interleaved",
     "time_interleaved_samples",
+    "wall_seconds",
 ]
 
 
@@ -102,21 +112,75 @@ def time_interleaved(
 
 
 def time_interleaved_samples(
-    fns: dict[str, Callable[[], Any]], *, warmup: int = 1, repeats: int = 5
+    fns: dict[str, Callable[[], Any]],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    timer: Callable[[Callable[[], Any]], float] | None = None,
 ) -> dict[str, list[float]]:
-    """The raw seconds of :func:`time_interleaved`, one per round and callable."""
+    """The raw seconds of :func:`time_interleaved`, one per round and callable, each
+    measured by ``timer`` (default :func:`wall_seconds`; :func:`call_timer` picks the
+    one for a device)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    timer = wall_seconds if timer is None else timer
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(timer(fn))
     return samples
+
+
+def wall_seconds(fn: Callable[[], Any]) -> float:
+    """Seconds of one call of ``fn`` by ``time.perf_counter`` (the CPU timer)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def cuda_event_seconds(fn: Callable[[], Any]) -> float:
+    """Seconds of one call of ``fn`` on the current CUDA device, by two CUDA events.
+
+    The device is synchronised first (nothing queued before counts), the events are
+    recorded on the current stream before and after the call, and the end event is
+    waited for: the time from the call's first kernel to its last, idle gaps included.
+    """
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+
+
+def call_timer(device: str | torch.device) -> Callable[[Callable[[], Any]], float]:
+    """The timer of one call on ``device``: CUDA events on CUDA, ``perf_counter`` elsewhere."""
+    return cuda_event_seconds if torch.device(device).type == "cuda" else wall_seconds
+
+
+def bench_device(name: str | torch.device) -> torch.device:
+    """``name`` as a device a benchmark can run on (``cpu``, ``cuda`` or ``cuda:N``);
+    asking for CUDA where there is none is a clear error, not a crash deep inside."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"unknown device {name!r}: use cpu or cuda") from error
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"device {name!r}: the benchmarks run on cpu or cuda")
+    if not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(f"device {name!r}: CUDA is not available (torch {torch.__version__}, {built}, "
+                         "no GPU visible); use --device cpu")
+    index = 0 if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", index)
 
 
 def count_flops(fn: Callable[[], Any]) -> int:
@@ -177,6 +241,21 @@ def peak_allocated_bytes(fn: Callable[[], Any]) -> int | None:
     return peak
 
 
+def peak_memory_bytes(fn: Callable[[], Any], device: str | torch.device) -> int | None:
+    """Peak bytes allocated during ``fn()`` above the level at its start: on CUDA from
+    the caching allocator's statistics (``torch.cuda.max_memory_allocated``), on the
+    CPU from the profiler's allocation events (:func:`peak_allocated_bytes`)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return peak_allocated_bytes(fn)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - start
+
+
 def matmul_flop_rate(size: int = 2048, *, warmup: int = 1, repeats: int = 5) -> tuple[float, Timing]:
     """FLOP rate of a float32 ``size^3`` matrix product (2 size^3 FLOPs) and its timing."""
     generator = torch.Generator().manual_seed(0)
@@ -198,17 +277,22 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def machine_info() -> dict[str, Any]:
-    """The machine and software a result was measured with."""
-    return {
+def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """The machine and software a result was measured with (and the GPU, on CUDA)."""
+    info = {
         "cpu": _cpu_model(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "device": "cpu",
+        "device": str(device),
     }
+    if torch.device(device).type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        info |= {"gpu": properties.name, "gpu_memory_bytes": properties.total_memory,
+                 "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+    return info
 
 
 def _proc_stat() -> tuple[int, int, int] | None:

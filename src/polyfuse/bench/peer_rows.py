@@ -25,6 +25,14 @@ Peers and what is taken from them (nothing of theirs is copied into polyfuse):
   ``common_models`` imports torchvision (for its VGG encoders, not used here); it is
   replaced by an empty module while importing when it is not installed.
 
+Every row is built on the CPU, whatever the device (while a peer's modules are built,
+``Tensor.cuda`` returns the tensor itself and ``torch.cuda.is_available()`` is False, so
+the weights are the same on every machine), then moved to the device with its inputs
+(:meth:`Pair.to`). Where a peer's code fails on a device, the smallest change that makes
+it run is applied to the source text as it is imported, never to the checkout, and the
+row lists it (:data:`CUDA_PATCHES`): on CUDA, ban-vqa's ``BiAttention.forward_all``
+reshapes its logits with ``view``, which a non-contiguous einsum result there refuses.
+
 Weight layouts differ in one systematic way besides names: the peers put the constant
 1 first (``[1, z]``), polyfuse last (``[z, 1]``, :func:`polyfuse.functional.append_one`),
 so TFN's fused entries are a permutation of each other and LMF's factors are rolled by
@@ -35,6 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.machinery
+import importlib.util
 import math
 import sys
 import types
@@ -47,7 +57,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ROWS", "Pair", "RowSpec", "peer_modules", "tfn_permutation"]
+__all__ = ["CUDA_PATCHES", "ROWS", "Pair", "RowSpec", "build_pair", "built_on_cpu", "describe_patch", "peer_modules",
+           "tfn_permutation"]
 
 
 @dataclass
@@ -64,17 +75,37 @@ class Pair:
     inputs: list[Tensor]
     modules: list[nn.Module] = field(default_factory=list)
     align: Callable[[Tensor], Tensor] | None = None
+    #: weights held outside any module's parameters (a peer's plain list of factors,
+    #: parameters captured by a closure): moved with the modules.
+    loose: list[Tensor] = field(default_factory=list)
+    #: the run-time source patches applied to the peer's code, as text for the report.
+    patches: list[str] = field(default_factory=list)
+
+    def to(self, device: torch.device) -> Pair:
+        """Move the modules, the loose weights (in place: closures keep seeing them) and
+        the inputs to ``device``; returns ``self``."""
+        for module in self.modules:
+            module.to(device)
+        for tensor in self.loose:
+            moved = tensor.detach().to(device)
+            if isinstance(tensor, nn.Parameter):
+                moved = nn.Parameter(moved, requires_grad=tensor.requires_grad)
+            torch.utils.swap_tensors(tensor, moved)  # the same Python object, now on device
+        self.inputs = [x.to(device) for x in self.inputs]
+        return self
 
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One configuration: its peer (``man``, ``ban_vqa`` or ``multibench``), sizes and builder."""
+    """One configuration: its peer (``man``, ``ban_vqa`` or ``multibench``), sizes and
+    builder. ``build(root, sizes, seed, device)`` builds both sides on the CPU; ``device``
+    only selects the source patches the peer needs there (:data:`CUDA_PATCHES`)."""
 
     name: str
     peer: str
     description: str
     sizes: dict[str, Any]
-    build: Callable[[Path, dict[str, Any], int], Pair]
+    build: Callable[[Path, dict[str, Any], int, torch.device], Pair]
 
 
 # ---------------------------------------------------------------------------
@@ -100,15 +131,58 @@ def _inside(module: types.ModuleType | None, root: Path) -> bool:
     return path is not None and Path(path).resolve().is_relative_to(root.resolve())
 
 
+#: A run-time source patch: (module name, text in the peer's file, its replacement).
+SourcePatch = tuple[str, str, str]
+
+#: The patches a peer needs on CUDA, by peer. ban-vqa's ``BiAttention.forward_all``
+#: flattens its logits with ``view``; on CUDA the einsum that makes them returns a
+#: non-contiguous tensor, which ``view`` refuses ("view size is not compatible with
+#: input tensor's size and stride"), and ``reshape`` copies it (the same values).
+CUDA_PATCHES: dict[str, list[SourcePatch]] = {
+    "ban_vqa": [("attention", "logits.view(-1, self.glimpse, v_num * q_num)",
+                 "logits.reshape(-1, self.glimpse, v_num * q_num)")],
+}
+
+
+def describe_patch(patch: SourcePatch) -> str:
+    """One line for the report: ``attention.py: `old` -> `new```."""
+    module, old, new = patch
+    return f"{module.replace('.', '/')}.py: `{old}` -> `{new}`"
+
+
+def _import_patched(root: Path, name: str, patches: Sequence[SourcePatch]) -> types.ModuleType:
+    """Import module ``name`` of the checkout from its source text with ``patches``
+    applied (each old text must occur exactly once); the file is only read."""
+    spec = importlib.machinery.PathFinder.find_spec(name, [str(root)])
+    if spec is None or spec.origin is None or not _inside_path(spec.origin, root):
+        raise ImportError(f"cannot patch {name}: no {name.replace('.', '/')}.py in {root}")
+    source = Path(spec.origin).read_text(encoding="utf-8")
+    for _, old, new in patches:
+        count = source.count(old)
+        if count != 1:
+            raise ImportError(f"the run-time patch {describe_patch((name, old, new))} does not apply to "
+                              f"{spec.origin}: the old text occurs {count} times (expected once)")
+        source = source.replace(old, new)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    exec(compile(source, spec.origin, "exec"), module.__dict__)  # the peer's own code, patched in memory
+    return module
+
+
+def _inside_path(path: str, root: Path) -> bool:
+    return Path(path).resolve().is_relative_to(root.resolve())
+
+
 @contextlib.contextmanager
-def peer_modules(root: Path, names: Sequence[str], stubs: dict[str, types.ModuleType] | None = None
-                 ) -> Iterator[dict[str, types.ModuleType]]:
+def peer_modules(root: Path, names: Sequence[str], stubs: dict[str, types.ModuleType] | None = None,
+                 patches: Sequence[SourcePatch] = ()) -> Iterator[dict[str, types.ModuleType]]:
     """Import ``names`` from the checkout ``root`` (first on ``sys.path``), with
-    ``stubs`` standing in for modules that are not installed. On exit ``sys.path`` is
-    as before and ``sys.modules`` holds none of the peer's modules and stubs (the
-    peers' generic names, ``fc`` or ``utils``, must not leak into other imports; what
-    torch imported meanwhile stays); the imported objects stay usable. No bytecode is
-    written into the checkout."""
+    ``stubs`` standing in for modules that are not installed and ``patches`` applied to
+    the source text of the modules they name (:func:`_import_patched`; the checkout is
+    not written). On exit ``sys.path`` is as before and ``sys.modules`` holds none of the
+    peer's modules and stubs (the peers' generic names, ``fc`` or ``utils``, must not
+    leak into other imports; what torch imported meanwhile stays); the imported objects
+    stay usable. No bytecode is written into the checkout."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no checkout at {root}")
@@ -119,9 +193,14 @@ def peer_modules(root: Path, names: Sequence[str], stubs: dict[str, types.Module
     for name, module in (stubs or {}).items():
         if _missing(name):
             sys.modules[name] = module
+    by_module: dict[str, list[SourcePatch]] = {}
+    for patch in patches:
+        by_module.setdefault(patch[0], []).append(patch)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            for name, module_patches in by_module.items():
+                _import_patched(root, name, module_patches)
             yield {name: importlib.import_module(name) for name in names}
     finally:
         sys.path[:] = saved_path
@@ -133,18 +212,31 @@ def peer_modules(root: Path, names: Sequence[str], stubs: dict[str, types.Module
 
 
 @contextlib.contextmanager
-def _cuda_is_cpu() -> Iterator[None]:
-    """``Tensor.cuda`` returns the tensor itself while a peer hard-codes ``.cuda()``
-    (only when torch has no CUDA; with CUDA nothing changes)."""
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.Tensor.cuda
+def built_on_cpu() -> Iterator[None]:
+    """While a row is built: ``Tensor.cuda`` returns the tensor itself (a peer that
+    hard-codes ``.cuda()``) and ``torch.cuda.is_available()`` is False (a peer that puts
+    its weights on ``cuda:0`` when it can), so that both sides are built on the CPU with
+    the same weights on every machine; :meth:`Pair.to` moves them afterwards."""
+    original_cuda, original_available = torch.Tensor.cuda, torch.cuda.is_available
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    torch.cuda.is_available = lambda: False
     try:
         yield
     finally:
-        torch.Tensor.cuda = original  # type: ignore[method-assign]
+        torch.Tensor.cuda = original_cuda  # type: ignore[method-assign]
+        torch.cuda.is_available = original_available
+
+
+def build_pair(spec: RowSpec, root: Path, sizes: dict[str, Any], seed: int, device: torch.device) -> Pair:
+    """Build the row on the CPU (:func:`built_on_cpu`), with the source patches its peer
+    needs on ``device``, and move it to ``device``."""
+    with built_on_cpu():
+        pair = spec.build(root, sizes, seed, device)
+    return pair.to(device)
+
+
+def _patches(peer: str, device: torch.device) -> list[SourcePatch]:
+    return list(CUDA_PATCHES.get(peer, [])) if device.type == "cuda" else []
 
 
 def _perturb(module: nn.Module, generator: torch.Generator, scale: float = 0.1) -> None:
@@ -179,14 +271,14 @@ def _exact_kernel(source: types.ModuleType) -> None:
     source.softmax_kernel = kernel
 
 
-def _build_man(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
+def _build_man(root: Path, sizes: dict[str, Any], seed: int, device: torch.device) -> Pair:
     from polyfuse.nn.man import MAN
 
     dims, length, batch = sizes["input_dims"], sizes["length"], sizes["batch"]
     value_dim, feature_dim, out_dim = sizes["value_dim"], sizes["feature_dim"], sizes["out_dim"]
     stubs = {"IPython": _stub("IPython", embed=lambda *a, **k: None)}
     torch.manual_seed(seed)  # the peer draws its weights and projection from the global generator
-    with peer_modules(root, ["model_performer_multihead"], stubs) as modules, _cuda_is_cpu():
+    with peer_modules(root, ["model_performer_multihead"], stubs, _patches("man", device)) as modules:
         source = modules["model_performer_multihead"]
         # Its constructor reads a global ``middle2`` that the file never defines (the
         # argument is ``rank2``): supplied here with the same value.
@@ -219,7 +311,8 @@ def _build_man(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
         ours.output.weight.copy_(peer.out_weights.T)
         ours.output.bias.zero_()
     inputs = [_randn(generator, batch, length, d) for d in dims]
-    return Pair(lambda x: ours(list(x)), lambda x: peer(*x), inputs, [ours, peer])
+    return Pair(lambda x: ours(list(x)), lambda x: peer(*x), inputs, [ours, peer],
+                patches=[describe_patch(p) for p in _patches("man", device)])
 
 
 # ---------------------------------------------------------------------------
@@ -244,12 +337,13 @@ class _BanFusionPath(nn.Module):
         return q_emb.sum(1)
 
 
-def _build_ban(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
+def _build_ban(root: Path, sizes: dict[str, Any], seed: int, device: torch.device) -> Pair:
     from polyfuse.interop import load_ban_fusion
 
     v_dim, hidden, glimpses = sizes["image_dim"], sizes["hidden_dim"], sizes["glimpses"]
     torch.manual_seed(seed)
-    with peer_modules(root, ["attention", "bc", "fc"]) as modules:
+    patches = _patches("ban_vqa", device)
+    with peer_modules(root, ["attention", "bc", "fc"], patches=patches) as modules:
         v_att = modules["attention"].BiAttention(v_dim, hidden, hidden, glimpses)
         b_net = [modules["bc"].BCNet(v_dim, hidden, hidden, None, k=1) for _ in range(glimpses)]
         q_prj = [modules["fc"].FCNet([hidden, hidden], "", 0.2) for _ in range(glimpses)]
@@ -259,7 +353,8 @@ def _build_ban(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
     ours = load_ban_fusion(peer.state_dict())
     inputs = [_randn(generator, sizes["batch"], sizes["objects"], v_dim).relu(),
               _randn(generator, sizes["batch"], sizes["words"], hidden)]
-    return Pair(lambda x: ours(list(x)), lambda x: peer(*x), inputs, [ours, peer])
+    return Pair(lambda x: ours(list(x)), lambda x: peer(*x), inputs, [ours, peer],
+                patches=[describe_patch(p) for p in patches])
 
 
 # ---------------------------------------------------------------------------
@@ -278,9 +373,14 @@ def tfn_permutation(hidden_dims: Sequence[int]) -> Tensor:
     return flat.reshape(-1)
 
 
-def _multibench(root: Path) -> Any:
+def _multibench(root: Path, device: torch.device) -> Any:
     stubs = {"torchvision": _stub("torchvision", models=_stub("torchvision.models"))}
-    return peer_modules(root, ["fusions.common_fusions", "unimodals.common_models"], stubs)
+    return peer_modules(root, ["fusions.common_fusions", "unimodals.common_models"], stubs,
+                        _patches("multibench", device))
+
+
+def _multibench_patches(device: torch.device) -> list[str]:
+    return [describe_patch(p) for p in _patches("multibench", device)]
 
 
 class _MultiBenchModel(nn.Module):
@@ -294,12 +394,12 @@ class _MultiBenchModel(nn.Module):
         return self.head(self.fusion([encode(x) for encode, x in zip(self.encoders, inputs, strict=True)]))
 
 
-def _build_tfn(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
+def _build_tfn(root: Path, sizes: dict[str, Any], seed: int, device: torch.device) -> Pair:
     from polyfuse.nn.baselines import TFN
 
     dims, hidden, post = sizes["input_dims"], sizes["hidden_dims"], sizes["post_fusion_dim"]
     torch.manual_seed(seed)
-    with _multibench(root) as modules:
+    with _multibench(root, device) as modules:
         fusions, models = modules["fusions.common_fusions"], modules["unimodals.common_models"]
         fused_size = math.prod(h + 1 for h in hidden)
         peer = _MultiBenchModel(
@@ -320,26 +420,28 @@ def _build_tfn(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
         last.weight.copy_(peer.head.fc2.weight)
         last.bias.copy_(peer.head.fc2.bias)
     inputs = [_randn(generator, sizes["batch"], d) for d in dims]
-    return Pair(lambda x: ours(list(x)), lambda x: peer(list(x)), inputs, [ours, peer])
+    return Pair(lambda x: ours(list(x)), lambda x: peer(list(x)), inputs, [ours, peer],
+                patches=_multibench_patches(device))
 
 
-def _build_tensor_fusion(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
+def _build_tensor_fusion(root: Path, sizes: dict[str, Any], seed: int, device: torch.device) -> Pair:
     from polyfuse.functional.tensor_fusion import tensor_fusion
 
-    with _multibench(root) as modules:
+    with _multibench(root, device) as modules:
         peer = modules["fusions.common_fusions"].TensorFusion()
     generator = torch.Generator().manual_seed(seed)
     permutation = tfn_permutation(sizes["hidden_dims"])
     inputs = [_randn(generator, sizes["batch"], h) for h in sizes["hidden_dims"]]
     return Pair(lambda x: tensor_fusion(list(x)), lambda x: peer(list(x)), inputs, [peer],
-                align=lambda out: out[:, permutation])
+                align=lambda out: out[:, permutation.to(out.device)], patches=_multibench_patches(device))
 
 
-def _lmf_pair(root: Path, sizes: dict[str, Any], seed: int) -> tuple[nn.Module, list[Tensor], list[Tensor], Tensor, Tensor]:
+def _lmf_pair(root: Path, sizes: dict[str, Any], seed: int, device: torch.device
+              ) -> tuple[nn.Module, list[Tensor], list[Tensor], Tensor, Tensor]:
     """The peer's LowRankTensorFusion, polyfuse's factors, rank weights and bias from it, and inputs."""
     dims, out_dim, rank = sizes["input_dims"], sizes["out_dim"], sizes["rank"]
     torch.manual_seed(seed)
-    with _multibench(root) as modules:
+    with _multibench(root, device) as modules:
         peer = modules["fusions.common_fusions"].LowRankTensorFusion(list(dims), out_dim, rank)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # its factors are a plain list, not registered parameters
@@ -351,27 +453,35 @@ def _lmf_pair(root: Path, sizes: dict[str, Any], seed: int) -> tuple[nn.Module, 
     return peer, factors, inputs, peer.fusion_weights.detach()[0], peer.fusion_bias.detach()[0]
 
 
-def _build_lmf(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
+def _peer_loose(peer: nn.Module) -> list[Tensor]:
+    """MultiBench's LowRankTensorFusion keeps its factors in a plain list (not
+    registered): they move with the row as loose weights."""
+    return list(peer.factors)
+
+
+def _build_lmf(root: Path, sizes: dict[str, Any], seed: int, device: torch.device) -> Pair:
     from polyfuse.nn.baselines import LMF
 
-    peer, factors, inputs, rank_weights, bias = _lmf_pair(root, sizes, seed)
+    peer, factors, inputs, rank_weights, bias = _lmf_pair(root, sizes, seed, device)
     ours = LMF(list(sizes["input_dims"]), sizes["out_dim"], rank=sizes["rank"], subnetworks="light")
     with torch.no_grad():
         for target, factor in zip(ours.factors, factors, strict=True):
             target.copy_(factor)
         ours.rank_weights.copy_(rank_weights)
         ours.bias.copy_(bias)
-    return Pair(lambda x: ours(list(x)), lambda x: peer(list(x)), inputs, [ours, peer])
+    return Pair(lambda x: ours(list(x)), lambda x: peer(list(x)), inputs, [ours, peer],
+                loose=_peer_loose(peer), patches=_multibench_patches(device))
 
 
-def _build_low_rank_fusion(root: Path, sizes: dict[str, Any], seed: int) -> Pair:
+def _build_low_rank_fusion(root: Path, sizes: dict[str, Any], seed: int, device: torch.device) -> Pair:
     from polyfuse.functional.tensor_fusion import low_rank_fusion
 
-    peer, factors, inputs, rank_weights, bias = _lmf_pair(root, sizes, seed)
+    peer, factors, inputs, rank_weights, bias = _lmf_pair(root, sizes, seed, device)
     factors = [nn.Parameter(f) for f in factors]
     rank_weights, bias = nn.Parameter(rank_weights.clone()), nn.Parameter(bias.clone())
     return Pair(lambda x: low_rank_fusion(list(x), factors, rank_weights, bias=bias),
-                lambda x: peer(list(x)), inputs, [peer])
+                lambda x: peer(list(x)), inputs, [peer],
+                loose=[*factors, rank_weights, bias, *_peer_loose(peer)], patches=_multibench_patches(device))
 
 
 # MOSI-like MAN layer: hidden 40 (4 heads, the peer's fixed count, of 10 values), K' = 12

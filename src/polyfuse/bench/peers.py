@@ -18,6 +18,13 @@ For every row of :data:`polyfuse.bench.peer_rows.ROWS` whose peer checkout was g
 Both sides run in eval mode (dropout off) also for forward+backward, so that the two
 compute the same function. A row is skipped with a note when its checkout is missing or
 its import or construction fails. The machine's load during each row is recorded.
+
+On CUDA (``device="cuda"``) both sides are built on the CPU with the same weights and
+moved to the GPU (:func:`~polyfuse.bench.peer_rows.build_pair`); each call is timed by
+CUDA events after a synchronisation (:func:`~polyfuse.bench.measure.cuda_event_seconds`),
+still in interleaved rounds; the source patches a peer needs there are applied as its
+code is imported (never to the checkout) and listed in the row (``patches``).
+``batch_sizes`` runs every row at each batch size in turn instead of its own.
 """
 
 from __future__ import annotations
@@ -31,8 +38,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from polyfuse.bench.measure import LoadMonitor, count_flops, paired_ratio, time_interleaved_samples
-from polyfuse.bench.peer_rows import ROWS, Pair, RowSpec
+from polyfuse.bench.measure import (
+    LoadMonitor,
+    bench_device,
+    call_timer,
+    count_flops,
+    paired_ratio,
+    time_interleaved_samples,
+)
+from polyfuse.bench.peer_rows import ROWS, Pair, RowSpec, build_pair
 from polyfuse.bench.results import result_header
 
 __all__ = ["PEER_REPOSITORIES", "format_table", "markdown_report", "peer_commit", "run_peers"]
@@ -94,9 +108,11 @@ def _timing(samples: dict[str, list[float]]) -> dict[str, Any]:
     return {"ratio": paired_ratio(samples, "polyfuse", "peer"), **summary}
 
 
-def _time_pair(pair: Pair, threads: Sequence[int], warmup: int, repeats: int) -> dict[str, Any]:
+def _time_pair(pair: Pair, threads: Sequence[int], warmup: int, repeats: int,
+               device: torch.device) -> dict[str, Any]:
     timings: dict[str, Any] = {}
     previous = torch.get_num_threads()
+    timer = call_timer(device)
     try:
         for count in threads:
             torch.set_num_threads(count)
@@ -104,7 +120,7 @@ def _time_pair(pair: Pair, threads: Sequence[int], warmup: int, repeats: int) ->
             for name, wrap in (("forward", _forward), ("forward_backward", _forward_backward)):
                 fns = {"polyfuse": wrap(pair.ours, pair.inputs), "peer": wrap(pair.theirs, pair.inputs)}
                 with LoadMonitor() as load:
-                    samples = time_interleaved_samples(fns, warmup=warmup, repeats=repeats)
+                    samples = time_interleaved_samples(fns, warmup=warmup, repeats=repeats, timer=timer)
                 per_pass[name] = _timing(samples) | {"load": load.result()}
             timings[str(count)] = per_pass
     finally:
@@ -146,12 +162,14 @@ def _profile_sides(pair: Pair, top: int, quiet: Any) -> dict[str, list[dict[str,
     return result
 
 
-def _run_row(spec: RowSpec, root: Path, *, threads: Sequence[int], warmup: int, repeats: int,
-             tolerance: float, time_unequal: bool, profile: int, seed: int) -> dict[str, Any]:
+def _run_row(spec: RowSpec, root: Path, sizes: dict[str, Any], *, threads: Sequence[int], warmup: int,
+             repeats: int, tolerance: float, time_unequal: bool, profile: int, seed: int,
+             device: torch.device) -> dict[str, Any]:
     row: dict[str, Any] = {"name": spec.name, "peer": spec.peer, "description": spec.description,
-                           "sizes": spec.sizes}
+                           "sizes": sizes, "batch": sizes.get("batch")}
     try:  # any failure of the peer's code (import, construction, forward) skips the row
-        pair = spec.build(root, spec.sizes, seed)
+        pair = build_pair(spec, root, sizes, seed, device)
+        row["patches"] = pair.patches
         for module in pair.modules:
             module.eval()
         difference, scale = _compare(pair)
@@ -170,7 +188,7 @@ def _run_row(spec: RowSpec, root: Path, *, threads: Sequence[int], warmup: int, 
     # the same products, so the ratio can only come from how fast the same kernels run.
     row["forward_flops"] = {"polyfuse": count_flops(_forward(pair.ours, pair.inputs)),
                             "peer": count_flops(_forward(pair.theirs, pair.inputs))}
-    row["timings"] = _time_pair(pair, threads, warmup, repeats)
+    row["timings"] = _time_pair(pair, threads, warmup, repeats, device)
     if profile:
         row["profile"] = _profile(pair, profile, min(threads))
     return row
@@ -189,10 +207,18 @@ def run_peers(
     seed: int = 0,
     progress: Progress = None,
     specs: dict[str, RowSpec] | None = None,
+    device: str | torch.device = "cpu",
+    batch_sizes: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Run the rows (default all) whose peer has a path in ``paths`` (keys ``man``,
-    ``ban_vqa``, ``multibench``); see the module doc. ``specs`` replaces the rows
-    (tests). Returns the JSON payload: header, settings, peers (path, commit) and rows."""
+    ``ban_vqa``, ``multibench``) on ``device``, at each of ``batch_sizes`` (None: each
+    row's own); see the module doc. ``specs`` replaces the rows (tests). Returns the JSON
+    payload: header, settings, peers (path, commit) and rows."""
+    device = bench_device(device)
+    if profile and device.type == "cuda":
+        raise ValueError("--profile records CPU operators only: run it with --device cpu")
+    if batch_sizes is not None and (not batch_sizes or any(b < 1 for b in batch_sizes)):
+        raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
     specs = ROWS if specs is None else specs
     names = list(specs) if rows is None else list(rows)
     unknown = [name for name in names if name not in specs]
@@ -209,20 +235,25 @@ def run_peers(
     for name in names:
         spec = specs[name]
         path = paths.get(spec.peer)
-        if path is None or not Path(path).is_dir():
-            note = (f"no checkout of {PEER_REPOSITORIES.get(spec.peer, spec.peer)} given" if path is None
-                    else f"no checkout at {path}")
-            results.append({"name": name, "peer": spec.peer, "description": spec.description,
-                            "sizes": spec.sizes, "status": "skipped", "note": note})
-        else:
-            results.append(_run_row(spec, Path(path), threads=threads, warmup=warmup, repeats=repeats,
-                                    tolerance=tolerance, time_unequal=time_unequal, profile=profile, seed=seed))
-        if progress is not None:
-            progress(_row_line(results[-1]))
-    settings = {"threads": list(threads), "interop_threads": torch.get_num_interop_threads(),
+        for batch in [None] if batch_sizes is None else batch_sizes:
+            sizes = spec.sizes if batch is None else {**spec.sizes, "batch": int(batch)}
+            if path is None or not Path(path).is_dir():
+                note = (f"no checkout of {PEER_REPOSITORIES.get(spec.peer, spec.peer)} given" if path is None
+                        else f"no checkout at {path}")
+                results.append({"name": name, "peer": spec.peer, "description": spec.description,
+                                "sizes": sizes, "batch": sizes.get("batch"), "status": "skipped", "note": note})
+            else:
+                results.append(_run_row(spec, Path(path), sizes, threads=threads, warmup=warmup, repeats=repeats,
+                                        tolerance=tolerance, time_unequal=time_unequal, profile=profile,
+                                        seed=seed, device=device))
+            if progress is not None:
+                progress(_row_line(results[-1]))
+    settings = {"device": str(device), "timer": "cuda events" if device.type == "cuda" else "perf_counter",
+                "threads": list(threads), "interop_threads": torch.get_num_interop_threads(),
+                "batch_sizes": None if batch_sizes is None else [int(b) for b in batch_sizes],
                 "warmup": warmup, "repeats": repeats, "tolerance": tolerance, "time_unequal": time_unequal,
                 "seed": seed, "mode": "eval, float32"}
-    payload = result_header("peers", settings)
+    payload = result_header("peers", settings, device)
     payload |= {"peers": peers, "rows": results}
     return payload
 
@@ -232,9 +263,10 @@ def _ratio_text(ratio: dict[str, float]) -> str:
 
 
 def _row_line(row: dict[str, Any]) -> str:
+    label = f"{row['name']} (batch {row['batch']})" if row.get("batch") is not None else row["name"]
     if row["status"] in ("skipped", "refused"):
-        return f"{row['name']}: {row['status']}: {row['note']}"
-    parts = [f"{row['name']}: max |diff| {row['max_abs_difference']:.2g}"]
+        return f"{label}: {row['status']}: {row['note']}"
+    parts = [f"{label}: max |diff| {row['max_abs_difference']:.2g}"]
     for count, passes in row["timings"].items():
         parts.append(f"{count} thr fwd {_ratio_text(passes['forward']['ratio'])} "
                      f"fwd+bwd {_ratio_text(passes['forward_backward']['ratio'])}")
@@ -243,15 +275,18 @@ def _row_line(row: dict[str, Any]) -> str:
 
 def format_table(payload: dict[str, Any]) -> str:
     """A Markdown table of the ratios (polyfuse / peer, median [quartiles]) and medians."""
-    lines = ["| row | threads | max abs diff | forward ratio | fwd+bwd ratio | polyfuse fwd ms | peer fwd ms "
+    lines = ["| row | threads | batch | max abs diff | forward ratio | fwd+bwd ratio | polyfuse fwd ms | peer fwd ms "
              "| polyfuse fwd+bwd ms | peer fwd+bwd ms | fwd MFLOP polyfuse / peer | polyfuse fwd GFLOP/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for row in payload["rows"]:
+        batch = row.get("batch", row.get("sizes", {}).get("batch", "-"))
+        for patch in row.get("patches", []):
+            notes.append(f"- {row['name']} (batch {batch}): run-time patch of the peer's code: {patch}")
         if row["status"] in ("skipped", "refused"):
             diff = f"{row['max_abs_difference']:.2g}" if "max_abs_difference" in row else "-"
-            lines.append(f"| {row['name']} | - | {diff} | {row['status']} | | | | | | | |")
-            notes.append(f"- {row['name']}: {row['note']}")
+            lines.append(f"| {row['name']} | - | {batch} | {diff} | {row['status']} | | | | | | | |")
+            notes.append(f"- {row['name']} (batch {batch}): {row['note']}")
             continue
         flag = " (outputs differ)" if row["status"] == "timed_unequal" else ""
         flops = row.get("forward_flops", {})
@@ -261,11 +296,18 @@ def format_table(payload: dict[str, Any]) -> str:
             fwd, both = passes["forward"], passes["forward_backward"]
             rate = "-" if not ours_flops else f"{ours_flops / fwd['polyfuse']['median_s'] / 1e9:.3g}"
             lines.append(
-                f"| {row['name']}{flag} | {count} | {row['max_abs_difference']:.2g} | {_ratio_text(fwd['ratio'])} "
+                f"| {row['name']}{flag} | {count} | {batch} | {row['max_abs_difference']:.2g} | {_ratio_text(fwd['ratio'])} "
                 f"| {_ratio_text(both['ratio'])} | {1e3 * fwd['polyfuse']['median_s']:.3f} "
                 f"| {1e3 * fwd['peer']['median_s']:.3f} | {1e3 * both['polyfuse']['median_s']:.3f} "
                 f"| {1e3 * both['peer']['median_s']:.3f} | {flop_text} | {rate} |")
     return "\n".join(lines + (["", *notes] if notes else []))
+
+
+def _gpu_text(machine: dict[str, Any]) -> str:
+    if "gpu" not in machine:
+        return ""
+    return (f"{machine['gpu']} ({machine['gpu_memory_bytes'] / 2**30:.0f} GiB, CUDA {machine.get('cuda')}, "
+            f"cuDNN {machine.get('cudnn')}) with ")
 
 
 def _loads(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -277,19 +319,26 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
     """The section of docs/BENCHMARKS.md for one run (written as ``peers.md``)."""
     machine, settings = payload["machine"], payload["settings"]
     loads = _loads(payload)
-    lines = ["## Peers: polyfuse against the public implementations", "",
+    on_gpu = settings.get("device", "cpu").startswith("cuda")
+    title = (f"## Peers on the GPU ({machine.get('gpu', 'CUDA')}): polyfuse against the public implementations"
+             if on_gpu else "## Peers: polyfuse against the public implementations")
+    timing = ("each call timed by CUDA events after a `torch.cuda.synchronize()` (the device's time from "
+              "the call's first kernel to its last, launch gaps included); both sides built on the CPU "
+              "with the same weights, then moved to the GPU. " if on_gpu else "")
+    lines = [title, "",
              f"`{command}`", "",
-             "Each row imports the peer's modules unchanged from its checkout, gives both sides the same "
+             "Each row imports the peer's modules from its checkout (unchanged, but for the run-time "
+             "patches listed under the table), gives both sides the same "
              "weights and inputs, checks that the outputs agree (largest absolute difference below; a row "
              "beyond the tolerance is not timed), then times forward (`torch.no_grad`) and "
-             "forward+backward in interleaved rounds, both in eval mode, float32. **Ratio = polyfuse time / "
+             f"forward+backward in interleaved rounds, both in eval mode, float32; {timing}**Ratio = polyfuse time / "
              "peer time** per round, median [first, third quartile] over "
              f"{settings['repeats']} rounds after {settings['warmup']} warm-up rounds: below 1 polyfuse is "
              "faster. Milliseconds are medians. The last two columns: the matrix-product FLOPs of one "
              "forward of each side as torch's `FlopCounterMode` counts them, and polyfuse's forward rate "
              "(those FLOPs over its median time). Where the counts are equal both sides run the same "
              "products, so a ratio well below 1 needs the same kernels to run faster.", "",
-             f"Machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']}, "
+             f"Machine: {_gpu_text(machine)}{machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']}, "
              f"Python {machine['python']}; thread counts {settings['threads']} (intra-op, set in turn), "
              f"{settings['interop_threads']} inter-op; measured {payload['created']} (polyfuse "
              f"{payload['polyfuse']}).", ""]
@@ -310,7 +359,7 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
     lines += ["The peers are git checkouts given by path; the rows say what of each is run, and "
               "`src/polyfuse/bench/peer_rows.py` how its weights are mapped and what had to be worked around "
               "to import it (a missing module stubbed, a global its constructor reads but never defines, "
-              "`.cuda()` on a CPU build). Row `man` calls the peer's own kernel function with one max per "
+              "`.cuda()` while it is built, on the CPU). Row `man` calls the peer's own kernel function with one max per "
               "batch instead of one per step and without its `eps = 1e-4` (same operations, same cost): as "
               "published (`man_published`) the per-step max reweights the attention, so no exact "
               "implementation matches it.", ""]

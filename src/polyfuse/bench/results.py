@@ -38,15 +38,16 @@ def format_bytes(size: float | None) -> str:
     raise AssertionError("unreachable")
 
 
-def result_header(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """What every result file starts with: which benchmark, when, where, with what."""
+def result_header(benchmark: str, settings: dict[str, Any], device: Any = "cpu") -> dict[str, Any]:
+    """What every result file starts with: which benchmark, when, where (the machine and
+    ``device``), with what."""
     from polyfuse import __version__
 
     return {
         "benchmark": benchmark,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "polyfuse": __version__,
-        "machine": machine_info(),
+        "machine": machine_info(device),
         "settings": settings,
     }
 

@@ -138,18 +138,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     compiled = commands.add_parser(
         "compile",
-        help="eager vs torch.compile(fullgraph=True) time of every registered fusion module",
+        help="eager vs polyfuse.nn.compile (torch.compile) time of every registered fusion module",
         description=(
             "Forward and forward+backward of each registered module (batch 32, lengths "
-            "20/30/25, sizes 64/48/32), eager and compiled with inductor, timed in turns; "
-            "prints the speed-ups (eager / compiled) with quartiles and the compile time. "
-            "Compiling takes tens of seconds per module on 2 cores."
+            "20/30/25, sizes 64/48/32), eager and compiled with inductor as polyfuse.nn.compile "
+            "recommends (fullgraph=True but for TFN and LMF, whose LSTMs run eagerly), timed in "
+            "turns (CUDA events on CUDA); prints the speed-ups (eager / compiled) with quartiles "
+            "and the compile time. Compiling takes tens of seconds per module on 2 cores."
         ),
     )
-    compiled.add_argument("--modules", type=_words, default=None, help="default: every registered one")
+    compiled.add_argument("--modules", type=_words, default=None,
+                          help="default: every registered one (lmf, tfn, man, ban first)")
     compiled.add_argument("--batch", type=int, default=32)
     compiled.add_argument("--repeats", type=int, default=15)
     compiled.add_argument("--warmup", type=int, default=2)
+    compiled.add_argument("--mode", choices=("default", "reduce-overhead", "max-autotune"), default="default",
+                          help="torch.compile mode (reduce-overhead: CUDA graphs on CUDA; on the CPU "
+                               "torch skips them and compiles as the default mode)")
+    compiled.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    compiled.add_argument("--train", action="store_true",
+                          help="modules in train mode (dropout on: outputs are not compared)")
     common(compiled)
 
     maf = commands.add_parser(
@@ -191,7 +199,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="checkout of github.com/pliang279/MultiBench")
     peers.add_argument("--rows", type=_words, default=None,
                        help="of: man man_published ban_vqa ban_small tfn tensor_fusion lmf low_rank_fusion")
-    peers.add_argument("--thread-counts", type=_ints, default=(1, 2), help="default '1 2'")
+    peers.add_argument("--device", default="cpu",
+                       help="cpu (default) or cuda: on CUDA each call is timed by CUDA events, both sides "
+                            "built on the CPU and moved; the result is written as peers_cuda.json / .md")
+    peers.add_argument("--batch-sizes", type=_ints, default=None,
+                       help="run every row at each of these batch sizes, e.g. '32 512' (default: each row's own, 32)")
+    peers.add_argument("--thread-counts", type=_ints, default=None,
+                       help="intra-op threads, each in turn (default '1 2' on the CPU, torch's count on CUDA)")
     peers.add_argument("--repeats", type=int, default=15, help="timed rounds (default 15)")
     peers.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     peers.add_argument("--tolerance", type=float, default=1e-5,
@@ -202,7 +216,81 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="record the top N operators of each side (torch.profiler, at the lowest thread count)")
     common(peers)
     _add_captioning(commands, common)
+    _add_gpu(commands, common)
     _add_ops(commands, common)
+
+
+def _add_gpu(commands: Any, common: Any) -> None:
+    gpu = commands.add_parser(
+        "gpu",
+        help="every module by batch and length: eager and compiled, fp32 and bf16, memory; MAN's exact/had crossover",
+        description=(
+            "Every registered fusion module at each batch size and length, eager and compiled "
+            "(polyfuse.nn.compile), fp32 and bf16 autocast, forward and forward+backward, timed in "
+            "interleaved rounds by CUDA events, with peak memory (torch.cuda.max_memory_allocated); "
+            "then MAN's exact and had modes over the lengths and the length where had gets faster. "
+            "A failing cell records its error. Writes gpu.json and gpu.md (gpu_cpu.* with --device cpu)."
+        ),
+    )
+    gpu.add_argument("--device", default=None, help="cuda (default) or cpu")
+    gpu.add_argument("--quick", action="store_true",
+                     help="tiny sizes on the CPU that exercise every path in seconds (not a measurement)")
+    gpu.add_argument("--modules", type=_words, default=None, help="default: every registered one")
+    gpu.add_argument("--batch-sizes", type=_ints, default=None, help="default '32 256'")
+    gpu.add_argument("--lengths", type=_ints, default=None, help="steps per modality, default '50 200'")
+    gpu.add_argument("--precisions", type=_words, default=None, help="of fp32 bf16 fp16 (default 'fp32 bf16')")
+    gpu.add_argument("--no-compile", action="store_true", help="eager only")
+    gpu.add_argument("--compiled-grid", choices=("all", "first"), default=None,
+                     help="compile at every point (all, default) or at the first batch and length only")
+    gpu.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default=None)
+    gpu.add_argument("--backend", default=None, help="torch.compile backend (default inductor)")
+    gpu.add_argument("--repeats", type=int, default=None)
+    gpu.add_argument("--warmup", type=int, default=None)
+    gpu.add_argument("--no-memory", action="store_true", help="skip peak memory")
+    gpu.add_argument("--crossover-lengths", type=_ints, default=None,
+                     help="MAN exact/had lengths, default '25 50 100 200 400 800 1600'; '' to skip")
+    gpu.add_argument("--exact-memory-bound", default=None,
+                     help="largest predicted memory of MAN's exact mode, e.g. 60GiB (default 80%% of the GPU)")
+    gpu.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                     help="start no new grid row after this many seconds (the rest are listed as not run)")
+    common(gpu)
+
+
+def _gpu(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import gpu
+    from polyfuse.bench.results import parse_bytes
+
+    settings = gpu.QUICK if args.quick else gpu.FULL
+    changes: dict[str, Any] = {name: getattr(args, name) for name in
+                               ("device", "modules", "batch_sizes", "lengths", "precisions", "compiled_grid",
+                                "backend", "repeats", "warmup", "crossover_lengths")
+                               if getattr(args, name) is not None}
+    if args.compile_mode is not None:
+        changes["compile_mode"] = None if args.compile_mode == "default" else args.compile_mode
+    if args.no_compile:
+        changes["compiled"] = False
+    if args.no_memory:
+        changes["memory"] = False
+    if args.exact_memory_bound is not None:
+        changes["exact_memory_bound"] = parse_bytes(args.exact_memory_bound)
+    if args.time_budget is not None:
+        changes["time_budget_s"] = args.time_budget
+    settings = dataclasses.replace(settings, **changes)
+    payload = gpu.run_gpu_bench(settings, progress=_progress(args))
+    on_gpu = payload["settings"]["device"].startswith("cuda")
+    args.result_name = "gpu" if on_gpu else "gpu_cpu"
+    command = "polyfuse bench " + " ".join(_given_arguments(args))
+    report = gpu.gpu_markdown(payload, command)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{args.result_name}.md").write_text(report, encoding="utf-8")
+    print(report)
+    return payload, None
+
+
+def _given_arguments(args: argparse.Namespace) -> list[str]:
+    """The command line as given (sys.argv after ``bench``), for the report."""
+    words = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else [args.benchmark]
+    return [f"'{word}'" if " " in word or not word else word for word in words]
 
 
 def _add_ops(commands: Any, common: Any) -> None:
@@ -348,8 +436,12 @@ def _maf(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 def _compile(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench.compile import run_compile_bench
 
-    payload = run_compile_bench(args.modules, batch=args.batch, repeats=args.repeats,
-                                warmup=args.warmup, progress=_progress(args))
+    payload = run_compile_bench(args.modules, batch=args.batch, repeats=args.repeats, warmup=args.warmup,
+                                mode=None if args.mode == "default" else args.mode, device=args.device,
+                                training=args.train, progress=_progress(args))
+    # A GPU run, or one in another mode, does not replace the CPU default-mode result.
+    args.result_name = "compile" + ("_cuda" if payload["settings"]["device"].startswith("cuda") else "") + (
+        "" if args.mode == "default" else "_" + args.mode.replace("-", "_"))
     print(payload["table"])
     return payload, None
 
@@ -359,16 +451,29 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
     if args.threads is not None:
         raise ValueError("bench peers: use --thread-counts (it times every count in turn), not --threads")
+    import torch
+
+    from polyfuse.bench.measure import bench_device
+
+    device = bench_device(args.device)
+    on_gpu = device.type == "cuda"
+    default_threads = (torch.get_num_threads(),) if on_gpu else (1, 2)
+    threads = default_threads if args.thread_counts is None else args.thread_counts
     paths = {"man": args.man, "ban_vqa": args.ban_vqa, "multibench": args.multibench}
-    payload = run_peers(paths, rows=args.rows, threads=args.thread_counts, warmup=args.warmup,
+    payload = run_peers(paths, rows=args.rows, threads=threads, warmup=args.warmup,
                         repeats=args.repeats, tolerance=args.tolerance, time_unequal=args.time_unequal,
-                        profile=args.profile, progress=_progress(args))
+                        profile=args.profile, progress=_progress(args), device=device,
+                        batch_sizes=args.batch_sizes)
     print(format_table(payload))
     words = ["polyfuse bench peers"] + [f"--{key.replace('_', '-')} {value}" for key, value in paths.items()
                                          if value is not None]
+    if on_gpu:
+        words.append(f"--device {args.device}")
     if args.rows:
         words.append("--rows '" + " ".join(args.rows) + "'")
-    if tuple(args.thread_counts) != (1, 2):
+    if args.batch_sizes:
+        words.append("--batch-sizes '" + " ".join(map(str, args.batch_sizes)) + "'")
+    if args.thread_counts is not None:
         words.append("--thread-counts '" + " ".join(map(str, args.thread_counts)) + "'")
     for option, default in (("repeats", 15), ("warmup", 3), ("tolerance", 1e-5), ("profile", 0)):
         if getattr(args, option) != default:
@@ -376,7 +481,8 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     if args.time_unequal:
         words.append("--time-unequal")
     command = " ".join([*words, f"--output-dir {args.output_dir}"])
-    report = args.output_dir / "peers.md"
+    args.result_name = "peers_cuda" if on_gpu else "peers"  # a GPU run does not replace the CPU one
+    report = args.output_dir / f"{args.result_name}.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(markdown_report(payload, command), encoding="utf-8")
     print(f"wrote {report}")
@@ -397,7 +503,7 @@ def _ops(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
             "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers,
-            "captioning": _captioning, "ops": _ops}
+            "captioning": _captioning, "ops": _ops, "gpu": _gpu}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -410,7 +516,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     payload, plot = _RUNNERS[args.benchmark](args)
-    path = write_results(args.output_dir / f"{args.benchmark}.json", payload)
+    name = getattr(args, "result_name", None) or args.benchmark
+    path = write_results(args.output_dir / f"{name}.json", payload)
     print(f"wrote {path}")
     if plot is not None and not args.no_plots:
         try:

@@ -2,7 +2,8 @@
 
 Every fusion module implements ``forward(inputs, masks=None) -> (B, out_dim)`` (see
 :class:`FusionModule`) and is registered by name: :func:`available` lists the names,
-:func:`create` builds one.
+:func:`create` builds one; :func:`compile` compiles one with ``torch.compile`` the way
+it compiles well (:mod:`polyfuse.nn.compiling`).
 """
 
 from polyfuse.nn.ban import BAN
@@ -17,6 +18,7 @@ from polyfuse.nn.chimera import (
     TopicLayer,
     TopicLayerOutput,
 )
+from polyfuse.nn.compiling import compile, traces_as_one_graph
 from polyfuse.nn.hoca import HOCA, BahdanauAttention, HOCAOutput, LowRankHOCA
 from polyfuse.nn.maf import MAF, HOCAFusion, LowRankHOCAFusion, MAFFusion, MAFOutput
 from polyfuse.nn.man import MAN, MultiLinearAttentionLayer
@@ -48,7 +50,9 @@ __all__ = [
     "TopicLayer",
     "TopicLayerOutput",
     "available",
+    "compile",
     "create",
     "get",
     "register",
+    "traces_as_one_graph",
 ]

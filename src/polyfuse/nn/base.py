@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse._checks import inputs_checked, prepare_fusion_inputs
-from polyfuse._precision import empty_output, guarded_fuse
+from polyfuse._precision import empty_output, guarded_fuse, needs_float32
 
 __all__ = ["FusionModule", "FusionOutput"]
 
@@ -111,13 +111,24 @@ class FusionModule(nn.Module):
         sequences, full_masks = prepare_fusion_inputs(
             inputs, masks, self.input_dims, type(self).__name__
         )
+        if torch.compiler.is_compiling():
+            # inputs_checked does nothing under torch.compile. A graph break inside fuse
+            # (TFN's and LMF's eager LSTMs) cuts every frame between here and it into a
+            # graph before and one after, and one inside a with-block makes dynamo give up
+            # on the frame: fuse is called from here, with no with-block, where
+            # guarded_fuse would call it (a non-empty batch, no float16).
+            if not return_details and sequences[0].shape[0] and not needs_float32(self, *sequences):
+                return self.fuse(sequences, full_masks)
+            return self._fuse_checked(sequences, full_masks, return_details)
         with inputs_checked():  # inputs checked once, here; the math below checks shapes only
-            if not return_details:
-                return guarded_fuse(self, self.fuse, sequences, full_masks)  # B = 0, float16
-            if sequences[0].shape[0] == 0:  # nothing to attend over: no sequences, no attention
-                return FusionOutput(empty_output(self, sequences), None, None)
-            options = {"return_details": True}
-            return guarded_fuse(self, self.fuse_details, sequences, full_masks, options)
+            return self._fuse_checked(sequences, full_masks, return_details)
+
+    def _fuse_checked(self, sequences: list[Tensor], masks: list[Tensor], return_details: bool) -> Tensor | FusionOutput:
+        if not return_details:
+            return guarded_fuse(self, self.fuse, sequences, masks)  # B = 0, float16
+        if sequences[0].shape[0] == 0:  # nothing to attend over: no sequences, no attention
+            return FusionOutput(empty_output(self, sequences), None, None)
+        return guarded_fuse(self, self.fuse_details, sequences, masks, {"return_details": True})
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
         """Fuse validated (B, T_j, d_j) inputs with (B, T_j) bool masks into (B, out_dim)."""

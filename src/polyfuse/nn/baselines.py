@@ -35,7 +35,12 @@ from polyfuse._checks import check_dropout
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.functional.tensor_fusion import low_rank_fusion, tensor_fusion
 from polyfuse.nn.base import FusionModule
-from polyfuse.nn.modality_subnetworks import PooledSubnetwork, SequenceSubnetwork
+from polyfuse.nn.modality_subnetworks import (
+    PooledSubnetwork,
+    SequenceSubnetwork,
+    encode,
+    lstm_outputs,
+)
 from polyfuse.nn.registry import register
 
 __all__ = ["LMF", "TFN", "Concat"]
@@ -126,9 +131,6 @@ def _form(subnetworks: str, owner: str, paper: _Subnetworks, light: _Subnetworks
     return paper if subnetworks == "paper" else light
 
 
-def _encode(subnetworks: nn.ModuleList, inputs: list[Tensor], masks: list[Tensor]) -> list[Tensor]:
-    """z_j for every modality: m tensors (B, h_j)."""
-    return [net(x, mask) for net, x, mask in zip(subnetworks, inputs, masks, strict=True)]
 
 
 # ---------------------------------------------------------------------------
@@ -287,7 +289,9 @@ class TFN(FusionModule):
         self.post_fusion = nn.Sequential(*layers)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        vectors = _encode(self.subnetworks, inputs, masks)  # m x (B, h_j)
+        # The LSTMs first, in one eager call: under torch.compile the rest is one graph.
+        outputs = lstm_outputs(self.subnetworks, inputs, masks)  # (B, T_j, H) or None
+        vectors = encode(self.subnetworks, inputs, masks, outputs)  # m x (B, h_j)
         return self.post_fusion(tensor_fusion(vectors))  # (B, prod_j (h_j + 1)) -> (B, O)
 
     def extra_repr(self) -> str:
@@ -384,7 +388,9 @@ class LMF(FusionModule):
         nn.init.zeros_(self.bias)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        vectors = _encode(self.subnetworks, inputs, masks)  # m x (B, h_j)
+        # The LSTMs first, in one eager call: under torch.compile the rest is one graph.
+        outputs = lstm_outputs(self.subnetworks, inputs, masks)  # (B, T_j, H) or None
+        vectors = encode(self.subnetworks, inputs, masks, outputs)  # m x (B, h_j)
         return low_rank_fusion(vectors, list(self.factors), self.rank_weights, bias=self.bias)
 
     def extra_repr(self) -> str:

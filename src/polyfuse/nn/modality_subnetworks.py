@@ -22,16 +22,24 @@ Two kinds, after the papers:
 TFN feeds its fully connected layers with the LSTM outputs of all the words of a
 fixed 20-word window; here sequences have any length and padding, so the head reads
 the state after the last real step (as the LMF authors' text subnetwork does).
+
+Under ``torch.compile`` the LSTMs run eagerly (:func:`lstm_outputs`, one graph break
+for all of a module's LSTMs), as one fused kernel (cuDNN on CUDA, oneDNN on the CPU).
+Traced into the graph (dynamo's ``allow_rnn``) an LSTM is unrolled into one cell per
+step: compiled TFN and LMF were then slower than eager (0.45x and 0.43x forward+backward
+on an H100, issue 26), and the LSTM alone is on the CPU too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from polyfuse.functional.pooling import masked_mean
 
-__all__ = ["PooledSubnetwork", "SequenceSubnetwork", "real_steps_first"]
+__all__ = ["PooledSubnetwork", "SequenceSubnetwork", "encode", "last_real_step", "lstm_outputs", "real_steps_first"]
 
 
 def real_steps_first(x: Tensor, mask: Tensor) -> Tensor:
@@ -47,6 +55,13 @@ def real_steps_first(x: Tensor, mask: Tensor) -> Tensor:
     """
     order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)  # (B, T)
     return x.gather(1, order.unsqueeze(-1).expand_as(x))
+
+
+def last_real_step(outputs: Tensor, mask: Tensor) -> Tensor:
+    """(B, T, H) outputs over the real steps moved first, (B, T) mask -> (B, H): each
+    sample's output at step ``mask[b].sum() - 1`` (step 0 for a sample without real steps)."""
+    last = (mask.sum(dim=1) - 1).clamp_min(0)  # (B,) index of the last real step
+    return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
 
 
 def _linear_stack(in_dim: int, width: int, layers: int, *, activation: bool) -> nn.Sequential:
@@ -115,18 +130,51 @@ class SequenceSubnetwork(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = _linear_stack(lstm_dim, hidden_dim, layers, activation=activation)
 
-    def last_state(self, x: Tensor, mask: Tensor) -> Tensor:
-        """(B, T, d), (B, T) -> (B, H): the LSTM's hidden state after each sample's last real step.
+    def lstm_outputs(self, x: Tensor, mask: Tensor) -> Tensor:
+        """(B, T, d), (B, T) -> (B, T, H): the LSTM's outputs over the real steps moved to
+        the front (:func:`real_steps_first`); step ``length - 1`` holds the state after the
+        last real step. Eager under ``torch.compile`` (see the module docstring)."""
+        return lstm_outputs([self], [x], [mask])[0]
 
-        The real steps are moved to the front and the LSTM runs over the whole padded
-        batch; being causal, its output at step ``length - 1`` is the state after the
-        last real step, whatever follows. (A packed sequence gives the same state but
-        needs the lengths on the host: a synchronisation, and a break in
-        ``torch.compile``'s graph.)
+    def read(self, outputs: Tensor, mask: Tensor) -> Tensor:
+        """(B, T, H) LSTM outputs from :meth:`lstm_outputs`, (B, T) -> (B, h): the state after
+        each sample's last real step, through dropout and the head.
+
+        The LSTM runs over the whole padded batch; being causal, its output at step
+        ``length - 1`` is the state after the last real step, whatever follows. (A packed
+        sequence gives the same state but needs the lengths on the host: a
+        synchronisation, and a break in ``torch.compile``'s graph.)
         """
-        outputs, _ = self.lstm(real_steps_first(x, mask))  # (B, T, H)
-        last = (mask.sum(dim=1) - 1).clamp_min(0)  # (B,) index of the last real step
-        return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
+        return self.head(self.dropout(last_real_step(outputs, mask)))  # (B, H) -> (B, h)
+
+    def last_state(self, x: Tensor, mask: Tensor) -> Tensor:
+        """(B, T, d), (B, T) -> (B, H): the LSTM's hidden state after each sample's last real step."""
+        return last_real_step(self.lstm_outputs(x, mask), mask)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        return self.head(self.dropout(self.last_state(x, mask)))  # (B, H) -> (B, h)
+        return self.read(self.lstm_outputs(x, mask), mask)  # (B, T, d) -> (B, h)
+
+
+@torch.compiler.disable
+def lstm_outputs(subnetworks: Sequence[nn.Module], inputs: Sequence[Tensor], masks: Sequence[Tensor]
+                 ) -> list[Tensor | None]:
+    """Per modality j: the (B, T_j, H) outputs of ``subnetworks[j]``'s LSTM over the real
+    steps moved to the front, if it is a :class:`SequenceSubnetwork`, else None.
+
+    Always eager: ``torch.compile`` leaves this call out of its graph (one graph break
+    for all the LSTMs of a module), so that each LSTM runs as one fused kernel.
+    """
+    return [
+        net.lstm(real_steps_first(x, mask))[0] if isinstance(net, SequenceSubnetwork) else None
+        for net, x, mask in zip(subnetworks, inputs, masks, strict=True)
+    ]
+
+
+def encode(subnetworks: Sequence[nn.Module], inputs: Sequence[Tensor], masks: Sequence[Tensor],
+           outputs: Sequence[Tensor | None]) -> list[Tensor]:
+    """z_j for every modality, m tensors (B, h_j): ``subnetworks[j]`` reading its LSTM
+    ``outputs[j]`` (from :func:`lstm_outputs`), or pooling ``inputs[j]`` (None)."""
+    return [
+        net(x, mask) if output is None else net.read(output, mask)
+        for net, x, mask, output in zip(subnetworks, inputs, masks, outputs, strict=True)
+    ]
