@@ -306,6 +306,53 @@ def ops_section(payload: dict[str, Any], folder: Path) -> list[str]:
     return ops_markdown(payload)
 
 
+GPU_COMMANDS = """```
+polyfuse bench gpu --output-dir docs/benchmarks
+polyfuse bench peers --device cuda --man PATH/MAN --ban-vqa PATH/ban-vqa --multibench PATH/MultiBench \\
+    --batch-sizes '32 512' --output-dir docs/benchmarks
+polyfuse bench compile --device cuda --batch 256 --train --output-dir docs/benchmarks
+```"""
+
+# Issue 26's own measurements (an H100 / H200, main 71d5fea), quoted as the issue gives them.
+ISSUE_GPU_FIGURES = [
+    "every registered module's float32 output equals its CPU output within 7e-6 relative;",
+    "MAN forward 5.0 ms at batch 32 and 5.4 ms at batch 256; MAN (had) forward+backward 9.3 to 11.3 ms, "
+    "flat from T = 50 to T = 1,600 steps per modality (batch 32, 3 modalities of 40, 10 heads, H = 24): "
+    "launch-bound; BAN forward 7.5 ms at batch 32 and at 256;",
+    "MAN exact against had: exact T = 100: 19.6 ms, 5.3 GB; T = 200: 133 ms, 41.6 GB; T = 400: out of "
+    "memory (76 GiB asked); had T = 1,600: 10.7 ms, 0.77 GB; at T = 50 exact (6.8 ms) is faster than had (9.6 ms);",
+    "against the peers (polyfuse time / peer time, forward, forward+backward, batch 32 and 512): MAN layer "
+    "vs wangzih98/MAN 1.28-1.32, 1.13-1.14; BAN at VQA size vs jnhwkim/ban-vqa 0.76-0.86, 0.79-0.91; BAN "
+    "small 0.74, 0.79-0.80; TFN vs MultiBench 1.48-1.64, 1.26-1.27; LMF vs MultiBench 1.77-1.81, 1.16-1.18 "
+    "(ban-vqa needed one `view` -> `reshape` to run on current CUDA);",
+    "`torch.compile(fullgraph=True)`, training mode, forward+backward at batch 256: MAN 1.9x faster than "
+    "eager (47 s to compile), BAN 1.9x, LMF 0.43x and TFN 0.45x (their LSTM traced into the graph);",
+    "MAN under `torch.autocast` with bfloat16 or float16 raised a dtype error (fixed since: see the "
+    "contract test's autocast bounds).",
+]
+
+
+def gpu_status_section(folder: Path) -> list[str]:
+    """Where no GPU result is in ``folder`` (``gpu.json`` measured on CUDA, whose
+    ``gpu.md`` is then a section of its own): how to record one, and the issue's figures."""
+    path = folder / "gpu.json"
+    if path.exists() and read_results(path)["settings"].get("device", "cpu").startswith("cuda"):
+        return []
+    return ["## On the GPU: not yet recorded from this repository", "",
+            "No GPU was lent to the sessions that wrote this file: none of its tables is a GPU "
+            "measurement. On a machine with CUDA, these record every module by batch and length (eager and "
+            "compiled, fp32 and bf16, peak memory, MAN's exact/had crossover), the peers on the GPU "
+            "(`peers_cuda.md`) and compiled against eager as the issue measured it, then "
+            "`python scripts/write_benchmarks_md.py` adds them here:", "", GPU_COMMANDS, "",
+            "`scripts/gpu_session.sh OUT PEERS` runs all of it as one prepared session of about 9 minutes "
+            "(the CUDA tests and the sync-debug check first, each step under a time limit; "
+            "`--cpu-dry-run` runs the same steps on the CPU at tiny sizes, `--stage-peers` copies the peer "
+            "files a device machine needs).", "",
+            "**Measured by the issue on main 71d5fea** (issue 26, an H100 / H200, one process per run, CUDA "
+            "events; quoted, not reproduced from this repository, and several of these modules changed since):",
+            "", *[f"- {figure}" for figure in ISSUE_GPU_FIGURES], ""]
+
+
 SECTIONS = {"targets": targets_section, "paper": paper_section,
             "complexity": complexity_section, "approximation": approximation_section,
             "backbones": backbones_section, "ops": ops_section}
@@ -343,6 +390,7 @@ def render(folder: Path) -> str:
             continue
         lines += SECTIONS[name](read_results(path), folder) if name != "targets" else \
             SECTIONS[name](read_results(path))
+    lines += gpu_status_section(folder)
     for extra in sorted(folder.glob("*.md")):  # sections measured by other commands (vqa.md)
         lines += [extra.read_text(encoding="utf-8").rstrip(), ""]
     return "\n".join(lines).rstrip() + "\n"

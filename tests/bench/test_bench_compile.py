@@ -42,3 +42,9 @@ def test_an_unknown_module_is_refused():
 def test_cuda_without_a_gpu_is_a_clear_error():
     with pytest.raises(ValueError, match="CUDA is not available"):
         run_compile_bench(["concat"], backend="eager", device="cuda")
+
+
+def test_time_budget_stops_new_modules():
+    payload = run_compile_bench(["concat", "lmf"], batch=2, repeats=1, warmup=0, backend="eager", time_budget_s=0.0)
+    assert payload["rows"] == [{"module": name, "not_run": "time budget of 0 s spent"} for name in ("concat", "lmf")]
+    assert "| lmf | not run: time budget of 0 s spent |" in payload["table"]

@@ -141,3 +141,24 @@ def test_cuda_event_timer_synchronises_and_reads_milliseconds(monkeypatch):
     seconds = cuda_event_seconds(lambda: log.append("call"))
     assert log == ["synchronize", "record", "call", "record", "wait"]
     assert seconds == pytest.approx(0.5)  # 2 steps of 250 ms
+
+
+def test_benchmarks_md_says_where_no_gpu_result_is_recorded(tmp_path):
+    """docs/BENCHMARKS.md quotes the issue's GPU figures as the issue's until a CUDA run of
+    ``bench gpu`` is in the results (whose gpu.md is then its section)."""
+    import importlib.util
+    from pathlib import Path
+
+    from polyfuse.bench.results import write_results
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "write_benchmarks_md.py"
+    spec = importlib.util.spec_from_file_location("write_benchmarks_md", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    section = script.gpu_status_section(tmp_path)
+    assert section[0] == "## On the GPU: not yet recorded from this repository"
+    assert any("**Measured by the issue on main 71d5fea**" in line for line in section)
+    write_results(tmp_path / "gpu.json", {"benchmark": "gpu", "settings": {"device": "cpu"}})
+    assert script.gpu_status_section(tmp_path) == section  # a CPU run is not a GPU result
+    write_results(tmp_path / "gpu.json", {"benchmark": "gpu", "settings": {"device": "cuda:0"}})
+    assert script.gpu_status_section(tmp_path) == []

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from polyfuse.bench.peer_rows import ROWS, tfn_permutation
-from polyfuse.bench.peers import format_table, run_peers
+from polyfuse.bench.peers import format_table, peer_commit, run_peers
 from polyfuse.cli.main import main
 
 _FAKE_FUSIONS = '''
@@ -140,6 +140,8 @@ def test_fake_multibench_rows_equal_and_timed(tmp_path):
     assert rows["tfn"]["forward_flops"] == {"polyfuse": 900, "peer": 900}
     assert "| 1 |" in format_table(payload) and "MFLOP polyfuse / peer" in format_table(payload)
     assert payload["peers"]["multibench"]["present"] and payload["peers"]["multibench"]["commit"] is None
+    (root / "PEER_COMMIT").write_text("49f9be224f342de005b7f001281f33df4301eb22\n")  # a staged copy's record
+    assert peer_commit(root) == "49f9be224f342de005b7f001281f33df4301eb22"
     assert "torchvision" not in sys.modules or sys.modules["torchvision"].__spec__ is not None  # stub removed
     assert "fusions" not in sys.modules  # the peer's generic names do not leak
 

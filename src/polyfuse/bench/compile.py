@@ -89,16 +89,22 @@ def run_compile_bench(
     mode: str | None = None,
     device: str | torch.device = "cpu",
     training: bool = False,
+    time_budget_s: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Time every module (or ``names``) eager and compiled with ``backend`` and ``mode``;
-    see the module docstring."""
+    see the module docstring. Once ``time_budget_s`` seconds are spent no new module is
+    started (the rest are listed as not run)."""
     device = bench_device(device)
     timer = call_timer(device)
     names = ordered_modules(names)
     new_step = mode == "reduce-overhead"
-    rows = []
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
     for name in names:
+        if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
+            rows.append({"module": name, "not_run": f"time budget of {time_budget_s:.0f} s spent"})
+            continue
         cls = polyfuse.nn.get(name)
         count = 2 if cls.max_modalities == 2 else 3
         torch.manual_seed(0)
@@ -150,7 +156,7 @@ def run_compile_bench(
                      f"{row['graphs']} graph(s), compiled in {row['compile_seconds']:.0f} s")
     settings = {"backend": backend, "mode": mode or "default", "device": str(device), "training": training,
                 "batch": batch, "lengths": LENGTHS, "dims": DIMS, "repeats": repeats, "warmup": warmup,
-                "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "threads": torch.get_num_threads(), "torch": torch.__version__, "time_budget_s": time_budget_s,
                 "timer": "cuda events" if device.type == "cuda" else "perf_counter"}
     return {**result_header("compile", settings, device), "rows": rows, "table": _table(rows)}
 
@@ -160,6 +166,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
              "| forward+backward | compile (s) |",
              "|---|---|---:|---:|---|---|---:|"]
     for row in rows:
+        if "not_run" in row:
+            lines.append(f"| {row['module']} | not run: {row['not_run']} | | | | | |")
+            continue
         f, fb = row["speedup_forward"], row["speedup_forward_backward"]
         lines.append(
             f"| {row['module']} | {'yes' if row['fullgraph'] else 'no (LSTM eager)'} | {row['graphs']} "

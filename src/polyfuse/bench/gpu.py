@@ -17,9 +17,11 @@ allocates above the level at its start: ``torch.cuda.max_memory_allocated`` on C
 profiler's allocation events on the CPU (:func:`~polyfuse.bench.measure.peak_memory_bytes`).
 
 A cell that fails (an exception, out of memory, a refused length) records its error as a
-string and the run goes on. Compiling is the expensive part: ``compiled_grid="first"``
-compiles at the first batch and length only, and ``time_budget_s`` stops starting new
-rows once spent (the rest are listed as not run).
+string and the run goes on. Every row is run eager first; compiling is the expensive part
+and comes after, module by module (LMF, TFN, MAN and BAN first), each compiled point timed
+in turns with eager again. ``compiled_grid="first"`` compiles at the first batch and length
+only, and ``time_budget_s`` stops starting new rows or compiled points once spent (those
+are listed as not run).
 
 **The crossover.** MAN in its exact mode (the B x heads x T^m tuple tensor) and in had
 mode (random features, linear in T), at the issue's sizes (batch 32, three modalities of
@@ -59,6 +61,8 @@ __all__ = ["FULL", "QUICK", "GpuBenchSettings", "crossover_length", "gpu_markdow
 DIMS = (300, 74, 35)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PASSES = ("forward", "forward_backward")
+# LMF and TFN first: the modules whose compiled form lost to eager (issue 26), then MAN and BAN.
+ORDER = ("lmf", "tfn", "man", "ban")
 
 
 @dataclass(frozen=True)
@@ -224,51 +228,76 @@ def _grid_row(name: str, batch: int, length: int, precision: str, compiled: Any,
     return row
 
 
+def _over_budget(settings: GpuBenchSettings, started: float) -> str | None:
+    if settings.time_budget_s is not None and time.perf_counter() - started > settings.time_budget_s:
+        return f"time budget of {settings.time_budget_s:.0f} s spent"
+    return None
+
+
 def _grid(settings: GpuBenchSettings, device: torch.device, started: float,
           progress: Callable[[str], None] | None) -> list[dict[str, Any]]:
+    """Every row eager first (cheap), then the compiled cells module by module (the modules
+    whose compiled form lost to eager first), each compiled point timed in turns with eager
+    again (its row's eager cells are replaced by those of the pair)."""
     names = list(polyfuse.nn.available() if settings.modules is None else settings.modules)
     for name in names:
         polyfuse.nn.get(name)  # an unknown name lists the known ones, before anything runs
-    rows: list[dict[str, Any]] = []
-    first_point = (settings.batch_sizes[0], settings.lengths[0])
-    # A compiled fallback to eager (dynamo's recompile limit) must be an error, not a faster eager.
-    limits = torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True)
-    with limits:
-        for name in names:
-            torch._dynamo.reset()
-            for length in settings.lengths:
-                try:
-                    module, count = _build(name, length, settings, device)
-                except Exception as error:
-                    for batch in settings.batch_sizes:
-                        for precision in settings.precisions:
-                            rows.append({"module": name, "batch": batch, "length": length, "precision": precision,
-                                         "error": _error(error)})
-                    continue
-                compiled_form = None
-                for batch in settings.batch_sizes:
-                    for precision in settings.precisions:
-                        spent = time.perf_counter() - started
-                        if settings.time_budget_s is not None and spent > settings.time_budget_s:
-                            rows.append({"module": name, "batch": batch, "length": length, "precision": precision,
-                                         "not_run": f"time budget of {settings.time_budget_s:.0f} s spent"})
-                            continue
-                        compile_here = settings.compiled and (settings.compiled_grid == "all"
-                                                              or (batch, length) == first_point)
-                        if compile_here and compiled_form is None:
-                            options = {"backend": settings.backend}
-                            if settings.compile_mode is not None:
-                                options["mode"] = settings.compile_mode
-                            compiled_form = polyfuse.nn.compile(module, **options)
-                        row = _grid_row(name, batch, length, precision, compiled_form if compile_here else None,
-                                        module, count, settings, device)
-                        rows.append(row)
+    rows: dict[tuple[str, int, int, str], dict[str, Any]] = {}
+    for name in names:
+        for length in settings.lengths:
+            try:
+                module, count = _build(name, length, settings, device)
+            except Exception as error:
+                module, count, built = None, 0, _error(error)
+            for batch in settings.batch_sizes:
+                for precision in settings.precisions:
+                    key = (name, batch, length, precision)
+                    head = {"module": name, "batch": batch, "length": length, "precision": precision}
+                    if module is None:
+                        rows[key] = head | {"error": built}
+                    elif reason := _over_budget(settings, started):
+                        rows[key] = head | {"not_run": reason}
+                    else:
+                        rows[key] = _grid_row(name, batch, length, precision, None, module, count, settings, device)
                         _release(device)
                         if progress is not None:
-                            progress(_row_line(row))
+                            progress(_row_line(rows[key]))
+            del module
+            _release(device)
+    if settings.compiled:
+        _compiled_cells(rows, names, settings, device, started, progress)
+    return list(rows.values())
+
+
+def _compiled_cells(rows: dict[tuple[str, int, int, str], dict[str, Any]], names: list[str],
+                    settings: GpuBenchSettings, device: torch.device, started: float,
+                    progress: Callable[[str], None] | None) -> None:
+    first_point = (settings.batch_sizes[0], settings.lengths[0])
+    order = [name for name in ORDER if name in names] + [name for name in names if name not in ORDER]
+    options = {"backend": settings.backend} | ({"mode": settings.compile_mode} if settings.compile_mode else {})
+    # A compiled fallback to eager (dynamo's recompile limit) must be an error, not a faster eager.
+    with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+        for name in order:
+            torch._dynamo.reset()
+            for length in settings.lengths:
+                points = [(batch, precision) for batch in settings.batch_sizes for precision in settings.precisions
+                          if (settings.compiled_grid == "all" or (batch, length) == first_point)
+                          and "cells" in rows[name, batch, length, precision]]
+                if not points:
+                    continue
+                module, count = _build(name, length, settings, device)
+                compiled_form = polyfuse.nn.compile(module, **options)
+                for batch, precision in points:
+                    row = rows[name, batch, length, precision]
+                    if reason := _over_budget(settings, started):
+                        row["compiled_not_run"] = reason
+                        continue
+                    row |= _grid_row(name, batch, length, precision, compiled_form, module, count, settings, device)
+                    _release(device)
+                    if progress is not None:
+                        progress(_row_line(row))
                 del module, compiled_form
                 _release(device)
-    return rows
 
 
 def _row_line(row: dict[str, Any]) -> str:
@@ -432,10 +461,11 @@ def gpu_markdown(payload: dict[str, Any], command: str) -> str:
             lines.append(f"{head} {row.get('error') or 'not run: ' + row['not_run']} | | | | | |")
             continue
         cells = row["cells"]
+        skipped = "not run: budget" if "compiled_not_run" in row else None
         lines.append(f"{head} {_cell_text(cells.get('eager/forward'), memory)} "
-                     f"| {_cell_text(cells.get('compiled/forward'), memory)} | {_speedup_text(row, 'forward')} "
+                     f"| {skipped or _cell_text(cells.get('compiled/forward'), memory)} | {_speedup_text(row, 'forward')} "
                      f"| {_cell_text(cells.get('eager/forward_backward'), memory)} "
-                     f"| {_cell_text(cells.get('compiled/forward_backward'), memory)} "
+                     f"| {skipped or _cell_text(cells.get('compiled/forward_backward'), memory)} "
                      f"| {_speedup_text(row, 'forward_backward')} |")
     return "\n".join(lines).rstrip() + "\n"
 

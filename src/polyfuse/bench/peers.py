@@ -56,7 +56,12 @@ Progress = Callable[[str], None] | None
 
 
 def peer_commit(path: Path) -> str | None:
-    """The checked-out commit of a git work tree, or None (not a git checkout, no git)."""
+    """The checked-out commit of a git work tree, else the one in a ``PEER_COMMIT`` file
+    beside a copy of its files (``scripts/gpu_session.sh --stage-peers`` writes it), else
+    None (not a git checkout, no git)."""
+    recorded = Path(path) / "PEER_COMMIT"
+    if not (Path(path) / ".git").exists() and recorded.is_file():
+        return recorded.read_text(encoding="utf-8").strip() or None
     try:
         result = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, check=False, timeout=30)

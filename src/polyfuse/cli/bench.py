@@ -158,6 +158,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compiled.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     compiled.add_argument("--train", action="store_true",
                           help="modules in train mode (dropout on: outputs are not compared)")
+    compiled.add_argument("--backend", default="inductor",
+                          help="torch.compile backend (default inductor; eager or aot_eager trace without "
+                               "generating code: a dry run)")
+    compiled.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                          help="start no new module after this many seconds (the rest are listed as not run)")
     common(compiled)
 
     maf = commands.add_parser(
@@ -438,7 +443,8 @@ def _compile(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
     payload = run_compile_bench(args.modules, batch=args.batch, repeats=args.repeats, warmup=args.warmup,
                                 mode=None if args.mode == "default" else args.mode, device=args.device,
-                                training=args.train, progress=_progress(args))
+                                training=args.train, backend=args.backend, time_budget_s=args.time_budget,
+                                progress=_progress(args))
     # A GPU run, or one in another mode, does not replace the CPU default-mode result.
     args.result_name = "compile" + ("_cuda" if payload["settings"]["device"].startswith("cuda") else "") + (
         "" if args.mode == "default" else "_" + args.mode.replace("-", "_"))
