@@ -14,7 +14,10 @@
 # pliang279/MultiBench as MAN/, ban-vqa/ and MultiBench/ (the layout of /work/peers).
 # The device machine receives only the repository: stage the few files the bench imports
 # into a folder of the repository that git ignores (`echo /.peers/ >> .git/info/exclude;
-# scripts/gpu_session.sh --stage-peers /work/peers .peers`, 5 MB) and carry it.
+# scripts/gpu_session.sh --stage-peers /work/peers .peers`, under 1 MB) and carry it: with
+# the device tool, run(command="scripts/gpu_session.sh $OUT .peers", carry=[".peers"],
+# timeout_s=600). Try `scripts/gpu_session.sh /tmp/dry .peers --cpu-dry-run` here first
+# (about 2 minutes on 2 cores).
 #
 # OUT receives at most 7 files (the device tool returns 8): session.log (every step's
 # output), peers_cuda.json/.md, gpu.json/.md, compile_cuda.json and
@@ -85,7 +88,7 @@ EOF
 if [[ $dry_run -eq 0 ]]; then
     device=cuda
     peer_sizes=(--batch-sizes "32 512" --repeats 15 --warmup 3)
-    gpu_sizes=(--compiled-grid first --time-budget 150)
+    gpu_sizes=(--compiled-grid first --time-budget 140)
     compile_sizes=(--batch 256 --train --repeats 15 --warmup 3 --time-budget 90)
     overhead_sizes=(--modules "lmf tfn" --batch 32 --repeats 15 --warmup 3 --time-budget 20)
 else
@@ -99,12 +102,12 @@ fi
 
 # 1. What only a GPU checks: CUDA against the CPU, autocast, CUDA graphs around the
 #    eager LSTM, and a default forward+backward under torch.cuda.set_sync_debug_mode("error").
-step tests 70 "$python" -m pytest -q -p no:cacheprovider -rs tests/nn/test_cuda.py tests/nn/test_contract.py -k cuda
+step tests 90 "$python" -m pytest -q -p no:cacheprovider -rs tests/nn/test_cuda.py tests/nn/test_contract.py -k cuda
 # 2. The peers on the GPU, batch 32 and 512 (the issue's sizes), with the run-time patches listed.
 step peers 80 "${polyfuse[@]}" bench peers --device "$device" --man "$peers/MAN" --ban-vqa "$peers/ban-vqa" \
     --multibench "$peers/MultiBench" "${peer_sizes[@]}" --no-plots --output-dir "$out"
 # 3. Every module by batch and length, eager and compiled, fp32 and bf16, memory; MAN's crossover.
-step gpu 200 "${polyfuse[@]}" bench gpu --device "$device" "${gpu_sizes[@]}" --output-dir "$out"
+step gpu 190 "${polyfuse[@]}" bench gpu --device "$device" "${gpu_sizes[@]}" --output-dir "$out"
 # 4. Compiled against eager as the issue measured it (training mode, forward+backward, batch 256).
 step compile 130 "${polyfuse[@]}" bench compile --device "$device" "${compile_sizes[@]}" --output-dir "$out"
 # 5. CUDA graphs (reduce-overhead) for the two modules whose LSTM runs eagerly between graphs.

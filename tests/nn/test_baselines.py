@@ -609,3 +609,25 @@ def test_zero_post_fusion_layers_and_dropout_bounds_are_accepted():
     assert [net.dropout.p for net in module.subnetworks] == [0.4, 0.4]
     assert SequenceSubnetwork(2, 2, 2, layers=1, activation=True).dropout.p == 0.0
     assert PooledSubnetwork(2, 2, layers=1).dropout.p == 0.0
+
+
+@pytest.mark.parametrize("cls", [TFN, LMF])
+def test_the_light_forms_compile_as_one_graph_and_the_paper_forms_around_the_lstm(cls):
+    """Without an LSTM nothing runs eagerly: the light forms trace as one graph
+    (fullgraph=True, which fails on any break); the paper forms break once, for their
+    LSTMs (two graphs). Eager backend: the same capture as inductor, no code generation."""
+    from torch._dynamo.testing import CompileCounter
+
+    inputs = [torch.randn(2, 4, d) for d in (5, 3, 4)]
+    masks = [torch.tensor([[True] * 4, [True, True, False, False]])] * 3
+    for form, graphs in (("light", 1), ("paper", 2)):
+        torch.manual_seed(0)
+        module = cls([5, 3, 4], 3, subnetworks=form).eval()
+        assert polyfuse.nn.traces_as_one_graph(module) is (form == "light")
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = polyfuse.nn.compile(module, backend=counter)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(inputs, masks), module(inputs, masks))
+        assert counter.frame_count == graphs
+    torch._dynamo.reset()

@@ -269,14 +269,23 @@ def _grid(settings: GpuBenchSettings, device: torch.device, started: float,
     return list(rows.values())
 
 
+def _recompile_limit(limit: int) -> Any:
+    """Dynamo's recompile limit raised to ``limit``, and hitting it an error: a compiled form
+    that falls back to eager must not be timed as compiled. (Named ``cache_size_limit``
+    before torch 2.6.)"""
+    config = torch._dynamo.config
+    if hasattr(config, "recompile_limit") and hasattr(config, "fail_on_recompile_limit_hit"):
+        return config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True)
+    return config.patch(cache_size_limit=limit, fail_on_cache_limit_hit=True)
+
+
 def _compiled_cells(rows: dict[tuple[str, int, int, str], dict[str, Any]], names: list[str],
                     settings: GpuBenchSettings, device: torch.device, started: float,
                     progress: Callable[[str], None] | None) -> None:
     first_point = (settings.batch_sizes[0], settings.lengths[0])
     order = [name for name in ORDER if name in names] + [name for name in names if name not in ORDER]
     options = {"backend": settings.backend} | ({"mode": settings.compile_mode} if settings.compile_mode else {})
-    # A compiled fallback to eager (dynamo's recompile limit) must be an error, not a faster eager.
-    with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+    with _recompile_limit(64):
         for name in order:
             torch._dynamo.reset()
             for length in settings.lengths:

@@ -289,8 +289,9 @@ class TFN(FusionModule):
         self.post_fusion = nn.Sequential(*layers)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        # The LSTMs first, in one eager call: under torch.compile the rest is one graph.
-        outputs = lstm_outputs(self.subnetworks, inputs, masks)  # (B, T_j, H) or None
+        # The LSTMs (if any) first, in one eager call made here: under torch.compile the
+        # rest is one graph (a call from a helper would cut one more frame).
+        outputs = lstm_outputs(self.subnetworks, inputs, masks) if self.sequence_modalities else [None] * len(inputs)
         vectors = encode(self.subnetworks, inputs, masks, outputs)  # m x (B, h_j)
         return self.post_fusion(tensor_fusion(vectors))  # (B, prod_j (h_j + 1)) -> (B, O)
 
@@ -388,8 +389,9 @@ class LMF(FusionModule):
         nn.init.zeros_(self.bias)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
-        # The LSTMs first, in one eager call: under torch.compile the rest is one graph.
-        outputs = lstm_outputs(self.subnetworks, inputs, masks)  # (B, T_j, H) or None
+        # The LSTMs (if any) first, in one eager call made here: under torch.compile the
+        # rest is one graph (a call from a helper would cut one more frame).
+        outputs = lstm_outputs(self.subnetworks, inputs, masks) if self.sequence_modalities else [None] * len(inputs)
         vectors = encode(self.subnetworks, inputs, masks, outputs)  # m x (B, h_j)
         return low_rank_fusion(vectors, list(self.factors), self.rank_weights, bias=self.bias)
 
