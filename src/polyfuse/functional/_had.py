@@ -44,6 +44,7 @@ __all__ = [
     "had_whole",
     "in_layout",
     "max_over_steps",
+    "random_features_in_place",
     "segment_sums",
     "segments",
     "to_layout",
@@ -493,17 +494,7 @@ def had_chunk(
         exponent.view(heads, rows, total, -1).masked_fill_(padded.unsqueeze(-1), float("-inf"))
     exponent = exponent.view(count, total, num_random_features)  # Eq. 11 exponents over sigma
     scale = scale.reshape(count, 1, 1)
-    stabilisers = stabilisers_for(exponent, layout, scale).neg_()  # -m_j, (g n, m, H), note 5
-    if len(set(lengths)) == 1:
-        by_modality = exponent.view(count, num_modalities, lengths[0], num_random_features)
-        # sigma x - m_j in one pass, then B_j^T for every modality
-        torch.addcmul(stabilisers.unsqueeze(2), by_modality, scale.unsqueeze(1), out=by_modality).exp_()
-        sums = by_modality.sum(dim=2)  # B_j 1, (g n, m, H)
-    else:
-        segment = segments(lengths, exponent.dtype, exponent.device)
-        # sigma x - m_j in one pass (m_j gathered to the steps of modality j), then B^T
-        torch.addcmul(stabilisers.index_select(1, segment.ids), exponent, scale, out=exponent).exp_()
-        sums = segment_sums(exponent, segment.ids, num_modalities, 1)  # B_j 1, (g n, m, H)
+    sums = random_features_in_place(exponent, scale, layout)  # exponent -> B^T; B_j 1, (g n, m, H)
     if kept is not None:
         kept.update(random=exponent, sums=sums)
     random = exponent.split(list(lengths), dim=1)  # B_j^T, (g n, T_j, H) views
@@ -528,6 +519,25 @@ def had_chunk(
             weighted = torch.bmm(random[j], others.unsqueeze(-1)).squeeze(-1) / denominator
             marginals.append(weighted.view(heads, rows, -1))
     return output, marginals
+
+
+def random_features_in_place(exponent: Tensor, scale: Tensor, layout: HadLayout) -> Tensor:
+    """Turn the exponents over sigma (g n, T, H), -inf at padded steps, into the random
+    features E_j = exp(sigma x - m_j) in place (m_j the stabilisers, note 5) and return
+    their sums per modality B_j 1 (g n, m, H); ``scale`` is sigma, (g n, 1, 1). Shared by
+    the forward and the backward, which must compute the same E."""
+    lengths = layout.lengths
+    count, _, num_random_features = exponent.shape
+    stabilisers = stabilisers_for(exponent, layout, scale).neg_()  # -m_j, (g n, m, H)
+    if len(set(lengths)) == 1:
+        by_modality = exponent.view(count, len(lengths), lengths[0], num_random_features)
+        # sigma x - m_j in one pass, then exp for every modality
+        torch.addcmul(stabilisers.unsqueeze(2), by_modality, scale.unsqueeze(1), out=by_modality).exp_()
+        return by_modality.sum(dim=2)
+    segment = segments(lengths, exponent.dtype, exponent.device)
+    # sigma x - m_j in one pass (m_j gathered to the steps of modality j), then exp
+    torch.addcmul(stabilisers.index_select(1, segment.ids), exponent, scale, out=exponent).exp_()
+    return segment_sums(exponent, segment.ids, len(lengths), 1)
 
 
 class HadFunction(torch.autograd.Function):
@@ -658,19 +668,11 @@ def had_chunk_backward(
     count = heads * rows
     lengths = list(layout.lengths)
     if random is None:
-        exponent = torch.bmm((stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, -1),
-                             weights)  # sigma X W
+        exponent = torch.bmm(stacked_features.reshape(heads, rows * total, feature_dim), weights)  # X W
         if padded is not None:
             exponent.view(heads, rows, total, -1).masked_fill_(padded.unsqueeze(-1), float("-inf"))
-        exponent = exponent.view(count, total, num_random_features)
-        stabilisers = stabilisers_for(exponent, layout).neg_()  # -m_j, (g n, m, H)
-        # E_j = exp(exponent_j - m_j), in place: the exponents are not needed afterwards.
-        if len(set(lengths)) == 1:
-            exponent.view(count, len(lengths), lengths[0], -1).add_(stabilisers.unsqueeze(2)).exp_()
-        else:
-            exponent.add_(stabilisers.index_select(1, segments(lengths, exponent.dtype, exponent.device).ids)).exp_()
-        random = exponent
-        sums = segment_sums(random, segments(lengths, random.dtype, random.device).ids, len(lengths), 1)  # s_j
+        random = exponent.view(count, total, num_random_features)
+        sums = random_features_in_place(random, scale.reshape(count, 1, 1), layout)  # E; s_j (g n, m, H)
     pieces = random.split(lengths, dim=1)  # E_j, (g n, T_j, H)
     flat_values = values.reshape(count, total, -1).split(lengths, dim=1)  # V_j, (g n, T_j, K)
     contracted = [torch.bmm(b.transpose(-1, -2), v) for b, v in zip(pieces, flat_values, strict=True)]  # P_j
