@@ -515,7 +515,7 @@ def _message_case(name):
         ("values not a list", "values must be a list with one tensor per modality, got Tensor"),
         ("one values too few", "values: expected exactly 3 modalities, got 2"),
         ("one values too many", "values: expected exactly 2 modalities, got 3"),
-        ("unknown mode", "unknown mode 'fast'; expected one of exact, hadamard, had"),
+        ("unknown mode", "unknown mode 'fast'; expected one of exact, hadamard, had, auto"),
         ("features K'", "features[1] (modality 1) has shape (7, 5, 3); expected (B, T_1, K') with K' = 4 like modality 0"),
         ("values K", "values[1] (modality 1) has shape (7, 5, 2); expected (B, 5, K) with K = 6 like modality 0"),
         ("features batch", "modality 1: batch dims of features (3,) and values (7,) do not broadcast with each other and with (7,), those of the modalities before it"),

@@ -75,7 +75,7 @@ def test_single_layer_had_module_equals_the_random_feature_estimate_by_loops():
     """A non-residual MAN (inputs of unequal sizes) in had mode against Eq. 10 to 12 by a
     loop over tuples of real steps with the module's own random features: exact, since the
     estimate is a fixed function once the features are drawn."""
-    module = make(mode="had", estimator="arf", chunks=4, lsc_scale=0.3, temperature=0.5)
+    module = make(mode="had", estimator="arf", chunks=4, lsc_scale=0.3, temperature=0.5, exact_lsc=False)
     inputs, masks = inputs_and_masks()
     with torch.no_grad():
         pooled, _ = man_pass_by_brute_force(
@@ -86,7 +86,7 @@ def test_single_layer_had_module_equals_the_random_feature_estimate_by_loops():
 
 
 def test_random_features_change_only_through_redraw():
-    module = make()
+    module = make(mode="had")
     inputs, masks = inputs_and_masks()
     before = module.layers[0].random_matrix.clone()
     first = module(inputs, masks)
@@ -100,7 +100,7 @@ def test_random_features_change_only_through_redraw():
     assert not torch.allclose(module(inputs, masks), first)
     # Same seed, same features; and the features travel with the state dict.
     assert torch.equal(make().layers[0].random_matrix, before)
-    restored = make(seed=7)
+    restored = make(seed=7, mode="had")
     restored.load_state_dict(module.state_dict())
     torch.testing.assert_close(restored(inputs, masks), module(inputs, masks), rtol=0, atol=0)
 
@@ -226,7 +226,7 @@ def test_stacked_attention_is_the_mean_over_the_passes(mode):
     """Layer 2 of an Eq. 13 stack reports the mean of its m passes' attention (the full
     tensor in exact mode, the per-modality marginals in had mode)."""
     # had mode with the paper's ARF, whose per-tuple weights the oracle writes out
-    module = make(mode=mode, estimator="arf", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3)
+    module = make(mode=mode, estimator="arf", layers=2, chunks=2, lsc_scale=0.4, temperature=0.3, exact_lsc=False)
     inputs, masks = inputs_and_masks()
     result = module(inputs, masks, return_details=True)
     had = mode == "had"
@@ -312,7 +312,7 @@ def test_float32_survives_large_inputs():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"mode": "fast"}, r"^MAN: unknown mode 'fast'; expected one of exact, hadamard, had$"),
+        ({"mode": "fast"}, r"^MAN: unknown mode 'fast'; expected one of exact, hadamard, had, auto$"),
         ({"estimator": "orf"}, r"^MAN: unknown estimator 'orf'; expected one of gerf, arf$"),
         ({"layers": 2, "stacking": "deep"}, r"^MAN: unknown stacking 'deep'; expected one of [a-z_]+, [a-z_]+$"),
         ({"mode": "hadamard", "chunks": 4}, r"^MAN: hadamard mode \(w/o CAO\) cannot use LSC; set chunks=0$"),
@@ -334,7 +334,8 @@ def test_smallest_sizes_and_defaults_as_built():
     assert tiny.layers[0].random_matrix.shape[1] == 1
     default = MAN([4, 4], 2)
     layer = default.layers[0]
-    assert (default.mode, layer.estimator, layer.random_matrix.shape[1], default.dropout.p) == ("had", "gerf", 64, 0.0)
+    assert (default.mode, layer.estimator, layer.random_matrix.shape[1], default.dropout.p) == ("auto", "gerf", 64, 0.0)
+    assert (layer.exact_lsc, layer.exact_limit) == (True, None)
     assert layer.temperature == pytest.approx(1 / math.sqrt(layer.attention_dim))  # 1 / sqrt(K') by default
     same = MAN([64, 4], 64, layers=2)  # an input and the output of the hidden size: no projection for them
     assert isinstance(same.output, torch.nn.Identity) and isinstance(same.input_projections[0], torch.nn.Identity)
@@ -458,9 +459,52 @@ def test_operation_counts_at_the_sizes_of_issue_26():
 
     settings = OpsSettings()
     torch.manual_seed(0)
-    model = MAN(list(settings.dims), settings.out_dim)
+    model = MAN(list(settings.dims), settings.out_dim, mode="had", exact_lsc=False)
     forward, forward_backward = count_module_operations(model, *ops_inputs(settings, 3))
     assert forward.total <= 194
     assert forward_backward.total <= 410
     assert forward.by_name["aten.addmm"] == 4  # one joint map (U'_j, U''_j) per modality, the output map
     assert forward.by_name["aten.bmm"] == 5  # the exponents, m - 1 contractions, the last one's reordered one
+
+
+def test_operation_counts_with_the_lsc_part_exact():
+    """The default had path (LSC logits exact, issue 27) at the same sizes: 261 and 516
+    operations when it was written (the chunk-tuple contraction and an autograd backward
+    in place of the custom one). Guards against growth."""
+    from polyfuse.bench.dispatch import OpsSettings, count_module_operations, ops_inputs
+
+    settings = OpsSettings()
+    torch.manual_seed(0)
+    model = MAN(list(settings.dims), settings.out_dim, mode="had")
+    forward, forward_backward = count_module_operations(model, *ops_inputs(settings, 3))
+    assert forward.total <= 261
+    assert forward_backward.total <= 516
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(None, "exact"), (2 * 3 * 16 * 12 * 10 - 1, "had"),
+                                                 (2 * 3 * 16 * 12 * 10, "exact")])
+def test_auto_mode_follows_the_budget_rule(limit, expected):
+    """auto computes exact attention while batch x heads x prod_j T_j <= exact_limit and had
+    beyond, per call: its output then equals that of a module built in the chosen mode."""
+    torch.manual_seed(0)
+    auto = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, exact_limit=limit).double().eval()
+    chosen = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, mode=expected).double().eval()
+    chosen.load_state_dict(auto.state_dict())
+    inputs = [torch.randn(2, t, d, dtype=torch.float64) for t, d in zip((16, 12, 10), DIMS, strict=True)]
+    result = auto(inputs, return_details=True)
+    assert result.modes == [expected]
+    torch.testing.assert_close(result.fused, chosen(inputs), rtol=0, atol=0)
+    other = "had" if expected == "exact" else "exact"
+    other_module = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, mode=other).double().eval()
+    other_module.load_state_dict(auto.state_dict())
+    assert not torch.allclose(result.fused, other_module(inputs))
+
+
+def test_auto_mode_decides_per_call():
+    torch.manual_seed(0)
+    module = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, exact_limit=3 * 4**3).eval()
+    short = [torch.randn(1, 4, d) for d in DIMS]
+    long = [torch.randn(1, 5, d) for d in DIMS]
+    assert module(short, return_details=True).modes == ["exact"]
+    assert module(long, return_details=True).modes == ["had"]
+    assert module(short, return_details=True).modes == ["exact"]

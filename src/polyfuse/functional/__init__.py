@@ -41,11 +41,13 @@ from polyfuse.functional.lorentz import (
     lorentz_to_klein,
 )
 from polyfuse.functional.multilinear import (
+    lsc_chunk_of_steps,
     lsc_encoding,
     lsc_encoding_from_mask,
     lsc_encoding_stacked,
     multilinear_attention,
     multilinear_pooling,
+    resolve_mode,
     stacked_multilinear_attention,
 )
 from polyfuse.functional.pooling import masked_mean
@@ -84,6 +86,7 @@ __all__ = [
     "low_rank_fusion",
     "low_rank_hoca_attention",
     "low_rank_hoca_attention_all_targets",
+    "lsc_chunk_of_steps",
     "lsc_encoding",
     "lsc_encoding_from_mask",
     "lsc_encoding_stacked",
@@ -92,6 +95,7 @@ __all__ = [
     "multilinear_pooling",
     "positive_random_features",
     "query_conditioned_features",
+    "resolve_mode",
     "stacked_multilinear_attention",
     "tensor_fusion",
     "topic_lm_loss",

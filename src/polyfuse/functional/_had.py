@@ -40,6 +40,7 @@ __all__ = [
     "elementwise_product",
     "from_layout",
     "had_chunked",
+    "had_exact_lsc",
     "had_layout",
     "had_whole",
     "in_layout",
@@ -284,21 +285,25 @@ def augmented_weights(random_matrix: Tensor, estimator: str, dtype: torch.dtype)
     return torch.cat([matrices.transpose(-1, -2), ones, squared_norms], dim=-2)
 
 
-def augmented_weights_of(random_matrix: Tensor, estimator: str, dtype: torch.dtype) -> Tensor:
+def augmented_weights_of(
+    random_matrix: Tensor, estimator: str, dtype: torch.dtype, columns: int | None = None
+) -> Tensor:
     """:func:`augmented_weights`, kept on the random matrix while it does not change.
 
     A module's random matrix is a buffer that changes only in place (a redraw, a load),
     which bumps its version counter: the columns are rebuilt then and otherwise reused,
     so that a forward spends no operation on them. Not kept for a matrix that needs
     gradients, under ``torch.compile`` or for inference tensors (no version counter).
+    ``columns``: use the first that many columns of the matrix only.
     """
+    used = random_matrix if columns is None else random_matrix[..., :columns]
     if random_matrix.requires_grad or torch.compiler.is_compiling() or random_matrix.is_inference():
-        return augmented_weights(random_matrix, estimator, dtype)
-    key = (random_matrix._version, estimator, dtype)
+        return augmented_weights(used, estimator, dtype)
+    key = (random_matrix._version, estimator, dtype, columns)
     kept = getattr(random_matrix, "_polyfuse_had_weights", None)
     if kept is not None and kept[0] == key:
         return kept[1]
-    weights = augmented_weights(random_matrix, estimator, dtype)
+    weights = augmented_weights(used, estimator, dtype)
     random_matrix._polyfuse_had_weights = (key, weights)
     return weights
 
@@ -395,6 +400,91 @@ def had_whole(
             others = elementwise_product([s for i, s in enumerate(sums) if i != j])
             marginals.append((features_j @ others.unsqueeze(-1)).squeeze(-1) / denominator)
     return output, marginals
+
+
+def had_exact_lsc(
+    stacked_features: Tensor,
+    weights: Tensor,
+    scale: Tensor,
+    values: Tensor,
+    padded: Tensor | None,
+    layout: HadLayout,
+    chunk_of_step: Tensor,
+    log_kappa: Tensor,
+    return_attention: bool,
+) -> tuple[Tensor, list[Tensor]]:
+    """The had steps with the LSC logits computed exactly rather than estimated.
+
+    MAN's logits split into the learned part and the LSC part (Eq. 7 and 8):
+    L_t = sum_{j<k} a_j . a_k + sum_{j<k} E(c_j) . E(c_k), where the LSC vectors E
+    depend only on each step's chunk c_j in {0, .., C - 1}. So
+    exp(L_t) = exp(learned_t) kappa(c_1, .., c_m), with kappa a fixed C^m table, and
+
+        numerator_k = sum_c kappa(c) sum_h prod_j P_j[c_j, h, k],
+        P_j[c, h, k] = sum_{t in chunk c of modality j} E_j[t, h] v_j[t, k],
+
+    (the denominator likewise with v = 1): the random features estimate only the
+    learned part, whose features' norms stay small, while the LSC part, whose codes
+    carry most of the norm (e^2 per chunk entry), is summed over its C^m chunk tuples
+    exactly. Cost O(sum_j T_j H K C + C^m H K) per sample and head.
+
+    Arguments as :func:`had_whole`'s (out of place, for autograd), with
+    ``chunk_of_step`` (G or 1, N, T, C) one-hot chunk of each step (zero at padded
+    steps) and ``log_kappa`` (C,) * m the LSC logits of every chunk tuple, largest 0.
+    Returns the output (G, N, K) and, if asked, the marginals (G, N, T_j).
+    """
+    heads, rows, total, _ = stacked_features.shape
+    count = len(layout.lengths)
+    lengths = list(layout.lengths)
+    exponent = torch.matmul(stacked_features.view(heads, rows * total, -1), weights)
+    exponent = exponent.view(heads, rows, total, -1) * scale.view(heads, rows, 1, 1)
+    if padded is not None:
+        exponent = exponent.masked_fill(padded.unsqueeze(-1), float("-inf"))
+    stabilisers = stabilisers_for(exponent, layout)  # (G, N, m, H)
+    random = [
+        torch.exp(piece - stabiliser.unsqueeze(-2))
+        for piece, stabiliser in zip(exponent.split(lengths, dim=-2), stabilisers.unbind(-2), strict=True)
+    ]  # E_j, (G, N, T_j, H)
+    chunks = chunk_of_step.expand(heads, rows, total, -1).split(lengths, dim=-2)  # (G, N, T_j, C)
+    num_chunks = chunk_of_step.shape[-1]
+    value_dim = values.shape[-1]
+    with_ones = torch.cat([values, values.new_ones(()).expand(*values.shape[:-1], 1)], -1)  # [v, 1]
+    factors = []
+    for e, c, v in zip(random, chunks, with_ones.split(lengths, dim=-2), strict=True):
+        by_chunk = (c.unsqueeze(-1) * v.unsqueeze(-2)).flatten(-2)  # (G, N, T_j, C (K + 1))
+        product = e.transpose(-1, -2) @ by_chunk  # (G, N, H, C (K + 1))
+        # [P_j, s_j][c, h, :]: P_j[c, h, k] = sum_{t in chunk c} E_j[t, h] v_j[t, k], s_j likewise with 1
+        factors.append(product.unflatten(-1, (num_chunks, value_dim + 1)).transpose(-2, -3).flatten(-2))
+    combined = kappa_contraction(log_kappa.exp(), factors).unflatten(-1, (-1, value_dim + 1)).sum(-2)
+    numerator, denominator = combined[..., :value_dim], combined[..., value_dim:]  # Eq. 10 and 12
+    output = numerator / denominator
+    marginals = []
+    if return_attention:
+        # The LSC weight of chunk c of modality j times the other modalities' sums,
+        # w_j[c, h] = sum_{c_-j} kappa(c, c_-j) prod_{i != j} s_i[c_i, h]: the contraction
+        # with modality j's factor the identity over chunks (columns (c, h)).
+        sums = [f.unflatten(-1, (-1, value_dim + 1))[..., value_dim] for f in factors]  # s_j, (G, N, C, H)
+        identity = torch.eye(num_chunks, dtype=output.dtype, device=output.device)
+        identity = identity.unsqueeze(-1).expand(-1, -1, sums[0].shape[-1]).flatten(-2)  # (C, C H)
+        for j in range(count):
+            tiled = [identity if i == j else s.repeat(1, 1, 1, num_chunks) for i, s in enumerate(sums)]
+            weight = kappa_contraction(log_kappa.exp(), tiled).unflatten(-1, (num_chunks, -1))  # (G, N, C, H)
+            marginal = ((random[j] @ weight.transpose(-1, -2)) * chunks[j]).sum(-1)  # (G, N, T_j)
+            marginals.append(marginal / denominator)
+    return output, marginals
+
+
+def kappa_contraction(kappa: Tensor, factors: Sequence[Tensor]) -> Tensor:
+    """sum_c kappa[c_1, .., c_m] prod_j factors_j[.., c_j, :] for m factors (..., C, F)
+    (broadcasting in their leading dims): the sum over chunk tuples of
+    :func:`had_exact_lsc`, contracted one modality at a time, last first
+    (C^m F multiplications for the first, C^(m-1) F for the next, ...)."""
+    num_chunks = kappa.shape[0]
+    accumulated = kappa.reshape(-1, num_chunks) @ factors[-1]  # (..., C^(m-1), F)
+    for j in range(len(factors) - 2, -1, -1):
+        accumulated = accumulated.unflatten(-2, (num_chunks**j, num_chunks))  # (..., C^j, C, F)
+        accumulated = (accumulated * factors[j].unsqueeze(-3)).sum(-2)
+    return accumulated.squeeze(-2)
 
 
 def chunk_sizes(layout: HadLayout, num_random_features: int, tensor: Tensor) -> tuple[int, int]:

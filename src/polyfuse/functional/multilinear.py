@@ -16,6 +16,8 @@ features (Eq. 9 to 12); the ``"exact"`` and ``"hadamard"`` modes build the tenso
 
 from __future__ import annotations
 
+import itertools
+import math
 import string
 from collections.abc import Sequence
 
@@ -33,17 +35,27 @@ from polyfuse._precision import float32_under_autocast
 from polyfuse.functional import _had
 
 __all__ = [
+    "AUTO_EXACT_TUPLES",
     "ESTIMATORS",
+    "EXACT_LSC_TUPLES",
     "MODES",
     "lsc_encoding",
     "lsc_encoding_from_mask",
     "lsc_encoding_stacked",
+    "lsc_chunk_of_steps",
     "multilinear_attention",
     "multilinear_pooling",
+    "resolve_mode",
     "stacked_multilinear_attention",
 ]
 
-MODES = ("exact", "hadamard", "had")
+MODES = ("exact", "hadamard", "had", "auto")
+#: Default budget of ``mode="auto"``: the largest number of tuples (batch x heads x
+#: prod_j T_j) whose attention tensor is computed exactly; beyond it, had mode.
+AUTO_EXACT_TUPLES = 1 << 21
+#: Largest number of chunk tuples C^m for which had mode computes the LSC logits
+#: exactly (see :func:`stacked_multilinear_attention`); beyond it they are estimated.
+EXACT_LSC_TUPLES = 4096
 #: The random features of had mode (see :func:`multilinear_attention`).
 ESTIMATORS = _had.ESTIMATORS
 # Einsum letters for the time axes of up to 25 modalities ("k" is the channel axis).
@@ -139,15 +151,55 @@ def lsc_encoding_stacked(
     Returns:
         (..., T, chunks): modality j's steps hold ``lsc_encoding_from_mask`` of its own mask.
     """
+    encoding = _lsc_from_chunks(lsc_chunk_of_steps(mask, lengths, chunks), chunks, scale, dtype)
+    return encoding * mask.unsqueeze(-1)
+
+
+def lsc_chunk_of_steps(mask: Tensor, lengths: Sequence[int], chunks: int) -> Tensor:
+    """The relative chunk c(t) in {0, .., C - 1} of every step of m modalities stacked
+    along time (as :func:`lsc_encoding_stacked`): real steps are numbered within their
+    modality's span and step number r of a modality with n real steps falls in chunk
+    floor(r C / n); padded steps get chunk 0.
+
+    Args:
+        mask: (..., T) bool, T = sum_j T_j, True at real steps.
+
+    Returns:
+        (..., T) long.
+    """
     ids = _had.segments(lengths, torch.long, mask.device).ids
     real = mask.long()
     counts = _had.segment_sums(real, ids, len(lengths), -1)  # real steps of each modality, (..., m)
     before = counts.cumsum(-1) - counts  # real steps of the modalities before j
     rank = real.cumsum(-1) - 1 - before.index_select(-1, ids)  # rank within j's real steps
     length = counts.clamp_min(1).index_select(-1, ids)
-    chunk_of_step = torch.div(rank.clamp_min(0) * chunks, length, rounding_mode="floor")
-    encoding = _lsc_from_chunks(chunk_of_step, chunks, scale, dtype)
-    return encoding * mask.unsqueeze(-1)
+    return torch.div(rank.clamp_min(0) * chunks, length, rounding_mode="floor")
+
+
+_LOG_KAPPA: dict[tuple, Tensor] = {}
+
+
+def lsc_log_kappa(
+    chunks: int, scale: float, temperature: float, num_modalities: int, dtype: torch.dtype, device: str
+) -> Tensor:
+    """The LSC logits of every tuple of chunks, less their largest: a (C,) * m tensor
+    log kappa(c_1, .., c_m) = temperature sum_{j<k} E(c_j) . E(c_k) - max, with E the
+    LSC vectors of :func:`lsc_encoding` (MAN Eq. 8). Kept per arguments."""
+    key = (chunks, scale, temperature, num_modalities, dtype, device)
+    cached = None if torch.compiler.is_compiling() else _LOG_KAPPA.get(key)
+    if cached is not None:
+        return cached
+    codes = _lsc_from_chunks(torch.arange(chunks, device=device), chunks, scale, torch.float64)
+    pair = temperature * (codes @ codes.T)  # (C, C)
+    logits = torch.zeros((chunks,) * num_modalities, dtype=torch.float64, device=device)
+    for j, k in itertools.combinations(range(num_modalities), 2):
+        shape = [1] * num_modalities
+        shape[j] = shape[k] = chunks
+        logits = logits + pair.reshape(shape)
+    built = (logits - logits.max()).to(dtype)
+    if not torch.compiler.is_compiling() and len(_LOG_KAPPA) < 256:
+        _LOG_KAPPA[key] = built
+    return built
 
 
 def _lsc_from_chunks(chunk_of_step: Tensor, chunks: int, scale: float, dtype: torch.dtype) -> Tensor:
@@ -168,6 +220,7 @@ def multilinear_attention(
     temperature: float = 1.0,
     return_attention: bool = False,
     estimator: str = "gerf",
+    exact_limit: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
     """Multi-linear attention over m >= 2 modalities of unequal lengths (MAN Eq. 5).
 
@@ -182,7 +235,9 @@ def multilinear_attention(
         mode: ``"exact"`` (CAO logits, Eq. 7, one softmax over the whole tensor),
             ``"hadamard"`` (the "w/o CAO" ablation: logits sum_k prod_j a_j[t_j, k]),
             or ``"had"`` (hierarchical approximation decomposition with positive
-            random features, Eq. 9 to 12, cost O(sum_j H T_j K)).
+            random features, Eq. 9 to 12, cost O(sum_j H T_j K)), or ``"auto"``:
+            exact while batch x prod_j T_j <= ``exact_limit`` (default
+            :data:`AUTO_EXACT_TUPLES`), had beyond (:func:`resolve_mode`).
         random_matrix: W of shape (H, K') (or (..., H, K') broadcasting against
             B), one matrix shared by all modalities (note 2); required for ``"had"``.
         temperature: multiplies the logits (in ``"had"`` mode the features are
@@ -239,6 +294,9 @@ def multilinear_attention(
                 f"{tuple(lead)}, those of the modalities before it"
             ) from None
     full_masks = check_masks(masks, features)
+    if mode == "auto":
+        batch = _broadcast_shape(lead, *(m.shape[:-1] for m in full_masks))
+        mode = resolve_mode(mode, math.prod(batch) * math.prod(a.shape[-2] for a in features), exact_limit)
     check_all_finite([
         (t, f"{kind}[{j}] (modality {j})", mask)
         for j, (a, v, mask) in enumerate(zip(features, values, full_masks, strict=True))
@@ -268,6 +326,18 @@ def multilinear_attention(
     return _tensor_attention(logits, values, full_masks, return_attention)
 
 
+def resolve_mode(mode: str, tuples: int, exact_limit: int | None = None) -> str:
+    """The mode that ``mode`` computes for ``tuples`` = batch x heads x prod_j T_j tuples:
+    ``"auto"`` is ``"exact"`` (the whole tensor of tuples, one softmax) when ``tuples``
+    <= ``exact_limit`` (default :data:`AUTO_EXACT_TUPLES`) and ``"had"`` beyond; any
+    other mode is itself. The budget bounds the memory of the exact path (a few
+    tensors of ``tuples`` numbers, kept for the backward) and its time, which grows
+    with ``tuples`` where had's grows with sum_j T_j (docs/HAD_ESTIMATOR.md section 10)."""
+    if mode != "auto":
+        return mode
+    return "exact" if tuples <= (AUTO_EXACT_TUPLES if exact_limit is None else exact_limit) else "had"
+
+
 @float32_under_autocast
 def stacked_multilinear_attention(
     features: Tensor,
@@ -280,6 +350,10 @@ def stacked_multilinear_attention(
     temperature: float = 1.0,
     return_attention: bool = False,
     estimator: str = "gerf",
+    chunks: int = 0,
+    lsc_scale: float = 1.0,
+    exact_lsc: bool = True,
+    exact_limit: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor | list[Tensor]]:
     """:func:`multilinear_attention` of m modalities stacked along one time axis.
 
@@ -295,7 +369,20 @@ def stacked_multilinear_attention(
         mask: None or bool (B, T) (broadcastable), True at real steps; every sample
             needs a real step in every modality.
         mode, random_matrix, temperature, return_attention, estimator: as for
-            :func:`multilinear_attention`.
+            :func:`multilinear_attention`; with ``chunks`` > 0, random_matrix has
+            K' + C columns (H, K' + C), like the features with the LSC vectors appended.
+        chunks: C > 0 appends the LSC vectors of ``lsc_scale`` (MAN Eq. 8,
+            :func:`lsc_encoding_stacked` of the mask) to the features; 0: none.
+        exact_lsc: in had mode with chunks, compute the LSC part of the logits exactly
+            over the C^m chunk tuples (when C^m <= :data:`EXACT_LSC_TUPLES`) and estimate
+            only the learned features' part with the random features (the first K'
+            columns of random_matrix; :func:`polyfuse.functional._had.had_exact_lsc`).
+            The LSC codes carry most of the features' norm (an entry of size e on
+            every one of the C axes), and the random features' variance grows
+            exponentially with that norm (docs/HAD_ESTIMATOR.md section 9). False, or
+            C^m beyond the limit: the LSC vectors are estimated like the rest.
+        exact_limit: the budget of ``mode="auto"`` (:func:`resolve_mode`): exact
+            attention while batch x heads x prod_j T_j <= exact_limit, had beyond.
 
     Returns:
         As :func:`multilinear_attention` (float32 under autocast, as it).
@@ -323,12 +410,26 @@ def stacked_multilinear_attention(
     if mask is not None:
         mask = check_mask(mask, (*lead, sum(lengths)), "mask")
         check_stacked_steps(mask, lengths, "mask")
+    if mode == "auto":
+        batch = _broadcast_shape(lead, () if mask is None else mask.shape[:-1])
+        mode = resolve_mode(mode, math.prod(batch) * math.prod(lengths), exact_limit)
     check_all_finite([(features, "features", mask), (values, "values", mask)])
     if mask is not None:  # zero padded steps: whatever they hold never reaches the output
         padded = ~mask.unsqueeze(-1)
         features, values = features.masked_fill(padded, 0.0), values.masked_fill(padded, 0.0)
+    chunk_of_step = None
+    if chunks:
+        if mode == "hadamard":
+            raise ValueError("hadamard mode (w/o CAO) cannot use LSC; set chunks=0")
+        real = features.new_ones(sum(lengths), dtype=torch.bool) if mask is None else mask
+        chunk_of_step = lsc_chunk_of_steps(real, lengths, chunks)
+        if not (mode == "had" and exact_lsc and chunks ** len(lengths) <= EXACT_LSC_TUPLES):
+            codes = _lsc_from_chunks(chunk_of_step, chunks, lsc_scale, features.dtype) * real.unsqueeze(-1)
+            features = torch.cat([features, codes.expand(*features.shape[:-1], chunks)], -1)
+            chunk_of_step = None  # estimated with the rest (had) or part of the exact logits
     if mode == "had":
-        _check_had_options(random_matrix, features.shape[-1], lead, temperature, estimator)
+        feature_dim = features.shape[-1] + (chunks if chunk_of_step is not None else 0)
+        _check_had_options(random_matrix, feature_dim, lead, temperature, estimator)
         lead = _broadcast_shape(lead, random_matrix.shape[:-2], () if mask is None else mask.shape[:-1])
         layout = _had.had_layout(lead, lengths, random_matrix)
 
@@ -336,8 +437,17 @@ def stacked_multilinear_attention(
             arranged = _had.to_layout(tensor, layout, trailing)
             return arranged.reshape(layout.heads, layout.rows, *arranged.shape[arranged.dim() - trailing:])
 
+        if chunk_of_step is not None:
+            # one-hot by comparison (F.one_hot reads the largest chunk back to the host)
+            onehot = chunk_of_step.unsqueeze(-1) == torch.arange(chunks, device=features.device)
+            if mask is not None:
+                onehot = onehot & mask.unsqueeze(-1)
+            onehot = onehot.to(features.dtype)
+            log_kappa = lsc_log_kappa(chunks, float(lsc_scale), float(temperature), len(lengths),
+                                      features.dtype, str(features.device))
+            chunk_of_step = (in_layout(onehot, 2), log_kappa)
         return _had_stacked(in_layout(features, 2), in_layout(values, 2), None if mask is None else in_layout(mask, 1),
-                            layout, random_matrix, temperature, return_attention, estimator)
+                            layout, random_matrix, temperature, return_attention, estimator, chunk_of_step)
     features_list, values_list = features.split(lengths, -2), values.split(lengths, -2)
     masks = [None] * len(lengths) if mask is None else list(mask.split(lengths, -1))
     full_masks = check_masks(masks, features_list)
@@ -466,6 +576,7 @@ def _had_stacked(
     temperature: float,
     return_attention: bool,
     estimator: str,
+    exact_lsc: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor | tuple[Tensor, list[Tensor]]:
     """Hierarchical approximation decomposition (MAN Eq. 9 to 12, appendix Algorithm 1).
 
@@ -492,16 +603,23 @@ def _had_stacked(
 
     Takes the modalities stacked along time and laid out by ``layout``: (G, N, T, K')
     features and (G, N, T, K) values with padded steps zeroed, and ``real`` (G, N, T) True
-    at real steps, or None when nothing is padded.
+    at real steps, or None when nothing is padded. ``exact_lsc``: the one-hot chunk of
+    every step (G or 1, N, T, C) and the LSC logits of the chunk tuples, when the LSC part
+    is computed exactly (:func:`polyfuse.functional._had.had_exact_lsc`; the features
+    then hold the learned part only, and the first K' columns of the random matrix serve).
     """
     differentiable = torch.is_grad_enabled() and any(
         tensor.requires_grad for tensor in (features, values, random_matrix)
     )
-    weights = _had.augmented_weights_of(random_matrix, estimator, features.dtype)
+    columns = None if exact_lsc is None else features.shape[-1]
+    weights = _had.augmented_weights_of(random_matrix, estimator, features.dtype, columns)
     stacked, scale = _had.augmented_features(features, real, temperature, estimator, layout.lengths)
     # (G, N, T, K' + 2) rows and (G, N) scale
     padded = None if real is None else ~real
-    if not differentiable:
+    if exact_lsc is not None:
+        output, marginals = _had.had_exact_lsc(stacked, weights, scale, values, padded, layout, *exact_lsc,
+                                               return_attention)
+    elif not differentiable:
         output, marginals = _had.had_chunked(stacked, weights, scale, values, padded, layout, return_attention)
     elif return_attention:
         output, marginals = _had.had_whole(stacked, weights, scale, values, padded, layout, True)

@@ -33,11 +33,14 @@ class FusionOutput(NamedTuple):
         (hoca, lowrank_hoca, maf): one (B, T_j) distribution per modality (HOCA
         Eq. 19). Each distribution is zero at padded steps and sums to one.
         For an empty batch (B = 0) both ``sequences`` and ``attention`` are None.
+    modes: for MAN, the attention mode each layer computed in this call ("exact",
+        "had" or "hadamard"; ``mode="auto"`` resolved per call); None for the others.
     """
 
     fused: Tensor
     sequences: list[Tensor] | None
     attention: Any
+    modes: list[str] | None = None
 
 
 class FusionModule(nn.Module):

@@ -18,7 +18,7 @@ from polyfuse._checks import check_values
 from polyfuse.functional.multilinear import (
     ESTIMATORS,
     MODES,
-    lsc_encoding_stacked,
+    resolve_mode,
     stacked_multilinear_attention,
 )
 from polyfuse.functional.random_features import gaussian_random_matrix
@@ -54,6 +54,8 @@ class MultiLinearAttentionLayer(nn.Module):
         temperature: float,
         generator: torch.Generator,
         estimator: str = "gerf",
+        exact_lsc: bool = True,
+        exact_limit: int | None = None,
     ) -> None:
         super().__init__()
         if hidden_dim % heads:
@@ -66,6 +68,9 @@ class MultiLinearAttentionLayer(nn.Module):
         self.mode = mode
         self.temperature = temperature
         self.estimator = estimator
+        self.exact_lsc = exact_lsc
+        self.exact_limit = exact_limit
+        self.last_mode: str | None = None  # the mode of the last call ("auto" resolved)
         self.orthogonal = orthogonal
         self.hidden_dim = hidden_dim
         # U'_j (values, hidden_dim rows) and U''_j (attention features, G K' rows) of each
@@ -120,23 +125,25 @@ class MultiLinearAttentionLayer(nn.Module):
         values, features = projected.split([self.hidden_dim, projected.shape[-1] - self.hidden_dim], -1)
         values = rearrange(values, "b t (g k) -> b g t k", g=self.heads)  # U'_j^T v_j per head
         features = rearrange(features, "b t (g k) -> b g t k", g=self.heads)  # U''_j^T v_j per head
-        if self.chunks:  # Eq. 8: the LSC vectors appended to every head's features
-            lsc = lsc_encoding_stacked(mask, lengths, self.chunks, self.lsc_scale, dtype=features.dtype)
-            features = torch.cat([features, lsc.unsqueeze(1).expand(-1, self.heads, -1, -1)], dim=-1)
         if check_values(mask) and bool(mask.all()):
             # Nothing padded: the attention skips the masks' work (filling, counting real
             # steps). Knowing it reads the mask back, so only where a read is free (the CPU).
             mask = None
+        # "auto": exact while batch x heads x prod_j T_j fits the budget, had beyond
+        self.last_mode = resolve_mode(self.mode, values.shape[0] * self.heads * math.prod(lengths), self.exact_limit)
         result = stacked_multilinear_attention(
             features,
             values,
             lengths,
             None if mask is None else mask.unsqueeze(1),
-            mode=self.mode,
+            mode=self.last_mode,
             random_matrix=self.random_matrix,
             temperature=self.temperature,
             estimator=self.estimator,
             return_attention=return_attention,
+            chunks=self.chunks,  # Eq. 8: the LSC vectors, appended or exact (see exact_lsc)
+            lsc_scale=self.lsc_scale,
+            exact_lsc=self.exact_lsc,
         )
         fused, attention = result if return_attention else (result, None)
         fused = torch.einsum("bgk,gkc->bgc", fused, self.pooling)  # f = P^T f' per head
@@ -172,12 +179,25 @@ class MAN(FusionModule):
             (the paper's CMU-MOSI setting), and 0 in hadamard mode, where the
             constraints cannot be used.
         lsc_scale: e, the entry size of the LSC vectors.
-        mode: "had" (MAN), "exact" (the "w/o HAD" ablation) or "hadamard" ("w/o CAO").
+        mode: "auto" (default): per call, "exact" while batch x heads x prod_j T_j
+            <= ``exact_limit`` and "had" beyond (:func:`~polyfuse.functional.resolve_mode`;
+            the mode each layer used is in ``return_details``'s ``modes``);
+            "had" (MAN), "exact" (the "w/o HAD" ablation) or "hadamard" ("w/o CAO").
+        exact_limit: the budget of the auto mode in tuples (default
+            :data:`~polyfuse.functional.multilinear.AUTO_EXACT_TUPLES`, 2^21: about
+            where exact attention stops being faster than had on a CPU,
+            docs/HAD_ESTIMATOR.md section 10).
         temperature: logit scale; default 1 / sqrt(K').
         estimator: the random features of had mode (see
             :func:`~polyfuse.functional.multilinear_attention`): ``"gerf"`` (default,
             centred generalised features, docs/HAD_ESTIMATOR.md) or ``"arf"`` (the
             paper's addition random features, MAN Eq. 11).
+        exact_lsc: in had mode, compute the LSC part of the logits exactly over the
+            C^m chunk tuples and leave only the learned features to the random
+            features (default; the LSC codes carry most of the features' norm, and
+            estimating them costs accuracy: docs/HAD_ESTIMATOR.md section 9). Used
+            while C^m <= ``EXACT_LSC_TUPLES`` (4096); False estimates them too (polyfuse
+            before this option).
         layers: number of stacked residual layers (MAN Eq. 13).
         residual: project every modality to hidden_dim first and, after each layer,
             add a fused vector to every real step of each modality (Eq. 13), so
@@ -215,9 +235,11 @@ class MAN(FusionModule):
         orthogonal: bool = True,
         chunks: int | None = None,
         lsc_scale: float = 0.5,
-        mode: str = "had",
+        mode: str = "auto",
         temperature: float | None = None,
         estimator: str = "gerf",
+        exact_lsc: bool = True,
+        exact_limit: int | None = None,
         layers: int = 1,
         residual: bool | None = None,
         stacking: str = "per_modality",
@@ -277,6 +299,8 @@ class MAN(FusionModule):
                 temperature=1.0 / math.sqrt(attention_dim) if temperature is None else temperature,
                 generator=self._generator,
                 estimator=estimator,
+                exact_lsc=exact_lsc,
+                exact_limit=exact_limit,
             )
             for _ in range(layers)
         )
@@ -333,7 +357,9 @@ class MAN(FusionModule):
                     for x, fused_l, mask in zip(sequences, passes, full_masks, strict=True)
                 ]
         output = self.output(fused)
-        return FusionOutput(output, sequences, attentions) if details else output
+        if not details:
+            return output
+        return FusionOutput(output, sequences, attentions, [layer.last_mode for layer in self.layers])
 
     def _per_modality_passes(
         self,

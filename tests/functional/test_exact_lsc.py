@@ -1,0 +1,189 @@
+"""had mode with the LSC logits computed exactly (``exact_lsc``), against a brute-force
+oracle written from MAN Eq. 7, 8 and 11 over every tuple of time steps."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from polyfuse.functional import multilinear as ML
+
+DOUBLE = torch.float64
+
+
+def chunk_of(mask, chunks):
+    """Relative chunk of each real step of one modality: floor(rank C / real steps)."""
+    real = int(mask.sum())
+    chunk, rank = [], 0
+    for is_real in mask.tolist():
+        chunk.append(rank * chunks // real if is_real else None)
+        rank += int(is_real)
+    return chunk
+
+
+def code(chunk, chunks, scale):
+    """E_t of Eq. 8: +scale at positions i <= c(t), -scale after."""
+    return torch.tensor([scale if i <= chunk else -scale for i in range(chunks)], dtype=DOUBLE)
+
+
+def oracle_one(features, values, masks, matrix, temperature, chunks, scale):
+    """One sample: features (T_j, K') without LSC, matrix (H, K' + C) of which the first K'
+    columns serve. Every real tuple t gets the log-weight
+    L_t + L^LSC_t + log sum_h exp(-alpha |w_h|^2 + sqrt(1 + 2 alpha) w_h . u_t - |u_t|^2 / 2)
+    with L_t the CAO logit of the scaled features, L^LSC_t = temperature sum_{j<k}
+    E(c_j) . E(c_k) exact, and u_t the sum of the centred scaled features (gerf with
+    antithetic rows, as in test_had_fast's oracle, on the learned features only)."""
+    dim = features[0].shape[-1]
+    rows = matrix[:, :dim]
+    count = rows.shape[0]
+    kept = (count + 1) // 2
+    rows = torch.cat([rows[:kept], -rows[: count - kept]])
+    scaled = [a * math.sqrt(temperature) for a in features]
+    means = [a[m].mean(0) for a, m in zip(scaled, masks, strict=True)]
+    alpha = sum((a[m] - c).pow(2).sum(-1).mean() for a, m, c in zip(scaled, masks, means, strict=True)) / dim
+    factor = torch.sqrt(1 + 2 * alpha)
+    chunk = [chunk_of(m, chunks) for m in masks]
+    real = [torch.nonzero(m).squeeze(-1).tolist() for m in masks]
+    tuples = list(itertools.product(*real))
+    log_weights = []
+    for index in tuples:
+        logit = 0.0
+        for j, k in itertools.combinations(range(len(index)), 2):
+            lsc = code(chunk[j][index[j]], chunks, scale) @ code(chunk[k][index[k]], chunks, scale)
+            logit = logit + scaled[j][index[j]] @ scaled[k][index[k]] + temperature * lsc
+        u = sum(scaled[j][t] - means[j] for j, t in enumerate(index))
+        exponents = -alpha * (rows * rows).sum(-1) + factor * (rows @ u) - 0.5 * (u @ u)
+        log_weights.append(logit + torch.logsumexp(exponents, 0))
+    attention = torch.softmax(torch.stack(log_weights), 0)
+    output = torch.zeros(values[0].shape[-1], dtype=DOUBLE)
+    marginals = [torch.zeros(len(m), dtype=DOUBLE) for m in masks]
+    for weight, index in zip(attention, tuples, strict=True):
+        product = torch.ones_like(output)
+        for j, t in enumerate(index):
+            product = product * values[j][t]
+            marginals[j] = marginals[j].index_add(0, torch.tensor([t]), weight.reshape(1))
+        output = output + weight * product
+    return output, marginals
+
+
+def make_case(lengths, batch=2, heads=2, feature_dim=3, value_dim=2, num_features=5, chunks=3, seed=0,
+              padded=True):
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    features = torch.randn(batch, heads, total, feature_dim, generator=generator, dtype=DOUBLE) * 0.6
+    values = torch.randn(batch, heads, total, value_dim, generator=generator, dtype=DOUBLE)
+    mask = torch.rand(batch, 1, total, generator=generator) > 0.3
+    for start in itertools.accumulate([0, *lengths[:-1]]):
+        mask[..., start] = True  # a real step in every modality
+    if not padded:
+        mask[:] = True
+    matrix = torch.randn(heads, num_features, feature_dim + chunks, generator=generator, dtype=DOUBLE)
+    return features, values, mask, matrix
+
+
+def fast(features, values, mask, matrix, lengths, chunks, scale, temperature=0.6, attention=True, **options):
+    return ML.stacked_multilinear_attention(
+        features, values, lengths, mask, mode="had", random_matrix=matrix, temperature=temperature,
+        return_attention=attention, chunks=chunks, lsc_scale=scale, **options)
+
+
+def oracle(features, values, mask, matrix, lengths, chunks, scale, temperature=0.6):
+    outputs, marginals = [], [[] for _ in lengths]
+    for b, g in itertools.product(range(features.shape[0]), range(features.shape[1])):
+        pieces = [x[b, g] for x in (features, values)]
+        split = [p.split(lengths) for p in pieces]
+        masks = mask[b, 0].split(lengths)
+        output, marginal = oracle_one(*split, masks, matrix[g], temperature, chunks, scale)
+        outputs.append(output)
+        for j, mg in enumerate(marginal):
+            marginals[j].append(mg)
+    shape = features.shape[:2]
+    return (torch.stack(outputs).reshape(*shape, -1), [torch.stack(mg).reshape(*shape, -1) for mg in marginals])
+
+
+@pytest.mark.parametrize(("lengths", "chunks"), [((3, 4), 2), ((2, 3, 4), 3), ((3, 3, 3), 4), ((2, 3, 2, 3), 2)])
+@pytest.mark.parametrize("padded", [True, False])
+def test_exact_lsc_equals_the_tuple_oracle(lengths, chunks, padded):
+    features, values, mask, matrix = make_case(lengths, chunks=chunks, padded=padded)
+    output, marginals = fast(features, values, mask if padded else None, matrix, lengths, chunks, 0.8)
+    expected_output, expected_marginals = oracle(features, values, mask, matrix, lengths, chunks, 0.8)
+    torch.testing.assert_close(output, expected_output, rtol=1e-10, atol=1e-10)
+    for marginal, expected in zip(marginals, expected_marginals, strict=True):
+        torch.testing.assert_close(marginal, expected.flatten(-1), rtol=1e-10, atol=1e-10)
+
+
+def test_exact_lsc_gradients_equal_the_oracle_gradients():
+    lengths, chunks = (2, 3, 3), 3
+    features, values, mask, matrix = make_case(lengths, batch=1, chunks=chunks)
+    weights = torch.randn(features.shape[:2] + (values.shape[-1],), dtype=DOUBLE)
+    grads = []
+    for function in (fast, oracle):
+        a, v = features.clone().requires_grad_(), values.clone().requires_grad_()
+        output = function(a, v, mask, matrix, lengths, chunks, 0.7)[0]
+        grads.append(torch.autograd.grad((output * weights).sum(), (a, v)))
+    for actual, expected in zip(*grads, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-10)
+
+
+def test_estimated_lsc_equals_the_features_with_the_codes_appended():
+    """exact_lsc=False: the LSC vectors are appended and estimated like the rest, which is
+    multilinear_attention of the features with lsc_encoding_from_mask appended."""
+    lengths, chunks, scale = (3, 4, 2), 3, 0.9
+    features, values, mask, matrix = make_case(lengths, chunks=chunks)
+    output = fast(features, values, mask, matrix, lengths, chunks, scale, attention=False, exact_lsc=False)
+    pieces, with_codes = mask.split(lengths, -1), []
+    for a, m in zip(features.split(lengths, -2), pieces, strict=True):
+        codes = ML.lsc_encoding_from_mask(m, chunks, scale, dtype=DOUBLE).expand(*a.shape[:-1], chunks)
+        with_codes.append(torch.cat([a, codes], -1))
+    expected = ML.multilinear_attention(with_codes, list(values.split(lengths, -2)), list(pieces), mode="had",
+                                        random_matrix=matrix, temperature=0.6)
+    torch.testing.assert_close(output, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_beyond_the_tuple_limit_the_lsc_part_is_estimated(monkeypatch):
+    lengths, chunks = (3, 4, 2), 3
+    features, values, mask, matrix = make_case(lengths, chunks=chunks)
+    estimated = fast(features, values, mask, matrix, lengths, chunks, 0.9, attention=False, exact_lsc=False)
+    exact = fast(features, values, mask, matrix, lengths, chunks, 0.9, attention=False)
+    assert (exact - estimated).abs().max() > 1e-3  # the two paths differ here
+    monkeypatch.setattr(ML, "EXACT_LSC_TUPLES", chunks**3 - 1)
+    beyond = fast(features, values, mask, matrix, lengths, chunks, 0.9, attention=False)
+    torch.testing.assert_close(beyond, estimated, rtol=0, atol=0)
+
+
+def test_exact_mode_with_chunks_appends_the_codes():
+    lengths, chunks, scale = (2, 3), 2, 1.1
+    features, values, mask, _ = make_case(lengths, chunks=chunks)
+    output = ML.stacked_multilinear_attention(features, values, lengths, mask, mode="exact", temperature=0.6,
+                                              chunks=chunks, lsc_scale=scale)
+    pieces = mask.split(lengths, -1)
+    with_codes = [torch.cat([a, ML.lsc_encoding_from_mask(m, chunks, scale, dtype=DOUBLE).expand(*a.shape[:-1], chunks)], -1)
+                  for a, m in zip(features.split(lengths, -2), pieces, strict=True)]
+    expected = ML.multilinear_attention(with_codes, list(values.split(lengths, -2)), list(pieces), mode="exact",
+                                        temperature=0.6)
+    torch.testing.assert_close(output, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_exact_lsc_lowers_the_error_against_exact_attention():
+    """What exact_lsc is for: with LSC codes of the demo's size (e = 2, C = 4), estimating
+    them makes the output error large; computing them exactly leaves only the learned
+    features' part to the random features (measured here: about 6x lower)."""
+    lengths, chunks, scale = (8, 10, 12), 4, 2.0
+    generator = torch.Generator().manual_seed(3)
+    features = torch.randn(32, 2, sum(lengths), 8, generator=generator, dtype=DOUBLE) * 0.5
+    values = torch.randn(32, 2, sum(lengths), 4, generator=generator, dtype=DOUBLE)
+    matrix = torch.randn(2, 64, 8 + chunks, generator=generator, dtype=DOUBLE)
+    temperature = 1 / math.sqrt(8)
+    exact = ML.stacked_multilinear_attention(features, values, lengths, mode="exact", temperature=temperature,
+                                             chunks=chunks, lsc_scale=scale)
+
+    def error(exact_lsc):
+        estimate = ML.stacked_multilinear_attention(features, values, lengths, mode="had", random_matrix=matrix,
+                                                    temperature=temperature, chunks=chunks, lsc_scale=scale,
+                                                    exact_lsc=exact_lsc)
+        return ((estimate - exact).norm(dim=-1) / exact.norm(dim=-1)).median().item()
+
+    assert error(True) < 0.4 * error(False)
