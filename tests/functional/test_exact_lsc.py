@@ -118,7 +118,7 @@ def test_exact_lsc_equals_the_tuple_oracle(lengths, chunks, padded):
 def test_exact_lsc_gradients_equal_the_oracle_gradients():
     lengths, chunks = (2, 3, 3), 3
     features, values, mask, matrix = make_case(lengths, batch=1, chunks=chunks)
-    weights = torch.randn(features.shape[:2] + (values.shape[-1],), dtype=DOUBLE)
+    weights = torch.randn((*features.shape[:2], values.shape[-1]), dtype=DOUBLE)
     grads = []
     for function in (fast, oracle):
         a, v = features.clone().requires_grad_(), values.clone().requires_grad_()
