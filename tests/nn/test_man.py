@@ -86,7 +86,7 @@ def test_single_layer_had_module_equals_the_random_feature_estimate_by_loops():
 
 
 def test_random_features_change_only_through_redraw():
-    module = make(mode="had")
+    module = make(mode="had", redraw_in_training=False)
     inputs, masks = inputs_and_masks()
     before = module.layers[0].random_matrix.clone()
     first = module(inputs, masks)
@@ -100,7 +100,7 @@ def test_random_features_change_only_through_redraw():
     assert not torch.allclose(module(inputs, masks), first)
     # Same seed, same features; and the features travel with the state dict.
     assert torch.equal(make().layers[0].random_matrix, before)
-    restored = make(seed=7, mode="had")
+    restored = make(seed=7, mode="had", redraw_in_training=False)
     restored.load_state_dict(module.state_dict())
     torch.testing.assert_close(restored(inputs, masks), module(inputs, masks), rtol=0, atol=0)
 
@@ -508,3 +508,50 @@ def test_auto_mode_decides_per_call():
     assert module(short, return_details=True).modes == ["exact"]
     assert module(long, return_details=True).modes == ["had"]
     assert module(short, return_details=True).modes == ["exact"]
+
+
+def test_training_forwards_draw_fresh_features_reproducibly_and_resume_with_the_state_dict():
+    inputs, masks = inputs_and_masks()
+    module = make(mode="had").train()
+    first = module.layers[0].random_matrix.clone()
+    module(inputs, masks)
+    second = module.layers[0].random_matrix.clone()
+    assert not torch.equal(first, second)
+    module(inputs, masks)
+    assert int(module.draws) == 2
+    module.eval()
+    third = module.layers[0].random_matrix.clone()
+    module(inputs, masks)
+    assert torch.equal(module.layers[0].random_matrix, third)  # evaluation never draws
+    # Draw n is a function of (seed, n): a module resumed from the state dict after two
+    # draws makes the same third draw as the uninterrupted one.
+    module.train()(inputs, masks)
+    resumed = make(mode="had")
+    twice = make(mode="had").train()
+    twice(inputs, masks)
+    twice(inputs, masks)
+    resumed.load_state_dict(twice.state_dict())
+    resumed.train()(inputs, masks)
+    assert torch.equal(resumed.layers[0].random_matrix, module.layers[0].random_matrix)
+    # Another seed draws other features.
+    other = make(mode="had", seed=1).train()
+    other(inputs, masks)
+    assert not torch.equal(other.layers[0].random_matrix, second)
+
+
+def test_a_state_dict_from_before_per_step_draws_loads_with_none_made():
+    module = make(mode="had")
+    state = {k: v for k, v in module.state_dict().items() if k != "draws"}
+    loaded = make(mode="had")
+    loaded.draws.fill_(3)
+    loaded._draws = 3
+    loaded.load_state_dict(state)
+    assert int(loaded.draws) == 0 and loaded._draws == 0
+
+
+@pytest.mark.parametrize("mode", ["exact", "hadamard"])
+def test_modes_without_random_features_draw_none(mode):
+    module = make(mode=mode).train()
+    before = module.layers[0].random_matrix.clone()
+    module(*inputs_and_masks())
+    assert torch.equal(module.layers[0].random_matrix, before) and int(module.draws) == 0

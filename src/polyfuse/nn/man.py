@@ -107,8 +107,10 @@ class MultiLinearAttentionLayer(nn.Module):
         )  # (G, H, K' + C): one matrix per head, shared by all modalities (note 2)
 
     def redraw_random_features(self, generator: torch.Generator) -> None:
-        fresh = self._draw(self.random_matrix.shape[1], generator)
-        self.random_matrix.copy_(fresh.to(self.random_matrix))
+        fresh = self._draw(self.random_matrix.shape[1], generator).to(self.random_matrix.dtype)
+        if self.random_matrix.device.type == "cuda":  # an asynchronous copy: no wait for the device
+            fresh = fresh.pin_memory()
+        self.random_matrix.copy_(fresh, non_blocking=True)
 
     def forward(
         self, sequences: Sequence[Tensor], masks: Sequence[Tensor], return_attention: bool = False
@@ -149,6 +151,17 @@ class MultiLinearAttentionLayer(nn.Module):
         fused = torch.einsum("bgk,gkc->bgc", fused, self.pooling)  # f = P^T f' per head
         fused = rearrange(fused, "b g c -> b (g c)")  # concatenate heads
         return (fused, attention) if return_attention else fused
+
+
+def _mix(seed: int, count: int) -> int:
+    """A 32-bit seed for draw ``count`` of a module seeded ``seed`` (the CPU generator keeps
+    32 bits of its seed): splitmix64's finaliser of seed * golden ratio + count, so that
+    nearby (seed, count) pairs give unrelated seeds."""
+    mask = (1 << 64) - 1
+    x = (seed * 0x9E3779B97F4A7C15 + count) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) & 0xFFFFFFFF
 
 
 def _join_old_projections(state_dict: dict, prefix: str, *args: object) -> None:
@@ -219,8 +232,16 @@ class MAN(FusionModule):
             adds the same vector to every modality; the output is the last pass.
         dropout: dropout on each layer's fused vector.
         seed: seeds the generator that draws the random features and the pooling
-            initialisation noise; the random features change only through
-            :meth:`redraw_random_features`.
+            initialisation noise.
+        redraw_in_training: draw fresh random features at every training forward
+            (default), from a generator seeded by (seed, count of earlier draws; the
+            count is the buffer ``draws`` of the state dict, so a resumed run draws
+            what an uninterrupted one would). A model trained on one draw learns to
+            rely on that draw's errors: the demo's had-trained MAN lost 0.9 to 2.2
+            points when evaluated with exact attention, and none with per-step draws
+            (docs/HAD_ESTIMATOR.md section 9). Evaluation uses the last draw, fixed.
+            False: the features change only through :meth:`redraw_random_features`
+            (polyfuse before this option).
     """
 
     def __init__(
@@ -245,6 +266,7 @@ class MAN(FusionModule):
         stacking: str = "per_modality",
         dropout: float = 0.0,
         seed: int = 0,
+        redraw_in_training: bool = True,
     ) -> None:
         super().__init__(input_dims, out_dim)
         if mode not in MODES:
@@ -273,6 +295,13 @@ class MAN(FusionModule):
         attention_dim = attention_dim or hidden_dim // heads
         self.mode = mode
         self._generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.redraw_in_training = redraw_in_training
+        # Training forwards that drew fresh random features, kept in the state dict (and in
+        # Python, so that a draw never reads the buffer back from a device).
+        self._draws = 0
+        self.register_buffer("draws", torch.zeros((), dtype=torch.long), persistent=True)
+        self._register_load_state_dict_pre_hook(self._load_draws)
         residual = layers > 1 if residual is None else residual
         if layers > 1 and not residual:
             raise ValueError("MAN: stacked layers (layers > 1) are residual (Eq. 13); drop residual=False")
@@ -310,9 +339,26 @@ class MAN(FusionModule):
     @torch.no_grad()
     def redraw_random_features(self, generator: torch.Generator | None = None) -> None:
         """Draw new random features for every layer and head (from ``generator``, or
-        the module's own seeded generator). Nothing else ever changes them."""
+        the module's own seeded generator); training forwards draw their own unless
+        ``redraw_in_training=False``."""
         for layer in self.layers:
             layer.redraw_random_features(generator or self._generator)
+
+    def _load_draws(self, state_dict: dict, prefix: str, *args: object) -> None:
+        key = prefix + "draws"
+        if key not in state_dict:  # saved before per-step draws existed: none made
+            state_dict[key] = torch.zeros((), dtype=torch.long)
+        self._draws = int(state_dict[key])
+
+    @torch.no_grad()
+    def _draw_for_this_step(self) -> None:
+        """Fresh random features for a training forward, from a generator seeded by
+        (seed, number of earlier draws): reproducible, and resumed with the state dict."""
+        generator = torch.Generator().manual_seed(_mix(self.seed, self._draws))
+        for layer in self.layers:
+            layer.redraw_random_features(generator)
+        self._draws += 1
+        self.draws.fill_(self._draws)
 
     def fuse(self, inputs: list[Tensor], masks: list[Tensor]) -> Tensor:
         return self._fuse(inputs, masks, details=False)
@@ -328,6 +374,8 @@ class MAN(FusionModule):
         self, sequences: list[Tensor], full_masks: list[Tensor], details: bool
     ) -> Tensor | FusionOutput:
         """The body of :meth:`forward` on validated inputs (padded steps zeroed)."""
+        if self.training and self.redraw_in_training and self.mode in ("had", "auto"):
+            self._draw_for_this_step()
         if self.input_projections is not None:
             sequences = [
                 project(x) * mask.unsqueeze(-1)
