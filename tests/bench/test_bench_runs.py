@@ -179,3 +179,32 @@ def test_trained_model_errors_switch_the_estimator_of_each_layer(tmp_path):
     assert result["metrics_exact"] != result["metrics_had_gerf"]
     task, _ = load_model(checkpoint)
     assert {(layer.mode, layer.estimator) for layer in task.modules() if hasattr(layer, "estimator")} == {("had", "gerf")}
+
+
+def test_choice_rows_measure_each_way_of_computing_the_attention(monkeypatch):
+    from polyfuse.bench import choices
+
+    settings = dataclasses.replace(approximation.QUICK, modalities=(2,), random_features=(16,), scales=(0.3,),
+                                   seeds=2, kernel_draws=20, choice_random_features=(8, 512), choice_repeats=1)
+    payload = approximation.run_approximation(settings)
+    assert_valid_json(payload)
+    rows = payload["choices"]
+    assert [row["choice"] for row in rows] == [choices.CHOICES[0].label] + [c.label for c in choices.CHOICES[1:]
+                                                                           for _ in range(2)]
+    assert rows[0]["output_error"] == 0 and rows[0]["attention_error"] == 0
+    by = {(row["choice"], row["random_features"]): row for row in rows}
+    default = choices.CHOICES[3].label
+    # More features, smaller error; the exact LSC part far below the estimated one (issue 27).
+    assert by[default, 512]["output_error"] < by[default, 8]["output_error"]
+    assert by[default, 512]["output_error"] < 0.3 * by[choices.CHOICES[2].label, 512]["output_error"]
+    assert all(row["forward_ms"] > 0 and row["forward_backward_ms"] > 0 for row in rows)
+    assert "| exact | – | 0 | 0 |" in payload["choice_table"]
+    # The task column is the demo's accuracy of a MAN built with that choice.
+    seen = []
+    monkeypatch.setattr("polyfuse.demo.run_demo", lambda **kw: seen.append(kw) or [
+        type("R", (), {"test_accuracy": 0.5 + 0.1 * kw["seed"]})()])
+    accuracy = choices._task_accuracy(choices.CHOICES[1], 32, epochs=2, seeds=2)
+    assert accuracy == pytest.approx(0.55)
+    (model,) = seen[0]["models"]
+    assert (model.kwargs["estimator"], model.kwargs["exact_lsc"], model.kwargs["num_random_features"]) == (
+        "arf", False, 32)

@@ -13,6 +13,10 @@ Three measurements, all in float64:
 * **Kernel estimate** (appendix Eq. 12, note 4): for m vectors v_j of norm ``scale``,
   the measured mean squared error of the ARF estimate beside Eq. 12's prediction,
   i.i.d. and orthogonal rows.
+* **The choices** (:mod:`polyfuse.bench.choices`): exact, had with ARF or gerf with
+  the LSC part estimated, and had with the LSC part exact (the default), for a grid of
+  H: attention and output error, cost (time and memory, forward and forward+backward)
+  and the demo's test accuracy, as one table and a plot of error against cost.
 * **A trained model** (:func:`trained_model_errors`): a MAN checkpoint evaluated with
   had (both estimators) and exact attention; task metrics and the relative error of
   the MAN fusion output, had against exact.
@@ -29,6 +33,7 @@ from typing import Any
 
 import torch
 
+from polyfuse.bench.choices import choice_rows, format_choice_table
 from polyfuse.bench.measure import LoadMonitor
 from polyfuse.bench.results import result_header
 from polyfuse.functional import (
@@ -68,6 +73,12 @@ class ApproximationSettings:
     kernel_norms: tuple[float, ...] = (0.3, 0.6)
     kernel_draws: int = 4000
     seed: int = 0
+    # The choices table (polyfuse.bench.choices): H grid, timing repeats, and the
+    # demo's training per row (epochs; 0 leaves the task out) over task_seeds seeds.
+    choice_random_features: tuple[int, ...] = (16, 64, 256)
+    choice_repeats: int = 10
+    task_epochs: int = 12
+    task_seeds: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +88,7 @@ FULL = ApproximationSettings()
 QUICK = ApproximationSettings(
     modalities=(2, 3), random_features=(16, 64), scales=(0.3, 0.5), seeds=3,
     kernel_random_features=(16,), kernel_norms=(0.3,), kernel_draws=200,
+    choice_random_features=(16, 64), choice_repeats=3, task_epochs=0,
 )
 
 
@@ -214,11 +226,15 @@ def run_approximation(
         kernel = kernel_errors(settings)
         if progress is not None:
             progress(f"kernel estimate: {len(kernel)} points")
+        choices = choice_rows(settings.choice_random_features, seeds=settings.seeds, repeats=settings.choice_repeats,
+                              task_epochs=settings.task_epochs, task_seeds=settings.task_seeds, progress=progress)
     payload = result_header("approximation", settings.to_dict())
     payload["load"] = load.result()
     payload["attention"] = attention
     payload["kernel"] = kernel
+    payload["choices"] = choices
     payload["table"] = format_attention_table(attention)
+    payload["choice_table"] = format_choice_table(choices)
     return payload
 
 

@@ -139,6 +139,8 @@ def plot_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path
     figure.savefig(path, dpi=80)
     plt.close(figure)
     paths.append(path)
+    if payload.get("choices"):
+        paths.append(_plot_choices(plt, payload["choices"], folder))
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for index, norm in enumerate(dict.fromkeys(row["norm"] for row in payload["kernel"])):
@@ -164,3 +166,28 @@ def plot_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path
     plt.close(figure)
     paths.append(path)
     return paths
+
+
+def _plot_choices(plt: Any, rows: list[dict[str, Any]], folder: Path) -> Path:
+    """Output error against forward+backward time, one line per way of computing the
+    attention (its points the H grid), exact as the reference point at error 0."""
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for index, label in enumerate(dict.fromkeys(row["choice"] for row in rows)):
+        points = [row for row in rows if row["choice"] == label]
+        times = [row["forward_backward_ms"] for row in points]
+        errors = [max(row["output_error"], 1e-3) for row in points]
+        axis.plot(times, errors, "-o", color=f"C{index}", label=label)
+        for row, time, error in zip(points, times, errors, strict=True):
+            if row["random_features"]:
+                axis.annotate(f"H={row['random_features']}", (time, error), fontsize=7)
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("forward+backward time (ms)")
+    axis.set_ylabel("output error |had - exact| / |exact| (exact at 1e-3)")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    path = folder / "approximation_choices.png"
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return path

@@ -113,6 +113,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     approximation.add_argument("--scales", type=_floats, default=None, help="feature std s grid")
     approximation.add_argument("--seeds", type=int, default=None, help="draws of data and W per point")
     approximation.add_argument("--kernel-draws", type=int, default=None)
+    approximation.add_argument("--choice-random-features", type=_ints, default=None,
+                               help="H grid of the choices table (error against cost)")
+    approximation.add_argument("--task-epochs", type=int, default=None,
+                               help="demo training epochs per choice row (0: no task column)")
+    approximation.add_argument("--task-seeds", type=int, default=None)
     approximation.add_argument("--seed", type=int, default=None)
     approximation.add_argument("--checkpoint", default=None,
                                help="a trained MAN .safetensors checkpoint: had vs exact on --split")
@@ -409,11 +414,14 @@ def _approximation(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         return payload, None
     settings = approximation.QUICK if args.preset == "quick" else approximation.FULL
     changes = {name: getattr(args, name) for name in
-               ("modalities", "random_features", "scales", "seeds", "kernel_draws", "seed")
+               ("modalities", "random_features", "scales", "seeds", "kernel_draws", "seed",
+                "choice_random_features", "task_epochs", "task_seeds")
                if getattr(args, name) is not None}
     settings = dataclasses.replace(settings, **changes)
     payload = approximation.run_approximation(settings, progress=_progress(args))
     print(payload["table"])
+    print()
+    print(payload["choice_table"])
     return payload, plot_approximation
 
 
