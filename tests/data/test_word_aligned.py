@@ -155,3 +155,53 @@ def test_one_trait_on_request_by_name_or_column(tmp_path):
                             ([1, "passionate"], r"names a target twice")):
         with pytest.raises(ValueError, match=message):
             prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": wanted})
+
+
+def _cli_config(tmp_path, folder, **data):
+    import yaml
+
+    config = {
+        "output_dir": str(tmp_path / "runs"), "seed": 0,
+        "task": {"type": "traits", "target_names": ["a", "b"], "target_ranges": [[1, 7]] * 2},
+        "data": {"source": str(folder), "batch_size": 8, **data},
+        "model": {"fusion": "concat", "fusion_dim": 4, "out_dim": 4, "encoder": {"hidden_dim": 4}},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "num_threads": 1, "patience": 0},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_cli_reads_a_folder_without_text_from_data_modalities(tmp_path, capsys):
+    """A release without one modality: the config's modalities are read, the rest never asked for."""
+    from polyfuse.cli.main import EXIT_INPUT, main
+
+    folder = make_dir(tmp_path, targets=2)
+    for split in SIZES:
+        (folder / f"text_{split}.h5").unlink()
+    quiet = ["--no-progress", "--quiet"]
+    config = _cli_config(tmp_path, folder, modalities=["video", "audio"])
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "video"), *quiet]) == 0
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "video" / "config.yaml").read_text())["data"]["modalities"] == ["video", "audio"]
+    # no data.modalities: every modality present, in the order text, audio, video
+    config = _cli_config(tmp_path, folder)
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "all"), *quiet]) == 0
+    best = tmp_path / "all" / "checkpoints" / "best.safetensors"
+    assert main(["evaluate", "--checkpoint", str(best), "--split", "valid"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--modalities", "text,audio", *quiet]) == EXIT_INPUT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert f"{folder}: no text_train.h5" in lines[0] and "modalities present: audio, video" in lines[0]
+
+
+def test_only_the_asked_modalities_are_opened(tmp_path):
+    folder = make_dir(tmp_path)
+    (folder / "text_valid.h5").write_bytes(b"not hdf5")  # never read when text is not asked for
+    table = load_word_aligned(folder, modalities=["audio", "video"])
+    assert {"audio", "video", "audio_lengths"} <= set(table.arrays) and "text" not in table.arrays
+    assert table.modalities == ("audio", "video")
+    with pytest.raises(ValueError, match=r"text_valid\.h5: cannot read as HDF5"):
+        load_word_aligned(folder)  # all present: text too

@@ -54,6 +54,9 @@ class ArrayTable:
     #: the documented scale of the label, (low, high) or one pair per target, when
     #: the format knows it (word-aligned MOSI / MMMO / POM); None otherwise
     label_range: Any = None
+    #: the modalities a directory format holds (word-aligned: those present or asked
+    #: for), read when ``data.modalities`` is not set; empty for single files
+    modalities: tuple[str, ...] = ()
 
     def __contains__(self, name: str) -> bool:
         return name in self.arrays

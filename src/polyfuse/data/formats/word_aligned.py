@@ -30,7 +30,14 @@ import numpy as np
 
 from polyfuse.data.arrays import ArrayTable
 
-__all__ = ["PADDINGS", "SPLITS", "WORD_ALIGNED_DATASETS", "is_word_aligned", "load_word_aligned"]
+__all__ = [
+    "PADDINGS",
+    "SPLITS",
+    "WORD_ALIGNED_DATASETS",
+    "is_word_aligned",
+    "load_word_aligned",
+    "present_modalities",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,13 @@ def is_word_aligned(path: str | Path) -> bool:
     """True for a directory holding ``y_train.h5`` (the layout of this module)."""
     path = Path(path)
     return path.is_dir() and (path / "y_train.h5").is_file()
+
+
+def present_modalities(directory: str | Path) -> list[str]:
+    """The modalities of a word-aligned directory: every ``<name>_train.h5`` but
+    ``y_train.h5`` (text, audio, video first, then the others by name)."""
+    names = {path.name[: -len("_train.h5")] for path in Path(directory).glob("*_train.h5")} - {"y"}
+    return [m for m in MODALITIES if m in names] + sorted(names - set(MODALITIES))
 
 
 def _read_single(path: Path) -> np.ndarray:
@@ -116,7 +130,7 @@ def _to_front(array: np.ndarray, real: np.ndarray, padding: str) -> tuple[np.nda
 def load_word_aligned(
     directory: str | Path,
     *,
-    modalities: Sequence[str] = MODALITIES,
+    modalities: Sequence[str] | None = None,
     padding: str = "auto",
     label_range: Sequence[float] | Sequence[Sequence[float]] | None = None,
     dataset: str | None = None,
@@ -125,7 +139,8 @@ def load_word_aligned(
 
     Args:
         directory: the folder with ``{modality}_{split}.h5`` and ``y_{split}.h5``.
-        modalities: which modalities to read.
+        modalities: which modalities to read, any subset of those present (default:
+            all present, see :func:`present_modalities`).
         padding: ``left`` (CMU / MFN: zeros first), ``right``, or ``auto`` (detected
             per file and logged; a file that fits neither is refused).
         label_range: (low, high), or one pair per target: the documented scale;
@@ -142,6 +157,12 @@ def load_word_aligned(
     dataset = (dataset or directory.name).lower()
     if label_range is None and dataset in WORD_ALIGNED_DATASETS:
         label_range = WORD_ALIGNED_DATASETS[dataset]["range"]  # type: ignore[assignment]
+    available = present_modalities(directory)
+    if modalities is None:
+        modalities = available
+        if not modalities:
+            raise FileNotFoundError(f"{directory}: no modality files (<modality>_train.h5 next to y_train.h5)")
+    modalities = list(modalities)
     present = {m: [(directory / f"{m}_{s}.h5").is_file() for s in SPLITS] for m in modalities}
     for name, found in present.items():
         if any(found) and not all(found):
@@ -152,7 +173,10 @@ def load_word_aligned(
                 f"({', '.join(f'{name}_{s}.h5' for s in lack)})"
             )
         if not any(found):
-            raise FileNotFoundError(f"{directory}: no {name}_train.h5 / _valid.h5 / _test.h5 for modality {name!r}")
+            raise FileNotFoundError(
+                f"{directory}: no {name}_train.h5 / _valid.h5 / _test.h5 for modality {name!r}; "
+                f"modalities present: {', '.join(available) or 'none'} (set data.modalities to a subset of them)"
+            )
     arrays: dict[str, list[np.ndarray]] = {}
     labels, split, index = [], [], []
     for part in SPLITS:
@@ -192,7 +216,7 @@ def load_word_aligned(
     table["label"] = np.concatenate(labels)
     table["split"] = np.concatenate(split)
     table["sample_index"] = np.concatenate(index)
-    return ArrayTable(str(directory), table, label_range=label_range)
+    return ArrayTable(str(directory), table, label_range=label_range, modalities=tuple(modalities))
 
 
 def _check_labels(y: np.ndarray, path: Path, label_range) -> None:
