@@ -65,11 +65,8 @@ def build_data(
     """Load the data source (``source`` overrides ``data.source``) and prepare it."""
     data = dict(config["data"])
     data["source"] = source or data["source"]
-    task = config["task"]
-    label_range = task.get("target_ranges") if task["type"] == "traits" else None
     table = load_source(
-        data["source"], base=base, padding=data.get("padding", "auto"), label_range=label_range,
-        modalities=data.get("modalities") or None,
+        data["source"], base=base, padding=data.get("padding", "auto"), modalities=data.get("modalities") or None
     )
     if not data.get("modalities") and is_synthetic(data["source"]):
         data["modalities"] = synthetic_modalities(data["source"])

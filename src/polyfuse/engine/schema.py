@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -54,16 +55,30 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 
+def _ordered_range(value: list[float]) -> list[float]:
+    if not all(math.isfinite(v) for v in value) or not value[0] < value[1]:
+        raise ValueError(f"a range is [low, high] with finite low < high, got {value}")
+    return value
+
+
+_Range = Annotated[list[float], Field(min_length=2, max_length=2), AfterValidator(_ordered_range)]
+
+
 class TaskConfig(_Section):
     """What is predicted and how it is scored."""
 
     type: str = Field("sentiment", description="sentiment | traits | classification | vqa | captioning (polyfuse.tasks.TASKS)")
     loss: str = Field("l1", description="regression loss: l1 | mse | smooth_l1")
     target_names: list[str] | None = Field(None, description="traits: one name per target column")
-    target_ranges: list[Annotated[list[float], Field(min_length=2, max_length=2)]] | None = Field(
+    target_ranges: list[_Range] | dict[str, _Range] | None = Field(
         None,
-        description="traits: [[low, high], ...] (default: the scale the data format documents, "
-        "else the training labels, with a warning)",
+        description="traits: [[low, high], ...] per label column, or {target name: [low, high]}; sentiment: "
+        "[[low, high]] (default: the scale the data format documents, else for traits the training labels, "
+        "with a warning); sets MA<c> (c = high - low + 1); labels outside are refused (see out_of_range)",
+    )
+    out_of_range: Literal["error", "clip"] = Field(
+        "error", description="a label outside its configured or documented range: error (naming file and row) "
+        "| clip (into the range, said in the run log)",
     )
     targets: list[str | int] | None = Field(
         None, description="traits: the label columns to predict, by target name or index (default: all)"

@@ -45,14 +45,32 @@ SPLITS = ("train", "valid", "test")
 PADDINGS = ("auto", "left", "right")
 MODALITIES = ("text", "audio", "video")
 
-# The documented label scales, which the labels are checked against (MOSI: Zadeh et al. 2016;
-# ICT-MMMO: 1-5 ratings; POM: 1-7 Likert traits; YouTube: three classes, kept as stored):
-# (low, high) per target, the task that reads them and its metrics.
+# POM's traits (Park et al. 2014) and the scales they were rated on, as the MAN paper's
+# Table 2 scores them: MA7 (a 1-7 scale) for confident, passionate, voice pleasant,
+# dominant, credible, vivid, expertise, entertaining and persuasive; MA5 (1-5) for
+# reserved, trusting, relaxed, outgoing, thorough, nervous and humorous. Keys are
+# trait names as written by :func:`polyfuse.data.prepare.trait_key` (lower case, ``_``
+# for spaces), with the paper's three-letter abbreviations as aliases.
+_POM_SCALES = {
+    (1.0, 7.0): ("confident con", "passionate pas", "voice_pleasant voice voi", "dominant dom", "credible cre",
+                 "vivid viv", "expertise exp", "entertaining ent", "persuasive persuasiveness per"),
+    (1.0, 5.0): ("reserved res", "trusting tru", "relaxed rel", "outgoing out", "thorough tho", "nervous ner",
+                 "humorous hum"),
+}
+POM_TRAIT_RANGES: dict[str, tuple[float, float]] = {
+    alias: scale for scale, traits in _POM_SCALES.items() for trait in traits for alias in trait.split()
+}
+
+# The documented label scales the directory name selects (MOSI: [-3, 3], Zadeh et al. 2016
+# and the MAN paper, section 3.1; ICT-MMMO: 1-5 ratings; POM: per trait, above, looked up
+# by task.target_names; YouTube: three classes, kept as stored): ``range`` is (low, high)
+# for every target or a mapping from trait name to (low, high); the task that reads them
+# and its metrics. Labels are checked against them by :func:`polyfuse.data.prepare.encode_labels`.
 WORD_ALIGNED_DATASETS: dict[str, dict[str, object]] = {
     "mosi": {"range": (-3.0, 3.0), "task": "sentiment", "metrics": "MAE, Corr, Acc2, F1, Acc7"},
     "mmmo": {"range": (1.0, 5.0), "task": "sentiment", "metrics": "MAE, Corr, binary accuracy"},
     "youtube": {"range": None, "task": "classification", "metrics": "3-class accuracy, macro F1"},  # classes as stored
-    "pom": {"range": (1.0, 7.0), "task": "traits", "metrics": "per-trait MAE, Pearson r, multi-class accuracy"},
+    "pom": {"range": POM_TRAIT_RANGES, "task": "traits", "metrics": "per-trait MAE, Pearson r, MA5 / MA7"},
 }
 
 
@@ -143,10 +161,12 @@ def load_word_aligned(
             all present, see :func:`present_modalities`).
         padding: ``left`` (CMU / MFN: zeros first), ``right``, or ``auto`` (detected
             per file and logged; a file that fits neither is refused).
-        label_range: (low, high), or one pair per target: the documented scale;
-            a label outside it is an error naming the file. Default: the scale of
+        label_range: (low, high), one pair per target, or a mapping from trait name
+            to (low, high): the documented scale, recorded on the table; the labels
+            are checked against it (or clipped on request) when the data is prepared,
+            each refused label named by its file and row. Default: the scale of
             ``dataset`` (``mosi``, ``mmmo``, ``youtube``, ``pom``; default: the
-            directory's name) when known, else unchecked.
+            directory's name, see :data:`WORD_ALIGNED_DATASETS`) when known, else none.
         dataset: the dataset name for ``label_range``.
     """
     directory = Path(directory)
@@ -183,7 +203,7 @@ def load_word_aligned(
         y_path = directory / f"y_{part}.h5"
         y = _read_single(y_path)
         count = y.shape[0]
-        _check_labels(y, y_path, label_range)
+        _check_labels(y, y_path)
         labels.append(y.astype(np.float32))
         split.append(np.full(count, part, dtype="U5"))
         index.append(np.arange(count))
@@ -216,27 +236,19 @@ def load_word_aligned(
     table["label"] = np.concatenate(labels)
     table["split"] = np.concatenate(split)
     table["sample_index"] = np.concatenate(index)
-    return ArrayTable(str(directory), table, label_range=label_range, modalities=tuple(modalities))
+    split_of, row_of = table["split"], table["sample_index"]
+
+    def row_origin(row: int) -> str:
+        return f"{directory / f'y_{split_of[row]}.h5'} row {int(row_of[row])}"
+
+    return ArrayTable(
+        str(directory), table, label_range=label_range, modalities=tuple(modalities),
+        row_origin=row_origin, dataset=dataset,
+    )
 
 
-def _check_labels(y: np.ndarray, path: Path, label_range) -> None:
+def _check_labels(y: np.ndarray, path: Path) -> None:
     if y.dtype.kind not in "fiub":
         raise ValueError(f"{path}: labels have dtype {y.dtype}; expected numbers")
     if not np.isfinite(y).all():
         raise ValueError(f"{path}: labels hold NaN or Inf (row {int(np.argwhere(~np.isfinite(y))[0][0])})")
-    if label_range is None:
-        return
-    values = y.reshape(y.shape[0], -1)
-    ranges = np.asarray(label_range, dtype=np.float64)
-    if ranges.ndim == 1:
-        ranges = np.broadcast_to(ranges, (values.shape[1], 2))
-    if ranges.shape != (values.shape[1], 2):
-        raise ValueError(f"{path}: {values.shape[1]} targets but {ranges.shape[0]} label ranges")
-    outside = (values < ranges[:, 0]) | (values > ranges[:, 1])
-    if outside.any():
-        row, target = (int(v) for v in np.argwhere(outside)[0])
-        raise ValueError(
-            f"{path}: label {float(values[row, target])} at row {row} (target {target}) lies outside the "
-            f"documented range [{ranges[target, 0]:g}, {ranges[target, 1]:g}]; pass the right range "
-            "(task.target_ranges) or fix the file"
-        )
