@@ -59,6 +59,9 @@ class ArrayTable:
     modalities: tuple[str, ...] = ()
     #: names row i in messages (word-aligned: ``<dir>/y_test.h5 row 3``); default ``<origin> row i``
     row_origin: Callable[[int], str] | None = None
+    #: True when the format already moved the real steps first (word-aligned), so that
+    #: ``data.padding`` has been applied and is not applied again
+    padding_applied: bool = False
     #: the data set the format names (word-aligned: the directory's name), for messages
     dataset: str | None = None
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from polyfuse.data.arrays import ArrayTable
 from polyfuse.data.context import context_windows
+from polyfuse.data.formats.word_aligned import move_real_steps_to_front, zero_padding_real_steps
 from polyfuse.data.splits import resolve_partitions
 from polyfuse.data.standardize import FeatureStats, fit_stats, real_steps
 
@@ -81,8 +82,13 @@ class PreparedData:
         return any(p.windows is not None for p in self.partitions.values())
 
 
-def _modality(table: ArrayTable, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(N, T, d) float array and (N,) lengths of one modality."""
+def _modality(table: ArrayTable, name: str, padding: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(N, T, d) float array and (N,) lengths of one modality.
+
+    ``padding``: ``auto`` reads the generic layout (real steps first, lengths from
+    ``<name>_lengths`` or all steps); ``left`` / ``right`` find each sample's real steps
+    from its zero padding (zeros first / last) and move them to the front, as the
+    word-aligned importer does; they exclude a lengths array."""
     array = table.get(name, "a modality")
     if array.dtype.kind not in "fiub":
         raise ValueError(f"{table.origin}: modality {name!r} has dtype {array.dtype}, not numeric")
@@ -93,6 +99,17 @@ def _modality(table: ArrayTable, name: str) -> tuple[np.ndarray, np.ndarray]:
             f"{table.origin}: modality {name!r} has shape {array.shape}; expected (N, T, d) or (N, d)"
         )
     length_name = f"{name}_lengths"
+    if padding not in ("auto", "left", "right"):
+        raise ValueError(f"data.padding must be one of auto, left, right, got {padding!r}")
+    if padding != "auto":
+        if length_name in table:
+            raise ValueError(
+                f"{table.origin}: data.padding: {padding} and the array {length_name!r} both say which steps of "
+                f"{name!r} are real; drop data.padding (lengths, real steps first) or the lengths array"
+            )
+        real = zero_padding_real_steps(array)
+        moved, lengths = move_real_steps_to_front(array, real, padding)
+        return moved.astype(np.float32), lengths
     if length_name in table:
         lengths = table.per_sample(length_name, f"lengths of {name!r}", array.shape[0])
         if lengths.dtype.kind not in "iu":
@@ -406,7 +423,8 @@ def prepare_data(
     names = [str(name) for name in names]
     if len(set(names)) != len(names):
         raise ValueError(f"data.modalities names a modality twice: {names}")
-    loaded = [_modality(table, name) for name in names]
+    padding = "auto" if table.padding_applied else data.get("padding", "auto")
+    loaded = [_modality(table, name, padding) for name in names]
     count = loaded[0][0].shape[0]
     for name, (array, _) in zip(names, loaded, strict=True):
         if array.shape[0] != count:

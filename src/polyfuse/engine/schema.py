@@ -112,7 +112,8 @@ class DataConfig(_Section):
     modalities: list[str] | None = Field(None, description="array names, in order (a comma-separated string works too)")
     label: str = Field("label", description="label array name")
     padding: Literal["left", "right", "auto"] = Field(
-        "auto", description="word-aligned directories: left (CMU / MFN) | right | auto (detected)"
+        "auto", description="left (CMU / MFN: zeros first) | right | auto (word-aligned directories: detected; "
+        ".npz / .h5: real steps first, lengths arrays); left / right find the real steps from the zero padding"
     )
     split: str | None = Field(None, description="split array name (values train / valid / test)")
     split_values: dict[Literal["train", "valid", "test"], list[str | int]] | None = Field(

@@ -36,7 +36,9 @@ __all__ = [
     "WORD_ALIGNED_DATASETS",
     "is_word_aligned",
     "load_word_aligned",
+    "move_real_steps_to_front",
     "present_modalities",
+    "zero_padding_real_steps",
 ]
 
 log = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ def _read_single(path: Path) -> np.ndarray:
         raise ValueError(f"{path}: cannot read as HDF5: {error}") from None
 
 
-def _real_steps(array: np.ndarray) -> np.ndarray:
+def zero_padding_real_steps(array: np.ndarray) -> np.ndarray:
     """(N, T) bool: steps that are not all zero."""
     return np.any(array != 0, axis=-1)
 
@@ -129,7 +131,7 @@ def _detect_padding(real: np.ndarray, origin: str) -> str:
     )
 
 
-def _to_front(array: np.ndarray, real: np.ndarray, padding: str) -> tuple[np.ndarray, np.ndarray]:
+def move_real_steps_to_front(array: np.ndarray, real: np.ndarray, padding: str) -> tuple[np.ndarray, np.ndarray]:
     """Real steps first: (N, T, d) and (N,) lengths (steps up to the last real one for
     right padding, from the first real one for left padding; zero rows inside stay)."""
     steps = array.shape[1]
@@ -222,11 +224,11 @@ def load_word_aligned(
                     f"{arrays[name][0].shape[1:]}: the splits disagree"
                 )
             array = np.nan_to_num(array.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
-            real = _real_steps(array)
+            real = zero_padding_real_steps(array)
             used = _detect_padding(real, str(path)) if padding == "auto" else padding
             if padding == "auto":
                 log.info("%s: %s padding detected", path, used)
-            moved, lengths = _to_front(array, real, used)
+            moved, lengths = move_real_steps_to_front(array, real, used)
             arrays.setdefault(name, []).append(moved)
             arrays.setdefault(f"{name}_lengths", []).append(lengths)
     label_shapes = {y.shape[1:] for y in labels}
@@ -243,7 +245,7 @@ def load_word_aligned(
 
     return ArrayTable(
         str(directory), table, label_range=label_range, modalities=tuple(modalities),
-        row_origin=row_origin, dataset=dataset,
+        row_origin=row_origin, dataset=dataset, padding_applied=True,
     )
 
 
