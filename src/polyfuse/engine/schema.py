@@ -254,6 +254,10 @@ class RunConfig(_Section):
     """A whole run configuration."""
 
     name: str | None = Field(None, description="run name: the directory under output_dir (default: config file name)")
+    polyfuse_version: str | None = Field(
+        None, description="the polyfuse version the configuration was written for; a run records the version that "
+        "trained it. Older than a changed default it relies on: a warning (polyfuse.engine.compat, CHANGELOG.md)",
+    )
     seed: Annotated[int, AfterValidator(_seed_range)] = Field(0, description=f"seed of initialisation, shuffling and dropout, in [0, {SEED_MAX}]")
     output_dir: str = Field("runs", description="where runs are written (relative to the config file when set there)")
     task: TaskConfig = Field(default_factory=TaskConfig, description="task section")
@@ -263,6 +267,15 @@ class RunConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="trainer section")
     captioning: CaptioningConfig | None = Field(None, description="task.type captioning: features, captions, splits, generation")
     decoder: DecoderConfig | None = Field(None, description="task.type captioning: the caption decoder (default section when captioning)")
+
+    @field_validator("polyfuse_version")
+    @classmethod
+    def _a_version(cls, value: str | None) -> str | None:
+        from polyfuse.engine.compat import parse_version
+
+        if value is not None:
+            parse_version(value)
+        return value
 
     @field_validator("name")
     @classmethod
