@@ -383,7 +383,7 @@ def _check_labels(origin: str, targets: np.ndarray, rows: np.ndarray, task_type:
                 f"do not have (classes: {label_info['classes'][:20]})"
             )
         return
-    finite = np.isfinite(used.reshape(used.shape[0], -1)).all(axis=1)
+    finite = np.isfinite(used).all(axis=tuple(range(1, used.ndim)))  # per row (N = 0 too)
     if not finite.all():
         row = int(rows[np.flatnonzero(~finite)[0]])
         raise ValueError(f"{origin}: the label of row {row} is not finite")

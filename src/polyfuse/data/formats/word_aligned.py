@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyfuse.data.arrays import ArrayTable
+from polyfuse.data.arrays import ArrayTable, H5Arrays
 
 __all__ = [
     "PADDINGS",
@@ -90,20 +90,15 @@ def present_modalities(directory: str | Path) -> list[str]:
 
 
 def _read_single(path: Path) -> np.ndarray:
-    import h5py
-
+    """The one dataset of an MFN file (``d1``), read as :class:`~polyfuse.data.arrays.H5Arrays`
+    reads any HDF5 file: bounded in size, no external storage, links or virtual datasets."""
     if not path.is_file():
         raise FileNotFoundError(f"word-aligned data: {path} is missing")
-    try:
-        with h5py.File(path, "r") as handle:
-            names = [name for name, node in handle.items() if isinstance(node, h5py.Dataset)]
-            if "d1" in names:
-                names = ["d1"]
-            if len(names) != 1:
-                raise ValueError(f"{path}: expected one dataset (MFN's 'd1'), found {names or 'none'}")
-            return np.asarray(handle[names[0]][()])
-    except OSError as error:
-        raise ValueError(f"{path}: cannot read as HDF5: {error}") from None
+    arrays = H5Arrays(path)
+    names = ["d1"] if "d1" in arrays else list(arrays)
+    if len(names) != 1:
+        raise ValueError(f"{path}: expected one dataset (MFN's 'd1'), found {names or 'none'}")
+    return arrays[names[0]]
 
 
 def zero_padding_real_steps(array: np.ndarray) -> np.ndarray:
@@ -204,8 +199,8 @@ def load_word_aligned(
     for part in SPLITS:
         y_path = directory / f"y_{part}.h5"
         y = _read_single(y_path)
-        count = y.shape[0]
         _check_labels(y, y_path)
+        count = y.shape[0]
         labels.append(y.astype(np.float32))
         split.append(np.full(count, part, dtype="U5"))
         index.append(np.arange(count))
@@ -250,7 +245,7 @@ def load_word_aligned(
 
 
 def _check_labels(y: np.ndarray, path: Path) -> None:
-    if y.dtype.kind not in "fiub":
-        raise ValueError(f"{path}: labels have dtype {y.dtype}; expected numbers")
+    if y.dtype.kind not in "fiub" or y.ndim not in (1, 2):
+        raise ValueError(f"{path}: labels have shape {y.shape} ({y.dtype}); expected numbers of shape (N,) or (N, k)")
     if not np.isfinite(y).all():
         raise ValueError(f"{path}: labels hold NaN or Inf (row {int(np.argwhere(~np.isfinite(y))[0][0])})")
