@@ -11,7 +11,7 @@ import csv
 from pathlib import Path
 
 from polyfuse.engine.build import monitor_of
-from polyfuse.engine.compare import constant_baseline, format_summary, summarise
+from polyfuse.engine.compare import constant_baselines, format_summary, summarise
 from polyfuse.engine.config import load_config, resolve_config
 
 
@@ -34,7 +34,7 @@ def main() -> None:
         if args.figure:
             plot_vqa_summary(summary, args.figure)
         return
-    print(format_summary(summary, constant_baseline(base)))
+    print(format_summary(summary, constant_baselines(base)))
 
 
 if __name__ == "__main__":

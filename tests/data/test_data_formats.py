@@ -179,7 +179,9 @@ def test_labels_per_task(tmp_path):
     path = _save(tmp_path, raw)
     traits = prepare_data(load_source(path), data_config(label="traits"), {"type": "traits"})
     assert traits.targets.shape == (40, 2)
-    assert traits.label_info == {"names": ["t0", "t1"], "ranges": [[1.0, 7.0], [1.0, 5.0]], "columns": [0, 1]}
+    assert traits.label_info == {
+        "names": ["t0", "t1"], "ranges": [[1.0, 7.0], [1.0, 5.0]], "columns": [0, 1], "checked": [False, False]
+    }
     classes = prepare_data(load_source(path), data_config(label="kind"), {"type": "classification"})
     assert classes.label_info == {"classes": ["cat", "dog", "eel"]}
     assert classes.targets[:4].tolist() == [0, 1, 2, 1]

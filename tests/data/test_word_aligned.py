@@ -35,7 +35,7 @@ def make_dir(root, *, targets=3, low=1.0, high=7.0, seed=0, name="pom"):
             if modality == "audio":
                 array[1] = 0.0  # a missing modality
             write(folder / f"{modality}_{split}.h5", array)
-        write(folder / f"y_{split}.h5", rng.uniform(low, high, size=(count, targets)).astype(np.float32))
+        write(folder / f"y_{split}.h5", rng.uniform(low, high, size=(count, targets)).astype(np.float32))  # high: per column too
     return folder
 
 
@@ -72,8 +72,10 @@ def test_errors_name_the_file_and_array(tmp_path):
     with pytest.raises(ValueError, match=r"audio_test\.h5: modality 'audio' has \(T, d\) = \(5, 9\).*disagree"):
         load_word_aligned(folder)
     folder = make_dir(tmp_path / "b", high=8.0, seed=3)
-    with pytest.raises(ValueError, match=r"y_train\.h5: label .* outside the documented range \[1, 7\]"):
-        load_word_aligned(folder)
+    table = load_word_aligned(folder)  # ranges are checked where the task names them
+    with pytest.raises(ValueError, match=r"y_train\.h5 row \d+: label t\d = 7\.\d+ lies outside its range \[1, 7\] "
+                                         r"\(task.target_ranges\)"):
+        prepare_data(table, POM_DATA, {"type": "traits", "target_ranges": [[1, 7]] * 3})
     folder = make_dir(tmp_path / "c")
     (folder / "video_valid.h5").unlink()
     with pytest.raises(ValueError, match=r"modality 'video' is present in split\(s\) \['train', 'test'\] but missing in \['valid'\]"):
@@ -89,8 +91,9 @@ def test_errors_name_the_file_and_array(tmp_path):
 
 def test_mmmo_scale_is_checked_by_name(tmp_path):
     folder = make_dir(tmp_path, targets=1, low=0.0, high=0.5, name="mmmo")
-    with pytest.raises(ValueError, match=r"outside the documented range \[1, 5\]"):
-        load_source(str(folder))
+    with pytest.raises(ValueError, match=r"y_train\.h5 row 0: label label = 0\.\d+ lies outside its range \[1, 5\] "
+                                         r"\(the documented scale of mmmo\)"):
+        prepare_data(load_source(str(folder)), POM_DATA, {"type": "sentiment"})
 
 
 def test_traits_with_a_missing_modality_train_end_to_end_on_mult(tmp_path):
@@ -115,14 +118,19 @@ POM_DATA = {"modalities": ["text", "audio", "video"], "split": "split", "padding
 
 
 def test_trait_ranges_come_from_the_documented_scale_not_the_training_maximum(tmp_path):
-    """POM's traits are 1-7 Likert scores: labels drawn in [1, 6) keep MA7."""
-    table = load_word_aligned(make_dir(tmp_path, low=1.0, high=6.0))
-    assert table.arrays["label"].max() < 6.0
-    prepared = prepare_data(table, POM_DATA, {"type": "traits"})
-    assert prepared.label_info["ranges"] == [[1.0, 7.0]] * 3
-    # the config still wins over the documented scale
-    prepared = prepare_data(table, POM_DATA, {"type": "traits", "target_ranges": [[0, 9]] * 3})
+    """POM's traits named: confident is rated 1-7 (MA7), reserved and humorous 1-5 (MA5, the
+    paper's Table 2), whatever the training maximum."""
+    table = load_word_aligned(make_dir(tmp_path, low=1.0, high=4.5))
+    assert table.arrays["label"].max() < 4.5
+    task = {"type": "traits", "target_names": ["confident", "Reserved", "hum"]}
+    prepared = prepare_data(table, POM_DATA, task)
+    assert prepared.label_info["ranges"] == [[1.0, 7.0], [1.0, 5.0], [1.0, 5.0]]
+    assert prepared.label_info["checked"] == [True] * 3
+    # the config still wins over the documented scale, per column or per name
+    prepared = prepare_data(table, POM_DATA, {**task, "target_ranges": [[0, 9]] * 3})
     assert prepared.label_info["ranges"] == [[0.0, 9.0]] * 3
+    prepared = prepare_data(table, POM_DATA, {**task, "target_ranges": {"hum": [0, 6]}})
+    assert prepared.label_info["ranges"] == [[1.0, 7.0], [1.0, 5.0], [0.0, 6.0]]
 
 
 def test_ranges_from_training_labels_are_announced(caplog):
@@ -141,7 +149,9 @@ def test_one_trait_on_request_by_name_or_column(tmp_path):
         task = {"type": "traits", "target_names": names, "targets": wanted}
         prepared = prepare_data(table, POM_DATA, task)
         np.testing.assert_array_equal(prepared.targets, labels[:, [column]])
-        assert prepared.label_info == {"names": [names[column]], "ranges": [[1.0, 7.0]], "columns": [column]}
+        assert prepared.label_info == {
+            "names": [names[column]], "ranges": [[1.0, 7.0]], "columns": [column], "checked": [True]
+        }
     # two traits, in the order asked for
     prepared = prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": ["voice", 0]})
     np.testing.assert_array_equal(prepared.targets, labels[:, [2, 0]])
@@ -155,3 +165,96 @@ def test_one_trait_on_request_by_name_or_column(tmp_path):
                             ([1, "passionate"], r"names a target twice")):
         with pytest.raises(ValueError, match=message):
             prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": wanted})
+
+
+def _cli_config(tmp_path, folder, **data):
+    import yaml
+
+    config = {
+        "output_dir": str(tmp_path / "runs"), "seed": 0,
+        "task": {"type": "traits", "target_names": ["a", "b"], "target_ranges": [[1, 7]] * 2},
+        "data": {"source": str(folder), "batch_size": 8, **data},
+        "model": {"fusion": "concat", "fusion_dim": 4, "out_dim": 4, "encoder": {"hidden_dim": 4}},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "num_threads": 1, "patience": 0},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_cli_reads_a_folder_without_text_from_data_modalities(tmp_path, capsys):
+    """A release without one modality: the config's modalities are read, the rest never asked for."""
+    from polyfuse.cli.main import EXIT_INPUT, main
+
+    folder = make_dir(tmp_path, targets=2)
+    for split in SIZES:
+        (folder / f"text_{split}.h5").unlink()
+    quiet = ["--no-progress", "--quiet"]
+    config = _cli_config(tmp_path, folder, modalities=["video", "audio"])
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "video"), *quiet]) == 0
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "video" / "config.yaml").read_text())["data"]["modalities"] == ["video", "audio"]
+    # no data.modalities: every modality present, in the order text, audio, video
+    config = _cli_config(tmp_path, folder)
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "all"), *quiet]) == 0
+    best = tmp_path / "all" / "checkpoints" / "best.safetensors"
+    assert main(["evaluate", "--checkpoint", str(best), "--split", "valid"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--modalities", "text,audio", *quiet]) == EXIT_INPUT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert f"{folder}: no text_train.h5" in lines[0] and "modalities present: audio, video" in lines[0]
+
+
+def test_only_the_asked_modalities_are_opened(tmp_path):
+    folder = make_dir(tmp_path)
+    (folder / "text_valid.h5").write_bytes(b"not hdf5")  # never read when text is not asked for
+    table = load_word_aligned(folder, modalities=["audio", "video"])
+    assert {"audio", "video", "audio_lengths"} <= set(table.arrays) and "text" not in table.arrays
+    assert table.modalities == ("audio", "video")
+    with pytest.raises(ValueError, match=r"text_valid\.h5: cannot read as HDF5"):
+        load_word_aligned(folder)  # all present: text too
+
+
+def test_a_real_pom_release_is_read_unnamed_and_its_one_to_five_traits_score_ma5(tmp_path, caplog):
+    """A test label of 0.667 (an average of ratings) was refused by [1, 7] for every trait:
+    unnamed traits take their ranges from the training labels, with a warning that says so."""
+    folder = make_dir(tmp_path, targets=2, low=1.0, high=5.0)
+    with h5py.File(folder / "y_test.h5", "r+") as handle:
+        handle["d1"][2, 1] = 0.667
+    table = load_word_aligned(folder)
+    with caplog.at_level("WARNING"):
+        prepared = prepare_data(table, POM_DATA, {"type": "traits"})
+    assert prepared.label_info["checked"] == [False, False]
+    assert "trait ranges taken from the training labels" in caplog.text and "documents scales" in caplog.text
+    # named, humorous is 1-5: the label is refused naming the file and the row within it
+    task = {"type": "traits", "target_names": ["confident", "humorous"]}
+    with pytest.raises(ValueError, match=rf"^{folder / 'y_test.h5'} row 2: label humorous = 0\.667 lies outside its "
+                                         r"range \[1, 5\] \(the documented scale of pom\); fix the file"):
+        prepare_data(table, POM_DATA, task)
+    # clipped on request, said in the log; MA5 for humorous, MA7 for confident
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepared = prepare_data(table, POM_DATA, {**task, "out_of_range": "clip"})
+    row = np.flatnonzero((table.arrays["split"] == "test") & (table.arrays["sample_index"] == 2))[0]
+    assert prepared.targets[row, 1] == 1.0 and prepared.targets[row, 0] == table.arrays["label"][row, 0]
+    assert f"{folder / 'y_test.h5'}: clipped 1 label(s) of humorous into its range [1, 5]" in caplog.text
+    import torch
+
+    from polyfuse.metrics.functional import trait_metrics
+
+    targets = torch.from_numpy(prepared.targets)
+    keys = trait_metrics(targets, targets, ranges=prepared.label_info["ranges"], names=prepared.label_info["names"])
+    assert {"ma7/confident", "ma5/humorous"} <= set(keys)
+
+
+def test_a_checkpoint_keeps_checking_its_ranges(tmp_path):
+    raw = np.array([[2.0], [6.0], [3.0]], dtype=np.float32)
+    info = {"names": ["reserved"], "ranges": [[1.0, 5.0]], "columns": [0], "checked": [True]}
+    with pytest.raises(ValueError, match=r"^f\.npz row 1: label reserved = 6 lies outside its range \[1, 5\] "
+                                         r"\(the checkpoint's range\)"):
+        encode_labels(raw, "traits", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=info)
+    old = {key: value for key, value in info.items() if key != "checked"}  # written before ranges were checked
+    labels, _ = encode_labels(raw, "traits", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=old)
+    np.testing.assert_array_equal(labels, raw)

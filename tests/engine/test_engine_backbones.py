@@ -26,7 +26,7 @@ def test_mult_with_man_as_extra_module_from_the_repository_configs():
 
 
 def test_backbone_alone_and_lstm_lmf():
-    task = build_task(config(backbone="lstm_lmf", options={"lstm_lmf": {"out": 8}}), [4, 3, 2], ["t", "a", "v"], {})
+    task = build_task(config(backbone="lstm_lmf", options={"lstm_lmf": {"out": 8}}), [4, 3, 2], ["text", "a", "v"], {})
     assert isinstance(task.backbone, LSTMLMF) and task.backbone.extra is None and task.backbone.out_dim == 8
     batch = {"inputs": [torch.randn(2, 3, d) for d in (4, 3, 2)], "masks": [torch.ones(2, 3, dtype=torch.bool)] * 3}
     assert task(batch).shape == (2, 1)
@@ -41,3 +41,20 @@ def test_bad_settings_are_refused_clearly():
         build_task(config(backbone="mlp"), [4, 3, 2], ["t", "a", "v"], {})
     with pytest.raises(ValueError, match="BAN takes at most 2 inputs, but backbone 'mult' gives its extra module one per modality"):
         build_task(config(fusion="ban"), [4, 3, 2], ["t", "a", "v"], {})
+
+
+def test_lstm_lmf_reads_the_modality_named_text_with_its_lstm_or_refuses():
+    """Without text the LSTM (LMF's text subnetwork) ran on audio: now it reads the modality
+    named text, or the one model.options.lstm_lmf.text names, or the build is refused."""
+    task = build_task(config(backbone="lstm_lmf"), [3, 4, 2], ["audio", "text", "video"], {})
+    assert task.backbone.text == 1 and task.backbone.lstm.input_size == 4
+    assert sorted(task.backbone.subnetworks) == ["0", "2"]  # audio and video: the pooled subnetworks
+    with pytest.raises(ValueError, match=r"none of the modalities \['audio', 'video'\] is named 'text': set "
+                                         r"model.options.lstm_lmf.text"):
+        build_task(config(backbone="lstm_lmf"), [3, 2], ["audio", "video"], {})
+    task = build_task(config(backbone="lstm_lmf", options={"lstm_lmf": {"text": "video"}}), [3, 2], ["audio", "video"], {})
+    assert task.backbone.text == 1 and task.backbone.lstm.input_size == 2
+    task = build_task(config(backbone="lstm_lmf", options={"lstm_lmf": {"text": 0}}), [3, 2], ["audio", "video"], {})
+    assert task.backbone.text == 0 and task.backbone.lstm.input_size == 3
+    with pytest.raises(ValueError, match=r"model.options.lstm_lmf.text names 'words', not one of the modalities"):
+        build_task(config(backbone="lstm_lmf", options={"lstm_lmf": {"text": "words"}}), [3, 2], ["audio", "video"], {})

@@ -9,6 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+import polyfuse
 from polyfuse.engine import evaluate, load_config, predict, read_checkpoint, resolve_config, train
 from polyfuse.metrics import classification_metrics, sentiment_metrics
 
@@ -27,7 +28,8 @@ def test_run_outputs_and_best_on_validation(tiny_config, tmp_path):
     config = tiny_config(trainer={"max_epochs": 4})
     result = train(config, run_dir=tmp_path / "run")
     run = tmp_path / "run"
-    assert resolve_config(load_config(run / "config.yaml")) == resolve_config(config)
+    recorded = resolve_config({**config, "polyfuse_version": polyfuse.__version__})  # the run records its version
+    assert resolve_config(load_config(run / "config.yaml")) == recorded
     for name in ("checkpoints/best.safetensors", "checkpoints/last.safetensors", "results.json", "learning_curves.png"):
         assert (run / name).is_file(), name
     assert list((run / "tensorboard").glob("version_0/events.out.tfevents.*"))
@@ -41,7 +43,7 @@ def test_run_outputs_and_best_on_validation(tiny_config, tmp_path):
     assert summary["test"] == pytest.approx(result.test)
     assert set(result.test) == {"loss", "acc", "f1_macro"}
     stored = read_checkpoint(run / "checkpoints/best.safetensors")["polyfuse"]
-    assert stored["config"] == resolve_config(config) and stored["modalities"] == ["m0", "m1", "m2"]
+    assert stored["config"] == recorded and stored["modalities"] == ["m0", "m1", "m2"]
     assert last_epoch(run) == 3
 
 

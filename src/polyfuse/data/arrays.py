@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,23 @@ class ArrayTable:
 
     origin: str
     arrays: Mapping[str, np.ndarray]
-    #: the documented scale of the label, (low, high) or one pair per target, when
-    #: the format knows it (word-aligned MOSI / MMMO / POM); None otherwise
+    #: the documented scale of the label when the format knows it (word-aligned MOSI /
+    #: MMMO: (low, high); POM: a mapping from trait name to (low, high)); None otherwise
     label_range: Any = None
+    #: the modalities a directory format holds (word-aligned: those present or asked
+    #: for), read when ``data.modalities`` is not set; empty for single files
+    modalities: tuple[str, ...] = ()
+    #: names row i in messages (word-aligned: ``<dir>/y_test.h5 row 3``); default ``<origin> row i``
+    row_origin: Callable[[int], str] | None = None
+    #: True when the format already moved the real steps first (word-aligned), so that
+    #: ``data.padding`` has been applied and is not applied again
+    padding_applied: bool = False
+    #: the data set the format names (word-aligned: the directory's name), for messages
+    dataset: str | None = None
+
+    def where(self, row: int) -> str:
+        """The file and row of row ``row`` of the table, for messages."""
+        return self.row_origin(row) if self.row_origin is not None else f"{self.origin} row {row}"
 
     def __contains__(self, name: str) -> bool:
         return name in self.arrays

@@ -13,7 +13,8 @@ Shapes: ``N`` rows, ``T_j`` steps and ``d_j`` features of modality j, ``k`` targ
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,15 +22,17 @@ import numpy as np
 
 from polyfuse.data.arrays import ArrayTable
 from polyfuse.data.context import context_windows
+from polyfuse.data.formats.word_aligned import move_real_steps_to_front, zero_padding_real_steps
 from polyfuse.data.splits import resolve_partitions
 from polyfuse.data.standardize import FeatureStats, fit_stats, real_steps
 
-__all__ = ["TASK_TYPES", "Partition", "PreparedData", "encode_labels", "prepare_data"]
+__all__ = ["OUT_OF_RANGE_POLICIES", "TASK_TYPES", "Partition", "PreparedData", "encode_labels", "prepare_data", "trait_key"]
 
 log = logging.getLogger(__name__)
 
 TASK_TYPES = ("sentiment", "traits", "classification")
 NONFINITE_POLICIES = ("error", "zero", "mean")
+OUT_OF_RANGE_POLICIES = ("error", "clip")
 
 
 @dataclass
@@ -79,8 +82,13 @@ class PreparedData:
         return any(p.windows is not None for p in self.partitions.values())
 
 
-def _modality(table: ArrayTable, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(N, T, d) float array and (N,) lengths of one modality."""
+def _modality(table: ArrayTable, name: str, padding: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(N, T, d) float array and (N,) lengths of one modality.
+
+    ``padding``: ``auto`` reads the generic layout (real steps first, lengths from
+    ``<name>_lengths`` or all steps); ``left`` / ``right`` find each sample's real steps
+    from its zero padding (zeros first / last) and move them to the front, as the
+    word-aligned importer does; they exclude a lengths array."""
     array = table.get(name, "a modality")
     if array.dtype.kind not in "fiub":
         raise ValueError(f"{table.origin}: modality {name!r} has dtype {array.dtype}, not numeric")
@@ -91,6 +99,17 @@ def _modality(table: ArrayTable, name: str) -> tuple[np.ndarray, np.ndarray]:
             f"{table.origin}: modality {name!r} has shape {array.shape}; expected (N, T, d) or (N, d)"
         )
     length_name = f"{name}_lengths"
+    if padding not in ("auto", "left", "right"):
+        raise ValueError(f"data.padding must be one of auto, left, right, got {padding!r}")
+    if padding != "auto":
+        if length_name in table:
+            raise ValueError(
+                f"{table.origin}: data.padding: {padding} and the array {length_name!r} both say which steps of "
+                f"{name!r} are real; drop data.padding (lengths, real steps first) or the lengths array"
+            )
+        real = zero_padding_real_steps(array)
+        moved, lengths = move_real_steps_to_front(array, real, padding)
+        return moved.astype(np.float32), lengths
     if length_name in table:
         lengths = table.per_sample(length_name, f"lengths of {name!r}", array.shape[0])
         if lengths.dtype.kind not in "iu":
@@ -134,6 +153,81 @@ def _handle_nonfinite(
     return features
 
 
+def trait_key(name: str) -> str:
+    """A trait name as the documented scales are keyed: lower case, ``_`` for spaces and dashes."""
+    return re.sub(r"[\s\-]+", "_", str(name).strip().lower())
+
+
+def _documented_ranges(documented: Any, names: Sequence[str], origin: str) -> list[list[float] | None]:
+    """One documented (low, high) per target, None where the format documents none:
+    ``documented`` is (low, high) for every target, one pair per target, or a mapping
+    from trait name to (low, high) (POM), looked up by ``names``."""
+    k = len(names)
+    if documented is None:
+        return [None] * k
+    if isinstance(documented, Mapping):
+        found = [documented.get(trait_key(name)) for name in names]
+        return [None if pair is None else [float(pair[0]), float(pair[1])] for pair in found]
+    pairs = np.asarray(documented, dtype=np.float64)
+    if pairs.ndim == 1:
+        pairs = np.broadcast_to(pairs, (k, 2))
+    if pairs.shape != (k, 2):
+        raise ValueError(f"{origin}: {k} targets but {pairs.shape[0]} documented label ranges")
+    return pairs.tolist()
+
+
+def _configured_ranges(configured: Any, names: Sequence[str], origin: str) -> list[list[float] | None]:
+    """``task.target_ranges``: one [low, high] per label column, or a mapping from target
+    name to [low, high] (targets it does not name: None)."""
+    k = len(names)
+    if configured is None:
+        return [None] * k
+    if isinstance(configured, Mapping):
+        unknown = [name for name in configured if name not in names]
+        if unknown:
+            raise ValueError(f"task.target_ranges names {unknown[0]!r}, not one of the target names {list(names)}")
+        return [None if name not in configured else [float(v) for v in configured[name]] for name in names]
+    if len(configured) != k:
+        raise ValueError(f"{origin}: {k} label columns but {len(configured)} task.target_ranges")
+    return [[float(low), float(high)] for low, high in configured]
+
+
+def _apply_ranges(
+    labels: np.ndarray, ranges: Sequence[Sequence[float] | None], sources: Sequence[str | None],
+    names: Sequence[str], policy: str, where: Callable[[int], str],
+) -> np.ndarray:
+    """Refuse (``error``) or clip (``clip``, logged) labels outside their range; (N, k) labels.
+
+    Columns whose range is None (taken from the training labels) are not checked."""
+    if policy not in OUT_OF_RANGE_POLICIES:
+        raise ValueError(f"task.out_of_range must be one of {', '.join(OUT_OF_RANGE_POLICIES)}, got {policy!r}")
+    clipped = labels
+    for column, (pair, source) in enumerate(zip(ranges, sources, strict=True)):
+        if pair is None or source is None:
+            continue
+        low, high = pair
+        values = labels[:, column]
+        outside = np.flatnonzero(np.isfinite(values) & ((values < low) | (values > high)))
+        if not outside.size:
+            continue
+        row = int(outside[0])
+        value = f"{names[column]} = {float(values[row]):g}"
+        if policy == "error":
+            more = f" (and {outside.size - 1} more)" if outside.size > 1 else ""
+            raise ValueError(
+                f"{where(row)}: label {value} lies outside its range [{low:g}, {high:g}] ({source}){more}; "
+                "fix the file, set task.target_ranges, or task.out_of_range: clip"
+            )
+        if clipped is labels:
+            clipped = labels.copy()
+        clipped[:, column] = np.clip(values, low, high)
+        log.warning(
+            "%s: clipped %d label(s) of %s into its range [%g, %g] (%s; task.out_of_range: clip), first at %s (%s)",
+            where(row).rsplit(" row ", 1)[0], outside.size, names[column], low, high, source, where(row), value,
+        )
+    return clipped
+
+
 def encode_labels(
     raw: np.ndarray,
     task_type: str,
@@ -143,22 +237,32 @@ def encode_labels(
     origin: str,
     label_info: Mapping[str, Any] | None = None,
     documented_range: Any = None,
+    where: Callable[[int], str] | None = None,
+    dataset: str | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Targets for the task and what is needed to decode them.
 
-    sentiment: (N,) float32. traits: (N, k) float32, with target names and
-    integer ranges: ``task.target_ranges``, else ``documented_range`` (the
-    scale a data format documents: (low, high) for every target or one pair per
-    target), else the training labels' floor-min and ceil-max, which is logged as
-    a warning (a 1-7 trait whose training maximum is 6 would become MA6).
-    ``task.targets`` keeps some of the label columns only (names of
-    ``task.target_names``, or column indices): one trait on request.
+    sentiment: (N,) float32; a range (``task.target_ranges`` with one pair, else
+    ``documented_range``) is recorded as ``range`` and checked. traits: (N, k) float32,
+    with target names and integer ranges per target: ``task.target_ranges`` (one pair
+    per label column, or a mapping from target name to pair), else
+    ``documented_range`` (the scale a data format documents: (low, high) for every
+    target, one pair per target, or a mapping from trait name to pair, looked up by
+    ``task.target_names``), else the training labels' floor-min and ceil-max, which is
+    logged as a warning (a 1-7 trait whose training maximum is 6 would become MA6) and
+    not checked. Labels outside a configured or documented range are refused, naming
+    their file and row (``where(row)``), or clipped into it with a warning when
+    ``task.out_of_range`` is ``clip``. ``task.targets`` keeps some of the label columns
+    only (names of ``task.target_names``, or column indices): one trait on request.
     classification: (N,) int64 class indices into the sorted class values of the
     training rows. ``label_info`` (from a checkpoint) fixes names, ranges, columns
     and classes.
     """
     if task_type not in TASK_TYPES:
         raise ValueError(f"unknown task type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
+    where = where or (lambda row: f"{origin} row {row}")
+    policy = task.get("out_of_range", "error")
+    documented_source = f"the documented scale of {dataset}" if dataset else "the documented scale of the data"
     if task_type == "classification":
         values = raw.astype(str) if raw.dtype.kind in "US" else raw
         if values.ndim != 1:
@@ -185,7 +289,20 @@ def encode_labels(
                 f"{origin}: sentiment labels must have shape (N,), got {raw.shape}; "
                 "use task.type: traits for several targets"
             )
-        return labels, {}
+        if label_info and label_info.get("range"):
+            pair, source = list(label_info["range"]), "the checkpoint's range"
+        elif task.get("target_ranges") is not None:
+            configured = task["target_ranges"]
+            if isinstance(configured, Mapping) or len(configured) != 1:
+                raise ValueError("task.target_ranges: a sentiment task takes one [low, high] pair")
+            pair, source = [float(v) for v in configured[0]], "task.target_ranges"
+        else:
+            pair = _documented_ranges(documented_range, ["label"], origin)[0] if documented_range is not None else None
+            source = documented_source
+        if pair is None:
+            return labels, {}
+        labels = _apply_ranges(labels[:, None], [pair], [source], ["label"], policy, where)[:, 0]
+        return labels, {"range": pair}
     if labels.ndim == 1:
         labels = labels[:, None]
     if labels.ndim != 2:
@@ -195,25 +312,47 @@ def encode_labels(
         if max(columns) >= labels.shape[1]:
             raise ValueError(f"{origin}: the checkpoint reads label column {max(columns)}, the labels have {labels.shape[1]}")
         info = {"names": list(label_info["names"]), "ranges": [list(r) for r in label_info["ranges"]], "columns": columns}
-        return labels[:, columns], info
+        checked = list(label_info.get("checked", [False] * len(columns)))  # older checkpoints: not checked
+        info["checked"] = checked
+        sources = ["the checkpoint's range" if c else None for c in checked]
+        return _apply_ranges(labels[:, columns], info["ranges"], sources, info["names"], policy, where), info
     k = labels.shape[1]
     names = list(task.get("target_names") or [f"t{i}" for i in range(k)])
-    ranges = task.get("target_ranges")
-    if ranges is None and documented_range is not None:
-        documented = np.asarray(documented_range, dtype=np.float64)
-        ranges = np.broadcast_to(documented, (k, 2)).tolist() if documented.ndim == 1 else documented.tolist()
-    if ranges is None:
-        train = labels[train_rows]
-        ranges = [[float(np.floor(np.nanmin(train[:, i]))), float(np.ceil(np.nanmax(train[:, i])))] for i in range(k)]
+    if len(names) != k:
+        raise ValueError(f"{origin}: {k} trait targets but {len(names)} target_names")
+    configured = _configured_ranges(task.get("target_ranges"), names, origin)
+    documented = _documented_ranges(documented_range, names, origin)
+    ranges: list[list[float]] = []
+    sources: list[str | None] = []
+    guessed = []
+    train = labels[train_rows]
+    for i in range(k):
+        if configured[i] is not None:
+            ranges.append(configured[i])
+            sources.append("task.target_ranges")
+        elif documented[i] is not None:
+            ranges.append(documented[i])
+            sources.append(documented_source)
+        else:
+            ranges.append([float(np.floor(np.nanmin(train[:, i]))), float(np.ceil(np.nanmax(train[:, i])))])
+            sources.append(None)
+            guessed.append(i)
+    for name, (low, high), source in zip(names, ranges, sources, strict=True):
+        if not (np.isfinite(low) and np.isfinite(high) and round(high) - round(low) >= 1):
+            raise ValueError(
+                f"{origin}: the range of target {name!r} is [{low:g}, {high:g}] ({source or 'the training labels'}); "
+                "MA-k needs at least 2 integer classes: set task.target_ranges"
+            )
+    if guessed:
+        hint = ""
+        if isinstance(documented_range, Mapping):
+            hint = f" ({dataset or 'the data set'} documents scales for the traits named {sorted(set(documented_range))[:6]}...)"
         log.warning(
             "%s: trait ranges taken from the training labels (%s); the multi-class accuracy needs the "
-            "documented scale: set task.target_ranges", origin, ", ".join(f"{n} {r}" for n, r in zip(names, ranges, strict=False)),
+            "documented scale: set task.target_ranges%s", origin,
+            ", ".join(f"{names[i]} {ranges[i]}" for i in guessed), hint,
         )
-    ranges = [[float(low), float(high)] for low, high in ranges]
-    if len(names) != k or len(ranges) != k:
-        raise ValueError(
-            f"{origin}: {k} trait targets but {len(names)} target_names and {len(ranges)} target_ranges"
-        )
+    labels = _apply_ranges(labels, ranges, sources, names, policy, where)
     columns = list(range(k))
     if task.get("targets"):
         columns = []
@@ -230,6 +369,7 @@ def encode_labels(
             raise ValueError(f"{origin}: task.targets names a target twice: {task['targets']}")
     return labels[:, columns], {
         "names": [names[c] for c in columns], "ranges": [ranges[c] for c in columns], "columns": columns,
+        "checked": [sources[c] is not None for c in columns],
     }
 
 
@@ -243,7 +383,7 @@ def _check_labels(origin: str, targets: np.ndarray, rows: np.ndarray, task_type:
                 f"do not have (classes: {label_info['classes'][:20]})"
             )
         return
-    finite = np.isfinite(used.reshape(used.shape[0], -1)).all(axis=1)
+    finite = np.isfinite(used).all(axis=tuple(range(1, used.ndim)))  # per row (N = 0 too)
     if not finite.all():
         row = int(rows[np.flatnonzero(~finite)[0]])
         raise ValueError(f"{origin}: the label of row {row} is not finite")
@@ -283,7 +423,8 @@ def prepare_data(
     names = [str(name) for name in names]
     if len(set(names)) != len(names):
         raise ValueError(f"data.modalities names a modality twice: {names}")
-    loaded = [_modality(table, name) for name in names]
+    padding = "auto" if table.padding_applied else data.get("padding", "auto")
+    loaded = [_modality(table, name, padding) for name in names]
     count = loaded[0][0].shape[0]
     for name, (array, _) in zip(names, loaded, strict=True):
         if array.shape[0] != count:
@@ -331,7 +472,7 @@ def prepare_data(
             raise ValueError(f"{origin}: label array {label_name!r} has {raw.shape[0]} rows, modalities have {count}")
         targets, info = encode_labels(
             raw, task_type, train_rows, task, origin=origin, label_info=label_info,
-            documented_range=table.label_range,
+            documented_range=table.label_range, where=table.where, dataset=table.dataset,
         )
         for rows in rows_of.values():
             _check_labels(origin, targets, rows, task_type, info)

@@ -128,13 +128,19 @@ def is_synthetic(source: str) -> bool:
 
 
 def load_source(
-    source: str, *, base: str | Path | None = None, padding: str = "auto", label_range: Any = None
+    source: str,
+    *,
+    base: str | Path | None = None,
+    padding: str = "auto",
+    label_range: Any = None,
+    modalities: Any = None,
 ) -> ArrayTable:
     """The arrays of a data source: a ``synthetic:...`` spec or a file path.
 
     A directory in the word-aligned MFN layout is read by
     :func:`~polyfuse.data.formats.word_aligned.load_word_aligned` (``padding``,
-    ``label_range``: see there). A relative path is tried as given and, failing that, relative to ``base``
+    ``label_range``, ``modalities``: see there; only the named modalities are read,
+    default all present). A relative path is tried as given and, failing that, relative to ``base``
     (the directory of the configuration file that named it).
     """
     if not isinstance(source, str) or not source:
@@ -145,7 +151,7 @@ def load_source(
     if not path.is_absolute() and not path.exists() and base is not None and (Path(base) / path).exists():
         path = Path(base) / path
     if is_word_aligned(path):  # a new_data/<dataset>/ directory of the MFN layout
-        return load_word_aligned(path, padding=padding, label_range=label_range)
+        return load_word_aligned(path, modalities=modalities, padding=padding, label_range=label_range)
     return load_arrays(path)
 
 

@@ -82,8 +82,14 @@ def resolve_partitions(
             raise ValueError(f"data.split_values: unknown partition {key!r}; expected train, valid, test")
         values[key] = tuple(str(name) for name in names)
     all_rows = np.arange(count)
+    def carve(rows: np.ndarray, fraction: float, draw: int, part: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return carve_groups(rows, groups, fraction, draw)
+        except ValueError as error:
+            raise ValueError(f"{origin}: carving the {part} part: {error}") from None
+
     if split is None:
-        train, test = carve_groups(all_rows, groups, test_fraction, seed + 1)
+        train, test = carve(all_rows, test_fraction, seed + 1, "test")
         valid = np.array([], dtype=np.int64)
     else:
         names = split.astype(str)
@@ -99,5 +105,5 @@ def resolve_partitions(
     if train.size == 0:
         raise ValueError(f"{origin}: the split has no training rows")
     if valid.size == 0:
-        train, valid = carve_groups(train, groups, validation_fraction, seed)
+        train, valid = carve(train, validation_fraction, seed, "validation")
     return {"train": train, "valid": valid, "test": test}

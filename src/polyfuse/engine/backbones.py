@@ -4,6 +4,13 @@
 its keyword arguments, and ``model.fusion`` the extra module (any registered fusion
 module, with ``model.options.<fusion>`` and ``model.fusion_dim``), or ``none`` for
 the backbone alone.
+
+``lstm_lmf`` reads one modality with its LSTM (LMF's text subnetwork) and the others
+with the pooled audio / video subnetwork: ``model.options.lstm_lmf.text`` names that
+modality (a name of ``data.modalities`` or an index); by default the modality named
+``text``. Without a modality named ``text`` and without the option the build is
+refused: the LSTM would otherwise read whichever modality comes first (audio, when a
+data set has no text).
 """
 
 from __future__ import annotations
@@ -34,6 +41,25 @@ def _backbone_options(config: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
+def _lstm_modality(options: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """``lstm_lmf``'s ``text`` option as an index: a modality name, an index, or by default
+    the modality named ``text`` (refused when there is none)."""
+    text = options.get("text")
+    if isinstance(text, int) and not isinstance(text, bool):
+        return options
+    if text is None:
+        if "text" not in names:
+            raise ValueError(
+                f"model.backbone lstm_lmf reads one modality with its LSTM (LMF's text subnetwork) and none of "
+                f"the modalities {list(names)} is named 'text': set model.options.lstm_lmf.text to the one the "
+                "LSTM should read (a name or an index), the others get the pooled audio / video subnetwork"
+            )
+        text = "text"
+    if text not in names:
+        raise ValueError(f"model.options.lstm_lmf.text names {text!r}, not one of the modalities {list(names)}")
+    return {**options, "text": list(names).index(text)}
+
+
 def build_named_backbone(
     config: Mapping[str, Any],
     input_dims: Sequence[int],
@@ -43,6 +69,8 @@ def build_named_backbone(
     """The backbone of ``model.backbone`` with the extra module of ``model.fusion``."""
     model = config["model"]
     options = _backbone_options(config)
+    if model["backbone"] == "lstm_lmf":
+        options = _lstm_modality(options, names)
     fusion = model["fusion"]
     extra = None
     if fusion != "none":

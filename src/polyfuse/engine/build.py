@@ -65,11 +65,15 @@ def build_data(
     """Load the data source (``source`` overrides ``data.source``) and prepare it."""
     data = dict(config["data"])
     data["source"] = source or data["source"]
-    task = config["task"]
-    label_range = task.get("target_ranges") if task["type"] == "traits" else None
-    table = load_source(data["source"], base=base, padding=data.get("padding", "auto"), label_range=label_range)
+    table = load_source(
+        data["source"], base=base, padding=data.get("padding", "auto"), modalities=data.get("modalities") or None
+    )
     if not data.get("modalities") and is_synthetic(data["source"]):
         data["modalities"] = synthetic_modalities(data["source"])
+        if data.get("split") is None:
+            data["split"] = "split"
+    if table.modalities:  # a word-aligned directory: the modalities it holds, its own split
+        data["modalities"] = data.get("modalities") or list(table.modalities)
         if data.get("split") is None:
             data["split"] = "split"
     return prepare_data(

@@ -5,9 +5,11 @@ data partitions stay fixed by ``data.split_seed``), each run testing its best
 validation checkpoint once. The table gives, per model and metric, the mean and
 the sample standard deviation (ddof = 1) over seeds of the validation monitor
 (what picked each run's checkpoint) and of the test metrics, and the mean wall
-time of a run; regression tasks add the test metrics of a constant prediction
-(the training mean). Written beside the runs: ``runs.csv`` (one line per run),
-``summary.csv``, ``summary.md`` and, for regression, ``baseline.json``.
+time of a run; regression tasks add the test metrics of constant predictions:
+the training median of each target (the best constant for MAE) and the training
+mean (the best constant for MSE), one row each where they differ. Written beside
+the runs: ``runs.csv`` (one line per run), ``summary.csv``, ``summary.md`` and, for
+regression, ``baseline.json`` (row name -> test metrics).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import json
 import math
 import re
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import polyfuse.nn
@@ -30,7 +34,19 @@ from polyfuse.engine.config import deep_merge, load_config, resolve_config
 from polyfuse.engine.run import train
 from polyfuse.metrics import metric_values, sentiment_metrics, trait_metrics
 
-__all__ = ["ModelEntry", "compare", "constant_baseline", "format_summary", "parse_models", "summarise"]
+__all__ = [
+    "CONSTANT_ROWS",
+    "ModelEntry",
+    "compare",
+    "constant_baseline",
+    "constant_baselines",
+    "format_summary",
+    "parse_models",
+    "summarise",
+]
+
+#: the row names of the constant predictions, by the training statistic predicted
+CONSTANT_ROWS = {"median": "constant (train median)", "mean": "constant (train mean)"}
 
 # Column order and headers for the MOSI metrics; other tasks list their keys as they come.
 _HEADERS = {
@@ -119,7 +135,7 @@ def compare(
     monitor = monitor_of(base)[0].replace("/", "_")  # val/mae -> val_mae
     summary = summarise(records, validation_key=monitor)
     _write_csv(out_dir / "summary.csv", summary)
-    baseline = constant_baseline(base)
+    baseline = constant_baselines(base)
     if baseline:
         (out_dir / "baseline.json").write_text(json.dumps(baseline, indent=2) + "\n")
     (out_dir / "summary.md").write_text(format_summary(summary, baseline) + "\n")
@@ -182,18 +198,23 @@ def _label(row: Mapping[str, Any]) -> str:
     return f"{row['model']} (n={row['runs']})" if row.get("runs") else str(row["model"])
 
 
-def format_summary(summary: Sequence[Mapping[str, Any]], baseline: Mapping[str, float] | None = None) -> str:
+def format_summary(
+    summary: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any] | None = None
+) -> str:
     """Markdown: one table of mean ± std per averaged metric (accuracies and F1 in %,
     the rest as fractions or label units); a ``val_`` column is the validation
     monitor, all others are test metrics. Per-target metrics (``mae/<trait>``, ...)
-    follow in one table per metric, a column per target. ``baseline`` (test
-    metrics of a constant prediction, see :func:`constant_baseline`) is a last row."""
+    follow in one table per metric, a column per target. ``baseline`` (row name ->
+    test metrics of a constant prediction, see :func:`constant_baselines`; or one
+    metrics dict, the training mean's) gives the last rows."""
     if not summary:
         return "(no runs)"
     keys = [k[: -len("_mean")] for k in summary[0] if k.endswith("_mean") and k not in ("seconds_mean", "epochs_mean")]
     rows = list(summary)
-    if baseline:
-        rows.append({"model": "constant: training mean", **{f"{k}_mean": v for k, v in baseline.items()}})
+    if baseline and not all(isinstance(v, Mapping) for v in baseline.values()):
+        baseline = {CONSTANT_ROWS["mean"]: baseline}
+    for name, metrics in (baseline or {}).items():
+        rows.append({"model": name, **{f"{k}_mean": v for k, v in metrics.items()}})
     overall = [k for k in keys if "/" not in k]
     headers = ["model", *(_header(k) for k in overall), "s / run"]
     lines = ["| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]
@@ -212,24 +233,53 @@ def format_summary(summary: Sequence[Mapping[str, Any]], baseline: Mapping[str, 
     return "\n".join(lines)
 
 
-def constant_baseline(config: Mapping[str, Any]) -> dict[str, float]:
-    """Test metrics of predicting the training mean of every target (regression
-    tasks: sentiment, traits), the floor that MAE and multi-class accuracy of a
-    weak-signal dataset must be read against; {} for classification."""
+def constant_baseline(config: Mapping[str, Any], statistic: str = "mean") -> dict[str, float]:
+    """Test metrics of predicting a training statistic of every target (regression
+    tasks: sentiment, traits): ``mean`` (the best constant for MSE) or ``median``
+    (the best constant for MAE); {} for classification."""
+    return constant_baselines(config, statistics=(statistic,)).get(CONSTANT_ROWS[statistic], {})
+
+
+def constant_baselines(
+    config: Mapping[str, Any], statistics: Sequence[str] = ("median", "mean")
+) -> dict[str, dict[str, float]]:
+    """Test metrics of constant predictions, row name (:data:`CONSTANT_ROWS`) -> metrics:
+    the floor that MAE and multi-class accuracy of a weak-signal dataset must be read
+    against. The training median of each target minimises the training MAE of a
+    constant, the training mean its MSE, so a table of MAE shows the median's row: the
+    mean's would flatter every model. Where the two are equal for every target, one
+    row ``constant (train mean = median)``. {} for classification."""
     task_type = config["task"]["type"]
     if task_type not in ("sentiment", "traits"):
         return {}
+    unknown = [s for s in statistics if s not in CONSTANT_ROWS]
+    if unknown:
+        raise ValueError(f"unknown constant {unknown[0]!r}; expected one of {', '.join(CONSTANT_ROWS)}")
     data = build_data(config, partitions=["train", "test"])
-    targets = torch.from_numpy(data.targets)
+    targets = torch.from_numpy(data.targets).double()
     train, test = (torch.from_numpy(data.partitions[p].rows) for p in ("train", "test"))
-    constant = targets[train].mean(dim=0, keepdim=True).expand_as(targets[test])
-    if task_type == "sentiment":
-        values = sentiment_metrics(constant.contiguous(), targets[test])
-        values["corr"] = torch.tensor(float("nan"))  # undefined for a constant prediction
-    else:
-        info = data.label_info
-        values = trait_metrics(constant.contiguous(), targets[test], ranges=info["ranges"], names=info["names"])
-    return metric_values(values)
+    # torch.median returns the lower of the two middle values; the mean of both is the usual median
+    constants = {
+        "mean": targets[train].mean(dim=0, keepdim=True),
+        "median": torch.from_numpy(np.median(targets[train].numpy(), axis=0, keepdims=True)),
+    }
+    chosen = {CONSTANT_ROWS[statistic]: statistic for statistic in statistics}
+    if set(statistics) == {"mean", "median"} and torch.equal(constants["mean"], constants["median"]):
+        chosen = {"constant (train mean = median)": "mean"}
+    rows: dict[str, dict[str, float]] = {}
+    for name, statistic in chosen.items():
+        constant = constants[statistic].float().expand(len(test), *targets.shape[1:]).contiguous()
+        actual = targets[test].float()
+        if task_type == "sentiment":
+            with warnings.catch_warnings():  # torchmetrics warns of the zero variance, corr is NaN anyway
+                warnings.filterwarnings("ignore", message=r".*variance of predictions or target is close to zero.*")
+                values = sentiment_metrics(constant, actual)
+            values["corr"] = torch.tensor(float("nan"))  # undefined for a constant prediction
+        else:
+            info = data.label_info
+            values = trait_metrics(constant, actual, ranges=info["ranges"], names=info["names"])
+        rows[name] = metric_values(values)
+    return rows
 
 
 def _header(key: str) -> str:

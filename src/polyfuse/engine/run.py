@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from polyfuse import __version__
 from polyfuse.data import FeatureStats, PreparedData
 from polyfuse.data.datamodule import FusionDataModule
 from polyfuse.engine.build import build_data, build_task, build_trainer, monitor_of
@@ -41,6 +42,7 @@ from polyfuse.engine.checkpoints import (
     load_state,
     read_checkpoint,
 )
+from polyfuse.engine.compat import warn_default_changes
 from polyfuse.engine.config import dump_config, load_config, resolve_config
 from polyfuse.engine.divergence import divergence_message
 from polyfuse.engine.errors import DivergenceError, RunInterrupted
@@ -185,6 +187,12 @@ def _train(
         display = {k: v for k, v in saved.get("trainer", {}).items() if k in DISPLAY_KEYS}
         config = {**config, "trainer": {**config.get("trainer", {}), **display}}
     config = resolve_config(config)
+    if resume is not None:  # the saved run keeps the version it recorded (none: an older run)
+        warn_default_changes(config, origin=f"{Path(run_dir) / 'config.yaml'}")
+    else:  # a configuration file that states an older version; the run records this one
+        name = config.get("name")
+        warn_default_changes(config, origin=f"configuration {name!r}" if name else "the configuration", saved=False)
+        config["polyfuse_version"] = __version__
     run_dir, lock = _claim(config, run_dir, resuming=resume is not None)
     try:
         return _train_in(config, run_dir, resume_checkpoint, callbacks)
@@ -327,6 +335,7 @@ def load_model(checkpoint: str | Path) -> tuple[FusionTask, dict[str, Any]]:
     """The task module of a checkpoint, weights loaded, in eval mode, and its stored extras."""
     state_dict, extras = load_state(checkpoint)
     config = resolve_config(extras["config"])
+    warn_default_changes(config, origin=str(checkpoint))
     extras = {**extras, "config": config}
     if config["task"]["type"] == "vqa":
         from polyfuse.engine.vqa_run import load_vqa_model

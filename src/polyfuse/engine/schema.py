@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -54,16 +55,30 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 
+def _ordered_range(value: list[float]) -> list[float]:
+    if not all(math.isfinite(v) for v in value) or not value[0] < value[1]:
+        raise ValueError(f"a range is [low, high] with finite low < high, got {value}")
+    return value
+
+
+_Range = Annotated[list[float], Field(min_length=2, max_length=2), AfterValidator(_ordered_range)]
+
+
 class TaskConfig(_Section):
     """What is predicted and how it is scored."""
 
     type: str = Field("sentiment", description="sentiment | traits | classification | vqa | captioning (polyfuse.tasks.TASKS)")
     loss: str = Field("l1", description="regression loss: l1 | mse | smooth_l1")
     target_names: list[str] | None = Field(None, description="traits: one name per target column")
-    target_ranges: list[Annotated[list[float], Field(min_length=2, max_length=2)]] | None = Field(
+    target_ranges: list[_Range] | dict[str, _Range] | None = Field(
         None,
-        description="traits: [[low, high], ...] (default: the scale the data format documents, "
-        "else the training labels, with a warning)",
+        description="traits: [[low, high], ...] per label column, or {target name: [low, high]}; sentiment: "
+        "[[low, high]] (default: the scale the data format documents, else for traits the training labels, "
+        "with a warning); sets MA<c> (c = high - low + 1); labels outside are refused (see out_of_range)",
+    )
+    out_of_range: Literal["error", "clip"] = Field(
+        "error", description="a label outside its configured or documented range: error (naming file and row) "
+        "| clip (into the range, said in the run log)",
     )
     targets: list[str | int] | None = Field(
         None, description="traits: the label columns to predict, by target name or index (default: all)"
@@ -97,7 +112,8 @@ class DataConfig(_Section):
     modalities: list[str] | None = Field(None, description="array names, in order (a comma-separated string works too)")
     label: str = Field("label", description="label array name")
     padding: Literal["left", "right", "auto"] = Field(
-        "auto", description="word-aligned directories: left (CMU / MFN) | right | auto (detected)"
+        "auto", description="left (CMU / MFN: zeros first) | right | auto (word-aligned directories: detected; "
+        ".npz / .h5: real steps first, lengths arrays); left / right find the real steps from the zero padding"
     )
     split: str | None = Field(None, description="split array name (values train / valid / test)")
     split_values: dict[Literal["train", "valid", "test"], list[str | int]] | None = Field(
@@ -238,6 +254,10 @@ class RunConfig(_Section):
     """A whole run configuration."""
 
     name: str | None = Field(None, description="run name: the directory under output_dir (default: config file name)")
+    polyfuse_version: str | None = Field(
+        None, description="the polyfuse version the configuration was written for; a run records the version that "
+        "trained it. Older than a changed default it relies on: a warning (polyfuse.engine.compat, CHANGELOG.md)",
+    )
     seed: Annotated[int, AfterValidator(_seed_range)] = Field(0, description=f"seed of initialisation, shuffling and dropout, in [0, {SEED_MAX}]")
     output_dir: str = Field("runs", description="where runs are written (relative to the config file when set there)")
     task: TaskConfig = Field(default_factory=TaskConfig, description="task section")
@@ -247,6 +267,15 @@ class RunConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="trainer section")
     captioning: CaptioningConfig | None = Field(None, description="task.type captioning: features, captions, splits, generation")
     decoder: DecoderConfig | None = Field(None, description="task.type captioning: the caption decoder (default section when captioning)")
+
+    @field_validator("polyfuse_version")
+    @classmethod
+    def _a_version(cls, value: str | None) -> str | None:
+        from polyfuse.engine.compat import parse_version
+
+        if value is not None:
+            parse_version(value)
+        return value
 
     @field_validator("name")
     @classmethod

@@ -28,9 +28,18 @@ from pathlib import Path
 
 import numpy as np
 
-from polyfuse.data.arrays import ArrayTable
+from polyfuse.data.arrays import ArrayTable, H5Arrays
 
-__all__ = ["PADDINGS", "SPLITS", "WORD_ALIGNED_DATASETS", "is_word_aligned", "load_word_aligned"]
+__all__ = [
+    "PADDINGS",
+    "SPLITS",
+    "WORD_ALIGNED_DATASETS",
+    "is_word_aligned",
+    "load_word_aligned",
+    "move_real_steps_to_front",
+    "present_modalities",
+    "zero_padding_real_steps",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +47,32 @@ SPLITS = ("train", "valid", "test")
 PADDINGS = ("auto", "left", "right")
 MODALITIES = ("text", "audio", "video")
 
-# The documented label scales, which the labels are checked against (MOSI: Zadeh et al. 2016;
-# ICT-MMMO: 1-5 ratings; POM: 1-7 Likert traits; YouTube: three classes, kept as stored):
-# (low, high) per target, the task that reads them and its metrics.
+# POM's traits (Park et al. 2014) and the scales they were rated on, as the MAN paper's
+# Table 2 scores them: MA7 (a 1-7 scale) for confident, passionate, voice pleasant,
+# dominant, credible, vivid, expertise, entertaining and persuasive; MA5 (1-5) for
+# reserved, trusting, relaxed, outgoing, thorough, nervous and humorous. Keys are
+# trait names as written by :func:`polyfuse.data.prepare.trait_key` (lower case, ``_``
+# for spaces), with the paper's three-letter abbreviations as aliases.
+_POM_SCALES = {
+    (1.0, 7.0): ("confident con", "passionate pas", "voice_pleasant voice voi", "dominant dom", "credible cre",
+                 "vivid viv", "expertise exp", "entertaining ent", "persuasive persuasiveness per"),
+    (1.0, 5.0): ("reserved res", "trusting tru", "relaxed rel", "outgoing out", "thorough tho", "nervous ner",
+                 "humorous hum"),
+}
+POM_TRAIT_RANGES: dict[str, tuple[float, float]] = {
+    alias: scale for scale, traits in _POM_SCALES.items() for trait in traits for alias in trait.split()
+}
+
+# The documented label scales the directory name selects (MOSI: [-3, 3], Zadeh et al. 2016
+# and the MAN paper, section 3.1; ICT-MMMO: 1-5 ratings; POM: per trait, above, looked up
+# by task.target_names; YouTube: three classes, kept as stored): ``range`` is (low, high)
+# for every target or a mapping from trait name to (low, high); the task that reads them
+# and its metrics. Labels are checked against them by :func:`polyfuse.data.prepare.encode_labels`.
 WORD_ALIGNED_DATASETS: dict[str, dict[str, object]] = {
     "mosi": {"range": (-3.0, 3.0), "task": "sentiment", "metrics": "MAE, Corr, Acc2, F1, Acc7"},
     "mmmo": {"range": (1.0, 5.0), "task": "sentiment", "metrics": "MAE, Corr, binary accuracy"},
     "youtube": {"range": None, "task": "classification", "metrics": "3-class accuracy, macro F1"},  # classes as stored
-    "pom": {"range": (1.0, 7.0), "task": "traits", "metrics": "per-trait MAE, Pearson r, multi-class accuracy"},
+    "pom": {"range": POM_TRAIT_RANGES, "task": "traits", "metrics": "per-trait MAE, Pearson r, MA5 / MA7"},
 }
 
 
@@ -55,24 +82,26 @@ def is_word_aligned(path: str | Path) -> bool:
     return path.is_dir() and (path / "y_train.h5").is_file()
 
 
-def _read_single(path: Path) -> np.ndarray:
-    import h5py
+def present_modalities(directory: str | Path) -> list[str]:
+    """The modalities of a word-aligned directory: every ``<name>_train.h5`` but
+    ``y_train.h5`` (text, audio, video first, then the others by name)."""
+    names = {path.name[: -len("_train.h5")] for path in Path(directory).glob("*_train.h5")} - {"y"}
+    return [m for m in MODALITIES if m in names] + sorted(names - set(MODALITIES))
 
+
+def _read_single(path: Path) -> np.ndarray:
+    """The one dataset of an MFN file (``d1``), read as :class:`~polyfuse.data.arrays.H5Arrays`
+    reads any HDF5 file: bounded in size, no external storage, links or virtual datasets."""
     if not path.is_file():
         raise FileNotFoundError(f"word-aligned data: {path} is missing")
-    try:
-        with h5py.File(path, "r") as handle:
-            names = [name for name, node in handle.items() if isinstance(node, h5py.Dataset)]
-            if "d1" in names:
-                names = ["d1"]
-            if len(names) != 1:
-                raise ValueError(f"{path}: expected one dataset (MFN's 'd1'), found {names or 'none'}")
-            return np.asarray(handle[names[0]][()])
-    except OSError as error:
-        raise ValueError(f"{path}: cannot read as HDF5: {error}") from None
+    arrays = H5Arrays(path)
+    names = ["d1"] if "d1" in arrays else list(arrays)
+    if len(names) != 1:
+        raise ValueError(f"{path}: expected one dataset (MFN's 'd1'), found {names or 'none'}")
+    return arrays[names[0]]
 
 
-def _real_steps(array: np.ndarray) -> np.ndarray:
+def zero_padding_real_steps(array: np.ndarray) -> np.ndarray:
     """(N, T) bool: steps that are not all zero."""
     return np.any(array != 0, axis=-1)
 
@@ -97,7 +126,7 @@ def _detect_padding(real: np.ndarray, origin: str) -> str:
     )
 
 
-def _to_front(array: np.ndarray, real: np.ndarray, padding: str) -> tuple[np.ndarray, np.ndarray]:
+def move_real_steps_to_front(array: np.ndarray, real: np.ndarray, padding: str) -> tuple[np.ndarray, np.ndarray]:
     """Real steps first: (N, T, d) and (N,) lengths (steps up to the last real one for
     right padding, from the first real one for left padding; zero rows inside stay)."""
     steps = array.shape[1]
@@ -116,7 +145,7 @@ def _to_front(array: np.ndarray, real: np.ndarray, padding: str) -> tuple[np.nda
 def load_word_aligned(
     directory: str | Path,
     *,
-    modalities: Sequence[str] = MODALITIES,
+    modalities: Sequence[str] | None = None,
     padding: str = "auto",
     label_range: Sequence[float] | Sequence[Sequence[float]] | None = None,
     dataset: str | None = None,
@@ -125,13 +154,16 @@ def load_word_aligned(
 
     Args:
         directory: the folder with ``{modality}_{split}.h5`` and ``y_{split}.h5``.
-        modalities: which modalities to read.
+        modalities: which modalities to read, any subset of those present (default:
+            all present, see :func:`present_modalities`).
         padding: ``left`` (CMU / MFN: zeros first), ``right``, or ``auto`` (detected
             per file and logged; a file that fits neither is refused).
-        label_range: (low, high), or one pair per target: the documented scale;
-            a label outside it is an error naming the file. Default: the scale of
+        label_range: (low, high), one pair per target, or a mapping from trait name
+            to (low, high): the documented scale, recorded on the table; the labels
+            are checked against it (or clipped on request) when the data is prepared,
+            each refused label named by its file and row. Default: the scale of
             ``dataset`` (``mosi``, ``mmmo``, ``youtube``, ``pom``; default: the
-            directory's name) when known, else unchecked.
+            directory's name, see :data:`WORD_ALIGNED_DATASETS`) when known, else none.
         dataset: the dataset name for ``label_range``.
     """
     directory = Path(directory)
@@ -142,6 +174,12 @@ def load_word_aligned(
     dataset = (dataset or directory.name).lower()
     if label_range is None and dataset in WORD_ALIGNED_DATASETS:
         label_range = WORD_ALIGNED_DATASETS[dataset]["range"]  # type: ignore[assignment]
+    available = present_modalities(directory)
+    if modalities is None:
+        modalities = available
+        if not modalities:
+            raise FileNotFoundError(f"{directory}: no modality files (<modality>_train.h5 next to y_train.h5)")
+    modalities = list(modalities)
     present = {m: [(directory / f"{m}_{s}.h5").is_file() for s in SPLITS] for m in modalities}
     for name, found in present.items():
         if any(found) and not all(found):
@@ -152,14 +190,17 @@ def load_word_aligned(
                 f"({', '.join(f'{name}_{s}.h5' for s in lack)})"
             )
         if not any(found):
-            raise FileNotFoundError(f"{directory}: no {name}_train.h5 / _valid.h5 / _test.h5 for modality {name!r}")
+            raise FileNotFoundError(
+                f"{directory}: no {name}_train.h5 / _valid.h5 / _test.h5 for modality {name!r}; "
+                f"modalities present: {', '.join(available) or 'none'} (set data.modalities to a subset of them)"
+            )
     arrays: dict[str, list[np.ndarray]] = {}
     labels, split, index = [], [], []
     for part in SPLITS:
         y_path = directory / f"y_{part}.h5"
         y = _read_single(y_path)
+        _check_labels(y, y_path)
         count = y.shape[0]
-        _check_labels(y, y_path, label_range)
         labels.append(y.astype(np.float32))
         split.append(np.full(count, part, dtype="U5"))
         index.append(np.arange(count))
@@ -178,11 +219,11 @@ def load_word_aligned(
                     f"{arrays[name][0].shape[1:]}: the splits disagree"
                 )
             array = np.nan_to_num(array.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
-            real = _real_steps(array)
+            real = zero_padding_real_steps(array)
             used = _detect_padding(real, str(path)) if padding == "auto" else padding
             if padding == "auto":
                 log.info("%s: %s padding detected", path, used)
-            moved, lengths = _to_front(array, real, used)
+            moved, lengths = move_real_steps_to_front(array, real, used)
             arrays.setdefault(name, []).append(moved)
             arrays.setdefault(f"{name}_lengths", []).append(lengths)
     label_shapes = {y.shape[1:] for y in labels}
@@ -192,27 +233,19 @@ def load_word_aligned(
     table["label"] = np.concatenate(labels)
     table["split"] = np.concatenate(split)
     table["sample_index"] = np.concatenate(index)
-    return ArrayTable(str(directory), table, label_range=label_range)
+    split_of, row_of = table["split"], table["sample_index"]
+
+    def row_origin(row: int) -> str:
+        return f"{directory / f'y_{split_of[row]}.h5'} row {int(row_of[row])}"
+
+    return ArrayTable(
+        str(directory), table, label_range=label_range, modalities=tuple(modalities),
+        row_origin=row_origin, dataset=dataset, padding_applied=True,
+    )
 
 
-def _check_labels(y: np.ndarray, path: Path, label_range) -> None:
-    if y.dtype.kind not in "fiub":
-        raise ValueError(f"{path}: labels have dtype {y.dtype}; expected numbers")
+def _check_labels(y: np.ndarray, path: Path) -> None:
+    if y.dtype.kind not in "fiub" or y.ndim not in (1, 2):
+        raise ValueError(f"{path}: labels have shape {y.shape} ({y.dtype}); expected numbers of shape (N,) or (N, k)")
     if not np.isfinite(y).all():
         raise ValueError(f"{path}: labels hold NaN or Inf (row {int(np.argwhere(~np.isfinite(y))[0][0])})")
-    if label_range is None:
-        return
-    values = y.reshape(y.shape[0], -1)
-    ranges = np.asarray(label_range, dtype=np.float64)
-    if ranges.ndim == 1:
-        ranges = np.broadcast_to(ranges, (values.shape[1], 2))
-    if ranges.shape != (values.shape[1], 2):
-        raise ValueError(f"{path}: {values.shape[1]} targets but {ranges.shape[0]} label ranges")
-    outside = (values < ranges[:, 0]) | (values > ranges[:, 1])
-    if outside.any():
-        row, target = (int(v) for v in np.argwhere(outside)[0])
-        raise ValueError(
-            f"{path}: label {float(values[row, target])} at row {row} (target {target}) lies outside the "
-            f"documented range [{ranges[target, 0]:g}, {ranges[target, 1]:g}]; pass the right range "
-            "(task.target_ranges) or fix the file"
-        )

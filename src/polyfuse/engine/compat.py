@@ -1,0 +1,154 @@
+"""Changed defaults, and the message an old configuration or checkpoint gets about them.
+
+A run records the polyfuse version that trained it (``polyfuse_version`` in its
+``config.yaml`` and in every checkpoint's configuration); a configuration file may
+state the version it was written for the same way. :data:`DEFAULT_CHANGES` lists the
+defaults a configuration can see change, each with the version that changed it.
+:func:`default_change_warnings` gives one message per change that a configuration
+recorded before that version relies on (it uses the module and leaves the key to
+the default); :func:`warn_default_changes` logs them as warnings (the run log). A
+saved run or checkpoint without ``polyfuse_version`` predates the record and counts
+as version 0.1.0; a configuration file without it is taken as written for this
+version (nothing to say). CHANGELOG.md lists every change, these included.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from polyfuse import __version__
+
+__all__ = [
+    "DEFAULT_CHANGES",
+    "UNRECORDED_VERSION",
+    "DefaultChange",
+    "default_change_warnings",
+    "parse_version",
+    "warn_default_changes",
+]
+
+log = logging.getLogger(__name__)
+
+#: the version of a saved run or checkpoint that records none (before the record existed)
+UNRECORDED_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class DefaultChange:
+    """The default of ``key`` (a dotted configuration path) became ``new`` in ``version``;
+    ``uses(config)`` says whether a configuration builds what the key configures."""
+
+    version: str
+    key: str
+    old: Any
+    new: Any
+    uses: Callable[[Mapping[str, Any]], bool]
+    what: str
+
+
+def _fusion_is(name: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda config: (config.get("model") or {}).get("fusion", "man") == name
+
+
+def _lstm_lmf_without_text_first(config: Mapping[str, Any]) -> bool:
+    model, data = config.get("model") or {}, config.get("data") or {}
+    names = data.get("modalities") or []
+    return model.get("backbone") == "lstm_lmf" and bool(names) and names[0] != "text"
+
+
+DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
+    DefaultChange(
+        "0.2.0", "model.options.tfn.subnetworks", "light", "paper", _fusion_is("tfn"),
+        "TFN's modality subnetworks are the paper's (an LSTM for the text-like modalities, "
+        "3-layer networks for the others, a two-layer inference network), not a linear map per modality",
+    ),
+    DefaultChange(
+        "0.2.0", "model.options.lmf.subnetworks", "light", "paper", _fusion_is("lmf"),
+        "LMF's modality subnetworks are the paper's (an LSTM for the text-like modalities, "
+        "3-layer networks for the others); on CMU-MOSI an LMF row moved by 0.014 MAE",
+    ),
+    DefaultChange(
+        "0.2.0", "model.options.man.estimator", "arf", "gerf", _fusion_is("man"),
+        "MAN's had mode draws centred generalised random features (gerf) instead of the paper's "
+        "addition random features (arf)",
+    ),
+    DefaultChange(
+        "0.2.0", "model.options.man.stacking", "shared", "per_modality", _fusion_is("man"),
+        "MAN's stacked layers give each modality its own pass against the others' original "
+        "sequences (Eq. 13) instead of one shared pass",
+    ),
+    DefaultChange(
+        "0.2.0", "model.options.lstm_lmf.text", 0, "the modality named text", _lstm_lmf_without_text_first,
+        "the LSTM + LMF backbone's LSTM reads the modality named text (refused without one) "
+        "instead of the first modality",
+    ),
+)
+
+
+def parse_version(text: Any) -> tuple[int, ...]:
+    """``"0.2.0"`` -> (0, 2, 0); anything after a ``+`` or a non-digit tail of a part is ignored."""
+    parts = []
+    for part in str(text).split("+")[0].split("."):
+        digits = ""
+        for character in part:
+            if not character.isdigit():
+                break
+            digits += character
+        if not digits:
+            raise ValueError(f"polyfuse_version {text!r} is not a version such as {__version__}")
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _is_set(config: Mapping[str, Any], key: str) -> bool:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def default_change_warnings(
+    config: Mapping[str, Any], *, origin: str, recorded: Any = None, saved: bool = True
+) -> list[str]:
+    """One message per default changed after the version ``config`` was recorded with that it
+    relies on (uses the module, leaves the key unset).
+
+    ``recorded``: the version (default: ``config["polyfuse_version"]``); none recorded
+    counts as :data:`UNRECORDED_VERSION` for a saved run or checkpoint (``saved``), and
+    as this version for a configuration file (no message).
+    """
+    recorded = recorded if recorded is not None else config.get("polyfuse_version")
+    if recorded is None:
+        if not saved:
+            return []
+        recorded_text, recorded = f"no polyfuse version recorded (before {_first_change()})", UNRECORDED_VERSION
+    else:
+        recorded_text = f"polyfuse {recorded}"
+    then = parse_version(recorded)
+    messages = []
+    for change in DEFAULT_CHANGES:
+        if parse_version(change.version) <= then or _is_set(config, change.key) or not change.uses(config):
+            continue
+        messages.append(
+            f"{origin} ({recorded_text}) relies on the default of {change.key}, which changed in "
+            f"{change.version} from {change.old!r} to {change.new!r}: {change.what}; set "
+            f"{change.key}: {change.old} to build what it built then (see CHANGELOG.md)"
+        )
+    return messages
+
+
+def _first_change() -> str:
+    return min((change.version for change in DEFAULT_CHANGES), key=parse_version)
+
+
+def warn_default_changes(config: Mapping[str, Any], *, origin: str, saved: bool = True) -> list[str]:
+    """Log :func:`default_change_warnings` as warnings; returns them."""
+    messages = default_change_warnings(config, origin=origin, saved=saved)
+    for message in messages:
+        log.warning("%s", message)
+    return messages
