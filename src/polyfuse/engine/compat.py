@@ -81,6 +81,20 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "sequences (Eq. 13) instead of one shared pass",
     ),
     DefaultChange(
+        "0.2.0", "model.options.man.mode", "had", "auto", _fusion_is("man"),
+        "MAN computes exact attention while batch x heads x prod_j T_j <= exact_limit (2^21 tuples) "
+        "and had beyond, per call, instead of had always",
+    ),
+    DefaultChange(
+        "0.2.0", "model.options.man.exact_lsc", False, True, _fusion_is("man"),
+        "MAN's had mode computes the LSC part of the logits exactly over the chunk tuples and "
+        "estimates only the learned features (lower error; more work per call)",
+    ),
+    DefaultChange(
+        "0.2.0", "model.options.man.redraw_in_training", False, True, _fusion_is("man"),
+        "MAN draws fresh random features at every training forward instead of keeping one draw",
+    ),
+    DefaultChange(
         "0.2.0", "model.options.lstm_lmf.text", 0, "the modality named text", _lstm_lmf_without_text_first,
         "the LSTM + LMF backbone's LSTM reads the modality named text (refused without one) "
         "instead of the first modality",
