@@ -65,6 +65,6 @@ def test_a_run_records_its_version_and_an_unversioned_run_warns_on_resume_and_lo
     with caplog.at_level(logging.WARNING, logger="polyfuse.engine.compat"):
         train(None, resume=run)
     keys = sorted(r.getMessage().split("default of ")[1].split(",")[0] for r in caplog.records)
-    assert keys == ["model.options.man.estimator", "model.options.man.stacking", "model.options.man.mode",
-                    "model.options.man.exact_lsc", "model.options.man.redraw_in_training"]
+    assert keys == sorted(["model.options.man.estimator", "model.options.man.stacking", "model.options.man.mode",
+                           "model.options.man.exact_lsc", "model.options.man.redraw_in_training"])
     assert all(r.getMessage().startswith(f"{run / 'config.yaml'} (no polyfuse version recorded") for r in caplog.records)
