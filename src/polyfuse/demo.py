@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from polyfuse.data.synthetic import PlantedInteraction, planted_interaction
 from polyfuse.nn.registry import create
 
-__all__ = ["DEMO_MODELS", "DemoModel", "DemoResult", "format_table", "run_demo", "train_and_test"]
+__all__ = ["DEMO_MODELS", "DemoModel", "DemoResult", "format_table", "run_demo", "test_accuracy", "train_and_test"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ _MAN = {"hidden_dim": 32, "heads": 4, "chunks": 4, "lsc_scale": 2.0}
 DEMO_MODELS = (
     DemoModel("MAN (had)", "man", {**_MAN, "mode": "had", "num_random_features": 64}),
     DemoModel("MAN (exact)", "man", {**_MAN, "mode": "exact"}),
+    # auto: exact at this size (64 x 4 heads x 8 x 10 x 12 = 245,760 tuples <= 2^21)
+    DemoModel("MAN (auto)", "man", {**_MAN, "mode": "auto", "num_random_features": 64}),
     DemoModel("BAN (modalities 0, 1)", "ban", {"glimpses": 2}, modalities=(0, 1)),
     DemoModel("Concat", "concat"),
     # The fusion layers alone (one Linear+ReLU per modality over its mean): every model
@@ -53,6 +55,9 @@ class DemoResult:
     test_accuracy: float
     parameters: int
     seconds_per_epoch: float
+    # the trained classifier and the test split, kept when asked (keep_model=True)
+    model: nn.Module | None = None
+    test: PlantedInteraction | None = None
 
 
 class FusionClassifier(nn.Module):
@@ -83,6 +88,7 @@ def train_and_test(
     fused_dim: int = 32,
     seed: int = 0,
     progress: bool = True,
+    keep_model: bool = False,
 ) -> DemoResult:
     """Train one fusion method with Adam and binary cross-entropy; report test accuracy."""
     torch.manual_seed(seed)
@@ -111,12 +117,18 @@ def train_and_test(
             bar.set_postfix(loss=f"{loss.item():.3f}")
     seconds_per_epoch = (time.perf_counter() - start) / epochs
     bar.close()
+    accuracy = test_accuracy(model, test, spec.modalities)
+    parameters = sum(p.numel() for p in model.parameters())
+    kept = (model, test) if keep_model else (None, None)
+    return DemoResult(spec.label, accuracy, parameters, seconds_per_epoch, *kept)
+
+
+def test_accuracy(model: nn.Module, test: PlantedInteraction, modalities: tuple[int, ...] | None = None) -> float:
+    """Accuracy of the classifier's sign on the test split (evaluation mode, no gradients)."""
     model.eval()
     with torch.no_grad():
-        logits = model(*_select(test, spec.modalities, slice(None)))
-    accuracy = ((logits > 0) == (test.labels > 0)).float().mean().item()
-    parameters = sum(p.numel() for p in model.parameters())
-    return DemoResult(spec.label, accuracy, parameters, seconds_per_epoch)
+        logits = model(*_select(test, modalities, slice(None)))
+    return ((logits > 0) == (test.labels > 0)).float().mean().item()
 
 
 def run_demo(
@@ -127,6 +139,7 @@ def run_demo(
     seed: int = 0,
     models: tuple[DemoModel, ...] = DEMO_MODELS,
     progress: bool = True,
+    keep_models: bool = False,
 ) -> list[DemoResult]:
     """Generate the planted-interaction task and train every model on it."""
     data = planted_interaction(
@@ -136,7 +149,7 @@ def run_demo(
     split = round(num_samples * (1 - test_fraction))
     train, test = data.subset(slice(0, split)), data.subset(slice(split, None))
     return [
-        train_and_test(spec, train, test, epochs=epochs, seed=seed, progress=progress)
+        train_and_test(spec, train, test, epochs=epochs, seed=seed, progress=progress, keep_model=keep_models)
         for spec in models
     ]
 

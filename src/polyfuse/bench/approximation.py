@@ -227,7 +227,8 @@ def run_approximation(
         if progress is not None:
             progress(f"kernel estimate: {len(kernel)} points")
         choices = choice_rows(settings.choice_random_features, seeds=settings.seeds, repeats=settings.choice_repeats,
-                              task_epochs=settings.task_epochs, task_seeds=settings.task_seeds, progress=progress)
+                              task_epochs=settings.task_epochs, task_seeds=settings.task_seeds,
+                              progress=progress) if settings.choice_random_features else []
     payload = result_header("approximation", settings.to_dict())
     payload["load"] = load.result()
     payload["attention"] = attention
