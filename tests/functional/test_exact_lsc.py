@@ -115,15 +115,19 @@ def test_exact_lsc_equals_the_tuple_oracle(lengths, chunks, padded):
         torch.testing.assert_close(marginal, expected.flatten(-1), rtol=1e-10, atol=1e-10)
 
 
-def test_exact_lsc_gradients_equal_the_oracle_gradients():
+@pytest.mark.parametrize("attention", [True, False])  # autograd path / the custom backward
+@pytest.mark.parametrize("padded", [True, False])
+def test_exact_lsc_gradients_equal_the_oracle_gradients(attention, padded):
     lengths, chunks = (2, 3, 3), 3
-    features, values, mask, matrix = make_case(lengths, batch=1, chunks=chunks)
+    features, values, mask, matrix = make_case(lengths, batch=2, chunks=chunks, padded=padded)
     weights = torch.randn((*features.shape[:2], values.shape[-1]), dtype=DOUBLE)
     grads = []
     for function in (fast, oracle):
-        a, v = features.clone().requires_grad_(), values.clone().requires_grad_()
-        output = function(a, v, mask, matrix, lengths, chunks, 0.7)[0]
-        grads.append(torch.autograd.grad((output * weights).sum(), (a, v)))
+        a, v, w = (x.clone().requires_grad_() for x in (features, values, matrix))
+        options = {"attention": attention} if function is fast else {}
+        output = function(a, v, mask, w, lengths, chunks, 0.7, **options)
+        output = output[0] if isinstance(output, tuple) else output
+        grads.append(torch.autograd.grad((output * weights).sum(), (a, v, w)))
     for actual, expected in zip(*grads, strict=True):
         torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-10)
 
@@ -187,3 +191,36 @@ def test_exact_lsc_lowers_the_error_against_exact_attention():
         return ((estimate - exact).norm(dim=-1) / exact.norm(dim=-1)).median().item()
 
     assert error(True) < 0.4 * error(False)
+
+
+def test_the_custom_backward_passes_gradcheck_and_refuses_double_backward():
+    lengths, chunks = (2, 3), 2
+    features, values, mask, matrix = make_case(lengths, batch=2, heads=1, feature_dim=2, chunks=chunks)
+    inputs = tuple(x.clone().requires_grad_() for x in (features, values, matrix))
+    assert torch.autograd.gradcheck(
+        lambda a, v, w: fast(a, v, mask, w, lengths, chunks, 0.9, attention=False), inputs)
+    output = fast(*inputs[:2], mask, inputs[2], lengths, chunks, 0.9, attention=False)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(output.sum(), inputs[0], create_graph=True)
+
+
+def test_the_custom_backward_keeps_no_random_features():
+    """What the forward saves for the backward: its inputs, the chunks and the weight columns
+    (F, H), never the (T, H) random features (autograd's path keeps them)."""
+    lengths, chunks = (20, 30, 25), 4
+    features, values, mask, _ = make_case(lengths, batch=2, heads=2, chunks=chunks)
+    saved = {}
+    for num_features in (8, 512):
+        matrix = torch.randn(2, num_features, 3 + chunks, dtype=DOUBLE)
+        a, v = features.clone().requires_grad_(), values.clone().requires_grad_()
+        sizes = []
+
+        def pack(tensor, sizes=sizes):
+            sizes.append(tensor.numel())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            fast(a, v, mask, matrix, lengths, chunks, 0.9, attention=False)
+        saved[num_features] = max(sizes)
+    assert saved[512] == 2 * (3 + 2) * 512  # the weight columns [W^T; 1; |w|^2] of both heads
+    assert saved[8] == 2 * 2 * 75 * (3 + 2)  # the largest: the rows X (G, N, T, K' + 2)

@@ -31,6 +31,7 @@ from polyfuse.functional import random_features as random_features_module
 __all__ = [
     "CHUNK_BYTES",
     "ESTIMATORS",
+    "ExactLscFunction",
     "HadFunction",
     "HadLayout",
     "augmented_features",
@@ -448,16 +449,9 @@ def had_exact_lsc(
     chunks = chunk_of_step.expand(heads, rows, total, -1).split(lengths, dim=-2)  # (G, N, T_j, C)
     num_chunks = chunk_of_step.shape[-1]
     value_dim = values.shape[-1]
-    with_ones = torch.cat([values, values.new_ones(()).expand(*values.shape[:-1], 1)], -1)  # [v, 1]
-    factors = []
-    for e, c, v in zip(random, chunks, with_ones.split(lengths, dim=-2), strict=True):
-        by_chunk = (c.unsqueeze(-1) * v.unsqueeze(-2)).flatten(-2)  # (G, N, T_j, C (K + 1))
-        product = e.transpose(-1, -2) @ by_chunk  # (G, N, H, C (K + 1))
-        # [P_j, s_j][c, h, :]: P_j[c, h, k] = sum_{t in chunk c} E_j[t, h] v_j[t, k], s_j likewise with 1
-        factors.append(product.unflatten(-1, (num_chunks, value_dim + 1)).transpose(-2, -3).flatten(-2))
-    combined = kappa_contraction(log_kappa.exp(), factors).unflatten(-1, (-1, value_dim + 1)).sum(-2)
-    numerator, denominator = combined[..., :value_dim], combined[..., value_dim:]  # Eq. 10 and 12
-    output = numerator / denominator
+    by_chunk = values_by_chunk(values, chunk_of_step.expand(heads, rows, total, -1), layout)
+    factors = [chunk_factor(e, b, num_chunks) for e, b in zip(random, by_chunk, strict=True)]
+    output, denominator = combine_chunk_factors(factors, log_kappa, value_dim)
     marginals = []
     if return_attention:
         # The LSC weight of chunk c of modality j times the other modalities' sums,
@@ -472,6 +466,115 @@ def had_exact_lsc(
             marginal = ((random[j] @ weight.transpose(-1, -2)) * chunks[j]).sum(-1)  # (G, N, T_j)
             marginals.append(marginal / denominator)
     return output, marginals
+
+
+def values_by_chunk(values: Tensor, chunk_of_step: Tensor, layout: HadLayout) -> list[Tensor]:
+    """Per modality the one-hot chunk of each step times [v, 1]: (..., T_j, C (K + 1)),
+    so that one product with the random features gives every chunk's sums at once."""
+    with_ones = torch.cat([values, values.new_ones(()).expand(*values.shape[:-1], 1)], -1)  # [v, 1]
+    by_chunk = (chunk_of_step.unsqueeze(-1) * with_ones.unsqueeze(-2)).flatten(-2)
+    return list(by_chunk.split(list(layout.lengths), dim=-2))
+
+
+def chunk_factor(random: Tensor, by_chunk: Tensor, num_chunks: int) -> Tensor:
+    """[P_j, s_j] of :func:`had_exact_lsc` for one modality: with E_j (..., T_j, H) and
+    :func:`values_by_chunk`, (..., C, H (K + 1)) holding P_j[c, h, k] = sum_{t in chunk c}
+    E_j[t, h] v_j[t, k] and, in the last column, s_j[c, h] = sum_{t in chunk c} E_j[t, h]."""
+    product = random.transpose(-1, -2) @ by_chunk  # (..., H, C (K + 1))
+    return product.unflatten(-1, (num_chunks, -1)).transpose(-2, -3).flatten(-2)
+
+
+def combine_chunk_factors(factors: Sequence[Tensor], log_kappa: Tensor, value_dim: int) -> Tensor:
+    """The output of :func:`had_exact_lsc` from the chunk factors: sum over chunk tuples
+    (weighted by kappa) and over features h of the products over modalities, numerator
+    (first K columns) over denominator (the last), Eq. 10 and 12; and the denominator."""
+    combined = kappa_contraction(log_kappa.exp(), factors).unflatten(-1, (-1, value_dim + 1)).sum(-2)
+    denominator = combined[..., value_dim:]
+    return combined[..., :value_dim] / denominator, denominator
+
+
+class ExactLscFunction(torch.autograd.Function):
+    """:func:`had_exact_lsc`'s output with a backward that recomputes the random features
+    instead of keeping them (memory beyond the inputs and outputs: the (T, H) features
+    of one call while the backward runs, none kept between forward and backward).
+
+    Inputs as :class:`HadFunction`'s, with ``chunk_of_step`` (G or 1, N, T, C) and
+    ``log_kappa`` of :func:`had_exact_lsc`. Backward: autograd through the small
+    chunk-tuple combination gives dF_j (C, H (K + 1)) per modality; then, with
+    b_j = one-hot chunk (x) [v_j, 1] per step (:func:`values_by_chunk`), the factor
+    F_j = E_j^T b_j gives dE_j = b_j dF_j^T and db_j = E_j dF_j, whence dv_j[t] =
+    sum_c onehot[t, c] db_j[t, c, :K]; d exponent = dE * E and the rest as
+    :class:`HadFunction` (dX = sigma D, d sigma = sum_t X[t] . D[t], dW = sigma X^T d exponent).
+    """
+
+    @staticmethod
+    def forward(ctx, stacked_features, weights, scale, values, padded, chunk_of_step, log_kappa, layout):
+        ctx.layout = layout
+        ctx.save_for_backward(stacked_features, weights, scale, values, padded, chunk_of_step, log_kappa)
+        with torch.no_grad():
+            random, by_chunk = _exact_lsc_parts(stacked_features, weights, scale, values, padded, chunk_of_step,
+                                                layout)
+            num_chunks = chunk_of_step.shape[-1]
+            factors = [chunk_factor(e, b, num_chunks) for e, b in zip(random, by_chunk, strict=True)]
+            output, _ = combine_chunk_factors(factors, log_kappa, values.shape[-1])
+        return output.view(*stacked_features.shape[:2], -1)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if torch.is_grad_enabled():  # create_graph=True: refuse rather than return wrong zeros
+            raise RuntimeError(
+                'multilinear_attention(mode="had"): the backward is not differentiable '
+                '(no second derivatives); use mode="exact" for double backward'
+            )
+        stacked_features, weights, scale, values, padded, chunk_of_step, log_kappa = ctx.saved_tensors
+        layout = ctx.layout
+        heads, rows, total, feature_dim = stacked_features.shape
+        count = heads * rows
+        num_chunks, value_dim = chunk_of_step.shape[-1], values.shape[-1]
+        random, by_chunk = _exact_lsc_parts(stacked_features, weights, scale, values, padded, chunk_of_step,
+                                            layout)
+        factors = [chunk_factor(e, b, num_chunks).requires_grad_() for e, b in zip(random, by_chunk, strict=True)]
+        with torch.enable_grad():  # the chunk-tuple combination only: small, (C, H (K + 1)) per modality
+            output, _ = combine_chunk_factors(factors, log_kappa, value_dim)
+            grad_factors = torch.autograd.grad(output, factors, grad_output.reshape(output.shape))
+        grad_random, grad_values = [], []
+        for e, b, grad in zip(random, by_chunk, grad_factors, strict=True):
+            # dF_j (count, C, H (K + 1)) in the product's layout (count, H, C (K + 1))
+            grad_product = grad.unflatten(-1, (-1, value_dim + 1)).transpose(-2, -3).flatten(-2)
+            grad_random.append(b @ grad_product.transpose(-1, -2))  # dE_j = b_j dF_j^T, (count, T_j, H)
+            grad_by_chunk = (e @ grad_product).unflatten(-1, (num_chunks, value_dim + 1))  # (count, T_j, C, K + 1)
+            grad_values.append(grad_by_chunk[..., :value_dim])
+        onehot = chunk_of_step.expand(heads, rows, total, -1).reshape(count, total, num_chunks)
+        grad_values = (torch.cat(grad_values, 1) * onehot.unsqueeze(-1)).sum(-2)  # dv[t] = db[t, c(t), :K]
+        grad_exponent = torch.cat(grad_random, 1).mul_(torch.cat(random, 1))  # (count, T, H)
+        grad_exponent = grad_exponent.view(heads, rows * total, -1)
+        projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
+        grad_scale = None
+        if ctx.needs_input_grad[2]:
+            grad_scale = torch.bmm(projected.view(count, 1, total * feature_dim),
+                                   stacked_features.reshape(count, total * feature_dim, 1)).view(heads, rows)
+        grad_stacked = projected.mul_(scale.view(heads, rows, 1, 1))
+        grad_weights = None
+        if ctx.needs_input_grad[1]:
+            scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
+            grad_weights = torch.bmm(scaled.transpose(-1, -2), grad_exponent)
+        return (grad_stacked, grad_weights, grad_scale, grad_values.view(*stacked_features.shape[:3], value_dim),
+                None, None, None, None)
+
+
+def _exact_lsc_parts(stacked_features, weights, scale, values, padded, chunk_of_step, layout):
+    """The random features E_j (G N, T_j, H) of the learned part and the chunked values
+    of :func:`values_by_chunk` (G N, T_j, C (K + 1)), without gradients."""
+    heads, rows, total, feature_dim = stacked_features.shape
+    count = heads * rows
+    exponent = torch.bmm(stacked_features.reshape(heads, rows * total, feature_dim), weights)
+    if padded is not None:
+        exponent.view(heads, rows, total, -1).masked_fill_(padded.unsqueeze(-1), float("-inf"))
+    exponent = exponent.view(count, total, -1)
+    random_features_in_place(exponent, scale.reshape(count, 1, 1), layout)  # exponent -> E
+    onehot = chunk_of_step.expand(heads, rows, total, -1).reshape(count, total, -1)
+    by_chunk = values_by_chunk(values.reshape(count, total, -1), onehot, layout)
+    return list(exponent.split(list(layout.lengths), dim=1)), by_chunk
 
 
 def kappa_contraction(kappa: Tensor, factors: Sequence[Tensor]) -> Tensor:

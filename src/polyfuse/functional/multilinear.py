@@ -616,7 +616,10 @@ def _had_stacked(
     stacked, scale = _had.augmented_features(features, real, temperature, estimator, layout.lengths)
     # (G, N, T, K' + 2) rows and (G, N) scale
     padded = None if real is None else ~real
-    if exact_lsc is not None:
+    if exact_lsc is not None and differentiable and not return_attention:
+        output, marginals = _had.ExactLscFunction.apply(stacked, weights, scale, values, padded, *exact_lsc,
+                                                        layout), []
+    elif exact_lsc is not None:
         output, marginals = _had.had_exact_lsc(stacked, weights, scale, values, padded, layout, *exact_lsc,
                                                return_attention)
     elif not differentiable:
