@@ -192,7 +192,7 @@ def test_choice_rows_measure_each_way_of_computing_the_attention():
     rows = payload["choices"]
     assert [row["choice"] for row in rows] == [choices.CHOICES[0].label] + [c.label for c in choices.CHOICES[1:]
                                                                            for _ in range(2)]
-    # one draw in training or fresh ones: the same attention, the same errors
+    # fresh draws in training or one: the same attention, the same errors
     assert rows[-1]["output_error"] == rows[-3]["output_error"]
     assert rows[0]["output_error"] == 0 and rows[0]["attention_error"] == 0
     by = {(row["choice"], row["random_features"]): row for row in rows}
@@ -208,10 +208,10 @@ def test_the_task_column_trains_the_demo_man_of_each_choice_and_evaluates_it_exa
     from polyfuse.bench import choices
     from polyfuse.demo import _MAN, DemoModel, run_demo
 
-    choice = choices.CHOICES[4]  # had, one draw in training
+    choice = choices.CHOICES[4]  # had, fresh draws in training
     accuracy, evaluated_exact = choices._task_accuracy(choice, 16, epochs=1, seeds=1, num_samples=300)
     options = {**_MAN, "mode": "had", "estimator": "gerf", "exact_lsc": True, "num_random_features": 16,
-               "redraw_in_training": False}
+               "redraw_in_training": True}
     (result,) = run_demo(num_samples=300, epochs=1, seed=0, models=(DemoModel("x", "man", options),),
                          progress=False, keep_models=True)
     assert accuracy == result.test_accuracy

@@ -30,8 +30,7 @@ def test_an_old_saved_config_relying_on_a_changed_default_is_told_so():
     assert len(default_change_warnings({**lmf(), "polyfuse_version": "0.1.0"}, origin="c", saved=False)) == 1
     man = default_change_warnings({"model": {"fusion": "man", "options": {"man": {"estimator": "arf"}}}}, origin="c")
     assert [m.split("default of ")[1].split(",")[0] for m in man] == [
-        "model.options.man.stacking", "model.options.man.mode", "model.options.man.exact_lsc",
-        "model.options.man.redraw_in_training"]
+        "model.options.man.stacking", "model.options.man.mode", "model.options.man.exact_lsc"]
 
 
 def test_the_table_is_ordered_and_versions_parse():
@@ -66,5 +65,5 @@ def test_a_run_records_its_version_and_an_unversioned_run_warns_on_resume_and_lo
         train(None, resume=run)
     keys = sorted(r.getMessage().split("default of ")[1].split(",")[0] for r in caplog.records)
     assert keys == sorted(["model.options.man.estimator", "model.options.man.stacking", "model.options.man.mode",
-                           "model.options.man.exact_lsc", "model.options.man.redraw_in_training"])
+                           "model.options.man.exact_lsc"])
     assert all(r.getMessage().startswith(f"{run / 'config.yaml'} (no polyfuse version recorded") for r in caplog.records)

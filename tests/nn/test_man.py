@@ -335,7 +335,7 @@ def test_smallest_sizes_and_defaults_as_built():
     default = MAN([4, 4], 2)
     layer = default.layers[0]
     assert (default.mode, layer.estimator, layer.random_matrix.shape[1], default.dropout.p) == ("auto", "gerf", 64, 0.0)
-    assert (layer.exact_lsc, layer.exact_limit) == (True, None)
+    assert (layer.exact_lsc, layer.exact_limit, default.redraw_in_training) == (True, None, False)
     assert layer.temperature == pytest.approx(1 / math.sqrt(layer.attention_dim))  # 1 / sqrt(K') by default
     same = MAN([64, 4], 64, layers=2)  # an input and the output of the hidden size: no projection for them
     assert isinstance(same.output, torch.nn.Identity) and isinstance(same.input_projections[0], torch.nn.Identity)
@@ -513,7 +513,7 @@ def test_auto_mode_decides_per_call():
 
 def test_training_forwards_draw_fresh_features_reproducibly_and_resume_with_the_state_dict():
     inputs, masks = inputs_and_masks()
-    module = make(mode="had").train()
+    module = make(mode="had", redraw_in_training=True).train()
     first = module.layers[0].random_matrix.clone()
     module(inputs, masks)
     second = module.layers[0].random_matrix.clone()
@@ -527,15 +527,15 @@ def test_training_forwards_draw_fresh_features_reproducibly_and_resume_with_the_
     # Draw n is a function of (seed, n): a module resumed from the state dict after two
     # draws makes the same third draw as the uninterrupted one.
     module.train()(inputs, masks)
-    resumed = make(mode="had")
-    twice = make(mode="had").train()
+    resumed = make(mode="had", redraw_in_training=True)
+    twice = make(mode="had", redraw_in_training=True).train()
     twice(inputs, masks)
     twice(inputs, masks)
     resumed.load_state_dict(twice.state_dict())
     resumed.train()(inputs, masks)
     assert torch.equal(resumed.layers[0].random_matrix, module.layers[0].random_matrix)
     # Another seed draws other features.
-    other = make(mode="had", seed=1).train()
+    other = make(mode="had", seed=1, redraw_in_training=True).train()
     other(inputs, masks)
     assert not torch.equal(other.layers[0].random_matrix, second)
 
@@ -552,7 +552,7 @@ def test_a_state_dict_from_before_per_step_draws_loads_with_none_made():
 
 @pytest.mark.parametrize("mode", ["exact", "hadamard"])
 def test_modes_without_random_features_draw_none(mode):
-    module = make(mode=mode).train()
+    module = make(mode=mode, redraw_in_training=True).train()
     before = module.layers[0].random_matrix.clone()
     module(*inputs_and_masks())
     assert torch.equal(module.layers[0].random_matrix, before) and int(module.draws) == 0

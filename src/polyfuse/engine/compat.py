@@ -91,10 +91,6 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "estimates only the learned features (lower error; more work per call)",
     ),
     DefaultChange(
-        "0.2.0", "model.options.man.redraw_in_training", False, True, _fusion_is("man"),
-        "MAN draws fresh random features at every training forward instead of keeping one draw",
-    ),
-    DefaultChange(
         "0.2.0", "model.options.lstm_lmf.text", 0, "the modality named text", _lstm_lmf_without_text_first,
         "the LSTM + LMF backbone's LSTM reads the modality named text (refused without one) "
         "instead of the first modality",
