@@ -36,7 +36,7 @@ _MAN = {"hidden_dim": 32, "heads": 4, "chunks": 4, "lsc_scale": 2.0}
 DEMO_MODELS = (
     DemoModel("MAN (had)", "man", {**_MAN, "mode": "had", "num_random_features": 64}),
     DemoModel("MAN (exact)", "man", {**_MAN, "mode": "exact"}),
-    # auto: exact at this size (64 x 4 heads x 8 x 10 x 12 = 245,760 tuples <= 2^21)
+    # auto: exact at this size (4 heads x 8 x 10 x 12 = 3,840 tuples per sample <= 2^16)
     DemoModel("MAN (auto)", "man", {**_MAN, "mode": "auto", "num_random_features": 64}),
     DemoModel("BAN (modalities 0, 1)", "ban", {"glimpses": 2}, modalities=(0, 1)),
     DemoModel("Concat", "concat"),

@@ -482,16 +482,18 @@ def test_operation_counts_with_the_lsc_part_exact():
     assert forward_backward.total <= 609
 
 
-@pytest.mark.parametrize(("limit", "expected"), [(None, "exact"), (2 * 3 * 16 * 12 * 10 - 1, "had"),
-                                                 (2 * 3 * 16 * 12 * 10, "exact")])
-def test_auto_mode_follows_the_budget_rule(limit, expected):
-    """auto computes exact attention while batch x heads x prod_j T_j <= exact_limit and had
-    beyond, per call: its output then equals that of a module built in the chosen mode."""
+@pytest.mark.parametrize(("limit", "expected"), [(None, "exact"), (3 * 16 * 12 * 10 - 1, "had"),
+                                                 (3 * 16 * 12 * 10, "exact")])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_auto_mode_follows_the_budget_rule(limit, expected, batch):
+    """auto computes exact attention while heads x prod_j T_j (per sample, whatever the
+    batch) <= exact_limit and had beyond, per call: its output then equals that of a
+    module built in the chosen mode."""
     torch.manual_seed(0)
     auto = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, exact_limit=limit).double().eval()
     chosen = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, mode=expected).double().eval()
     chosen.load_state_dict(auto.state_dict())
-    inputs = [torch.randn(2, t, d, dtype=torch.float64) for t, d in zip((16, 12, 10), DIMS, strict=True)]
+    inputs = [torch.randn(batch, t, d, dtype=torch.float64) for t, d in zip((16, 12, 10), DIMS, strict=True)]
     result = auto(inputs, return_details=True)
     assert result.modes == [expected]
     torch.testing.assert_close(result.fused, chosen(inputs), rtol=1e-12, atol=1e-15)
@@ -501,9 +503,31 @@ def test_auto_mode_follows_the_budget_rule(limit, expected):
     assert not torch.allclose(result.fused, other_module(inputs))
 
 
+def test_the_functional_auto_mode_counts_the_tuples_of_one_sample():
+    from polyfuse.functional import multilinear as ML
+
+    features = torch.randn(4, 3, 5 + 6, 2, dtype=torch.float64)  # batch 4, 3 heads, lengths 5 and 6
+    values = torch.randn(4, 3, 11, 2, dtype=torch.float64)
+    matrix = torch.randn(3, 8, 2, dtype=torch.float64)
+    exact = ML.stacked_multilinear_attention(features, values, (5, 6), mode="exact")
+    had = ML.stacked_multilinear_attention(features, values, (5, 6), mode="had", random_matrix=matrix)
+    for limit, expected in ((3 * 30, exact), (3 * 30 - 1, had)):
+        auto = ML.stacked_multilinear_attention(features, values, (5, 6), mode="auto", random_matrix=matrix,
+                                                exact_limit=limit)
+        torch.testing.assert_close(auto, expected, rtol=0, atol=0)
+        listed = ML.multilinear_attention(list(features.split((5, 6), -2)), list(values.split((5, 6), -2)),
+                                          mode="auto", random_matrix=matrix, exact_limit=limit)
+        torch.testing.assert_close(listed, expected, rtol=1e-12, atol=1e-14)
+    assert ML.resolve_mode("had", 10**9) == "had" and ML.resolve_mode("exact", 10**9) == "exact"
+    assert ML.resolve_mode("auto", ML.AUTO_EXACT_TUPLES) == "exact"
+    assert ML.resolve_mode("auto", ML.AUTO_EXACT_TUPLES + 1) == "had"
+
+
 def test_auto_mode_decides_per_call():
     torch.manual_seed(0)
     module = MAN(DIMS, 8, hidden_dim=12, heads=3, num_random_features=16, exact_limit=3 * 4**3).eval()
+    batch_of_seven = [torch.randn(7, 4, d) for d in DIMS]
+    assert module(batch_of_seven, return_details=True).modes == ["exact"]  # per sample, not per batch
     short = [torch.randn(1, 4, d) for d in DIMS]
     long = [torch.randn(1, 5, d) for d in DIMS]
     assert module(short, return_details=True).modes == ["exact"]

@@ -82,7 +82,7 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
     ),
     DefaultChange(
         "0.2.0", "model.options.man.mode", "had", "auto", _fusion_is("man"),
-        "MAN computes exact attention while batch x heads x prod_j T_j <= exact_limit (2^21 tuples) "
+        "MAN computes exact attention while heads x prod_j T_j <= exact_limit (2^16 tuples per sample) "
         "and had beyond, per call, instead of had always",
     ),
     DefaultChange(

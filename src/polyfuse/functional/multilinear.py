@@ -50,9 +50,9 @@ __all__ = [
 ]
 
 MODES = ("exact", "hadamard", "had", "auto")
-#: Default budget of ``mode="auto"``: the largest number of tuples (batch x heads x
+#: Default budget of ``mode="auto"``: the largest number of tuples per sample (heads x
 #: prod_j T_j) whose attention tensor is computed exactly; beyond it, had mode.
-AUTO_EXACT_TUPLES = 1 << 21
+AUTO_EXACT_TUPLES = 1 << 16
 #: Largest number of chunk tuples C^m for which had mode computes the LSC logits
 #: exactly (see :func:`stacked_multilinear_attention`); beyond it they are estimated.
 EXACT_LSC_TUPLES = 4096
@@ -236,7 +236,8 @@ def multilinear_attention(
             ``"hadamard"`` (the "w/o CAO" ablation: logits sum_k prod_j a_j[t_j, k]),
             or ``"had"`` (hierarchical approximation decomposition with positive
             random features, Eq. 9 to 12, cost O(sum_j H T_j K)), or ``"auto"``:
-            exact while batch x prod_j T_j <= ``exact_limit`` (default
+            exact while the tuples per sample, prod_j T_j times the leading dims
+            after the first (the batch), are <= ``exact_limit`` (default
             :data:`AUTO_EXACT_TUPLES`), had beyond (:func:`resolve_mode`).
         random_matrix: W of shape (H, K') (or (..., H, K') broadcasting against
             B), one matrix shared by all modalities (note 2); required for ``"had"``.
@@ -294,9 +295,9 @@ def multilinear_attention(
                 f"{tuple(lead)}, those of the modalities before it"
             ) from None
     full_masks = check_masks(masks, features)
-    if mode == "auto":
+    if mode == "auto":  # tuples per sample: the leading dims after the batch's
         batch = _broadcast_shape(lead, *(m.shape[:-1] for m in full_masks))
-        mode = resolve_mode(mode, math.prod(batch) * math.prod(a.shape[-2] for a in features), exact_limit)
+        mode = resolve_mode(mode, math.prod(batch[1:]) * math.prod(a.shape[-2] for a in features), exact_limit)
     check_all_finite([
         (t, f"{kind}[{j}] (modality {j})", mask)
         for j, (a, v, mask) in enumerate(zip(features, values, full_masks, strict=True))
@@ -327,12 +328,16 @@ def multilinear_attention(
 
 
 def resolve_mode(mode: str, tuples: int, exact_limit: int | None = None) -> str:
-    """The mode that ``mode`` computes for ``tuples`` = batch x heads x prod_j T_j tuples:
+    """The mode that ``mode`` computes for ``tuples`` = heads x prod_j T_j tuples per sample:
     ``"auto"`` is ``"exact"`` (the whole tensor of tuples, one softmax) when ``tuples``
-    <= ``exact_limit`` (default :data:`AUTO_EXACT_TUPLES`) and ``"had"`` beyond; any
-    other mode is itself. The budget bounds the memory of the exact path (a few
-    tensors of ``tuples`` numbers, kept for the backward) and its time, which grows
-    with ``tuples`` where had's grows with sum_j T_j (docs/HAD_ESTIMATOR.md section 10)."""
+    <= ``exact_limit`` (default :data:`AUTO_EXACT_TUPLES`, 2^16) and ``"had"`` beyond;
+    any other mode is itself. Per sample, not per batch: both modes' time and memory
+    grow linearly with the batch, so the batch does not move the crossover, and a
+    model then computes the same mode in training and in evaluation whatever the batch
+    sizes (a budget on batch x tuples made CMU-MOSI's MAN train exact on batches of 32
+    and validate in had mode on batches of 256). The exact path's time and memory
+    (a few tensors of batch x ``tuples`` numbers, kept for the backward) grow with
+    prod_j T_j, had's with sum_j T_j (docs/HAD_ESTIMATOR.md section 10)."""
     if mode != "auto":
         return mode
     return "exact" if tuples <= (AUTO_EXACT_TUPLES if exact_limit is None else exact_limit) else "had"
@@ -382,7 +387,8 @@ def stacked_multilinear_attention(
             exponentially with that norm (docs/HAD_ESTIMATOR.md section 9). False, or
             C^m beyond the limit: the LSC vectors are estimated like the rest.
         exact_limit: the budget of ``mode="auto"`` (:func:`resolve_mode`): exact
-            attention while batch x heads x prod_j T_j <= exact_limit, had beyond.
+            attention while the tuples per sample (prod_j T_j times the leading dims
+            after the first, e.g. the heads) are <= exact_limit, had beyond.
 
     Returns:
         As :func:`multilinear_attention` (float32 under autocast, as it).
@@ -410,9 +416,9 @@ def stacked_multilinear_attention(
     if mask is not None:
         mask = check_mask(mask, (*lead, sum(lengths)), "mask")
         check_stacked_steps(mask, lengths, "mask")
-    if mode == "auto":
+    if mode == "auto":  # tuples per sample: the leading dims after the batch's
         batch = _broadcast_shape(lead, () if mask is None else mask.shape[:-1])
-        mode = resolve_mode(mode, math.prod(batch) * math.prod(lengths), exact_limit)
+        mode = resolve_mode(mode, math.prod(batch[1:]) * math.prod(lengths), exact_limit)
     check_all_finite([(features, "features", mask), (values, "values", mask)])
     if mask is not None:  # zero padded steps: whatever they hold never reaches the output
         padded = ~mask.unsqueeze(-1)

@@ -131,8 +131,8 @@ class MultiLinearAttentionLayer(nn.Module):
             # Nothing padded: the attention skips the masks' work (filling, counting real
             # steps). Knowing it reads the mask back, so only where a read is free (the CPU).
             mask = None
-        # "auto": exact while batch x heads x prod_j T_j fits the budget, had beyond
-        self.last_mode = resolve_mode(self.mode, values.shape[0] * self.heads * math.prod(lengths), self.exact_limit)
+        # "auto": exact while heads x prod_j T_j (per sample) fits the budget, had beyond
+        self.last_mode = resolve_mode(self.mode, self.heads * math.prod(lengths), self.exact_limit)
         result = stacked_multilinear_attention(
             features,
             values,
@@ -192,12 +192,14 @@ class MAN(FusionModule):
             (the paper's CMU-MOSI setting), and 0 in hadamard mode, where the
             constraints cannot be used.
         lsc_scale: e, the entry size of the LSC vectors.
-        mode: "auto" (default): per call, "exact" while batch x heads x prod_j T_j
-            <= ``exact_limit`` and "had" beyond (:func:`~polyfuse.functional.resolve_mode`;
-            the mode each layer used is in ``return_details``'s ``modes``);
-            "had" (MAN), "exact" (the "w/o HAD" ablation) or "hadamard" ("w/o CAO").
-        exact_limit: the budget of the auto mode in tuples (default
-            :data:`~polyfuse.functional.multilinear.AUTO_EXACT_TUPLES`, 2^21: about
+        mode: "auto" (default): per call, "exact" while heads x prod_j T_j (the
+            tuples of one sample) <= ``exact_limit`` and "had" beyond
+            (:func:`~polyfuse.functional.resolve_mode`; per sample, so that the batch
+            size never changes the mode; the mode each layer used is in
+            ``return_details``'s ``modes``); "had" (MAN), "exact" (the "w/o HAD"
+            ablation) or "hadamard" ("w/o CAO").
+        exact_limit: the budget of the auto mode in tuples per sample (default
+            :data:`~polyfuse.functional.multilinear.AUTO_EXACT_TUPLES`, 2^16: about
             where exact attention stops being faster than had on a CPU,
             docs/HAD_ESTIMATOR.md section 10).
         temperature: logit scale; default 1 / sqrt(K').
