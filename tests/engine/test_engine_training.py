@@ -105,7 +105,8 @@ def test_bf16_autocast(tiny_config, tmp_path, training_witness):
                    callbacks=[training_witness])
     training_witness.assert_trained(loss_falls=False)  # one epoch
     assert all(np.isfinite(v) for v in result.test.values())
-    assert all(t.dtype == torch.float32 for k, t in weights(result.best_checkpoint).items() if "random_matrix" not in k)
+    assert all(t.dtype == torch.float32 for k, t in weights(result.best_checkpoint).items()
+               if "random_matrix" not in k and t.is_floating_point())  # not MAN's int64 count of draws
 
 
 def test_bf16_autocast_contextual_sentiment_with_gru_encoders(tiny_config, tmp_path, training_witness):
@@ -186,3 +187,16 @@ def test_contextual_sentiment_and_traits_end_to_end(tiny_config, tmp_path):
         run_dir=tmp_path / "traits",
     )
     assert {"mae/con", "ma7/con", "mae/pas", "ma5/pas", "mae", "ma"} <= set(traits.test)
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(None, 1.0), (1, 0.0)])
+def test_the_run_log_says_which_attention_mode_auto_computed(tiny_config, tmp_path, limit, expected):
+    """MAN's auto mode: 2 heads x 6 x 7 x 8 = 672 tuples per sample, exact under the default
+    budget and had under a budget of 1; metrics.csv records the fraction of exact calls."""
+    options = {"hidden_dim": 8, "heads": 2, "num_random_features": 8, "chunks": 4, "exact_limit": limit}
+    train(tiny_config(trainer={"max_epochs": 1}, model={"options": {"man": options}}), run_dir=tmp_path / "run")
+    with (tmp_path / "run/csv/version_0/metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    for key in ("attention/train_exact", "attention/val_exact"):
+        logged = [float(row[key]) for row in rows if row.get(key)]
+        assert logged and all(value == expected for value in logged), key

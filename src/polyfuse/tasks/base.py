@@ -24,6 +24,19 @@ __all__ = ["SCHEDULERS", "FusionTask"]
 SCHEDULERS = ("none", "cosine")
 
 
+def log_attention_modes(task: L.LightningModule, stage: str, batch_size: int) -> None:
+    """Log ``attention/{stage}_exact``, the fraction of the model's attention layers that
+    computed exact attention in this step (MAN's ``mode="auto"`` decides per call), when
+    the model has such layers (those that record ``last_mode``): the run log then says
+    which mode trained and evaluated the model (``metrics.csv``, per epoch; outside the
+    ``{stage}/`` metrics, so results and comparison tables do not change)."""
+    layers = [module for module in task.modules() if getattr(module, "last_mode", None) is not None]
+    if layers:
+        exact = sum(layer.last_mode == "exact" for layer in layers) / len(layers)
+        task.log(f"attention/{stage}_exact", float(exact), on_step=False, on_epoch=True, batch_size=batch_size,
+                 sync_dist=True)
+
+
 class FusionTask(L.LightningModule):
     """Base class (see the module docstring).
 
@@ -89,6 +102,7 @@ class FusionTask(L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_index: int) -> Tensor:
         loss = self.compute_loss(self(batch), batch["target"])
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["row"]), sync_dist=True)
+        log_attention_modes(self, "train", len(batch["row"]))
         return loss
 
     def _evaluation_step(self, stage: str, batch: dict[str, Any]) -> None:
@@ -96,6 +110,7 @@ class FusionTask(L.LightningModule):
         target = batch["target"]
         loss = self.compute_loss(outputs, target)
         self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["row"]), sync_dist=True)
+        log_attention_modes(self, stage, len(batch["row"]))
         self.stage_metrics[stage].update(self.predictions(outputs), target)
 
     def _evaluation_end(self, stage: str) -> None:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from polyfuse.nn.vqa import BanVQA, FusionVQA
-from polyfuse.tasks.base import FusionTask
+from polyfuse.tasks.base import FusionTask, log_attention_modes
 
 __all__ = ["VQAScore", "VQATask", "build_vqa_model", "vqa_loss"]
 
@@ -129,12 +129,14 @@ class VQATask(L.LightningModule):
     def training_step(self, batch: Mapping[str, Tensor], batch_index: int) -> Tensor:
         loss = vqa_loss(self(batch)[0], batch["target"])
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["row"]), sync_dist=True)
+        log_attention_modes(self, "train", len(batch["row"]))
         return loss
 
     def _evaluation_step(self, stage: str, batch: Mapping[str, Tensor]) -> None:
         logits = self(batch)[0]
         loss = vqa_loss(logits, batch["target"])
         self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["row"]), sync_dist=True)
+        log_attention_modes(self, stage, len(batch["row"]))
         self.stage_metrics[stage].update(logits.argmax(dim=1), batch["answer_ids"], batch["answer_scores"], batch["answer_type"])
 
     def _evaluation_end(self, stage: str) -> None:
