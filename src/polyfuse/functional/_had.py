@@ -8,7 +8,10 @@ features) and the columns with :func:`augmented_weights`, then runs :func:`had_c
 (without gradients: chunk by chunk, in place, in buffers that stay in cache),
 :class:`HadFunction` (with gradients: the same forward, a backward that recomputes
 chunk by chunk) or :func:`had_whole` (marginals with gradients: whole tensors, for
-autograd). The tests hold all of them to brute-force loops over tuples.
+autograd). With MAN's LSC vectors computed exactly rather than estimated,
+:func:`had_exact_lsc` (and :class:`ExactLscFunction`, its backward that recomputes)
+sums over the C^m chunk tuples instead (docs/HAD_ESTIMATOR.md section 9). The tests
+hold all of them to brute-force loops over tuples.
 
 Shapes: ``G`` "heads" (the flattened leading dims of the random features, one
 random matrix each), ``N`` "rows" (the flattened leading dims they are shared
