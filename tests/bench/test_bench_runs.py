@@ -166,7 +166,8 @@ def test_trained_model_errors_switch_the_estimator_of_each_layer(tmp_path):
         "data": {"source": "synthetic:samples=80,lengths=5/6/4,dims=4/3/5,signal=4.0", "batch_size": 16},
         "model": {"fusion": "man", "fusion_dim": 8, "out_dim": 8,
                   "encoder": {"type": "linear", "hidden_dim": 8},
-                  "options": {"man": {"hidden_dim": 8, "heads": 2, "num_random_features": 4, "chunks": 2}}},
+                  "options": {"man": {"hidden_dim": 8, "heads": 2, "num_random_features": 4, "chunks": 2,
+                                      "mode": "had"}}},
         "trainer": {"max_epochs": 1, "accelerator": "cpu", "progress_bar": False, "quiet": True,
                     "num_threads": 1, "patience": 0},
     }

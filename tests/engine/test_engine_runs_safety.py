@@ -113,7 +113,7 @@ def broken_copy(run, tmp_path, change):
 
 
 def _nan_weight(checkpoint):
-    name = next(iter(checkpoint["state_dict"]))
+    name = next(k for k, v in checkpoint["state_dict"].items() if v.is_floating_point())
     checkpoint["state_dict"][name] = torch.full_like(checkpoint["state_dict"][name], float("nan"))
 
 
