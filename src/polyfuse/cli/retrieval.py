@@ -69,14 +69,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     chimera.add_argument("--out", required=True)
     table = actions.add_parser("table", help="markdown tables (EX1, EX2) from results.json files")
     table.add_argument("results", nargs="+", help="results.json of 'train' (one fusion each) or 'chimera'")
-    evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.pt")
+    evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.safetensors")
     _data_arguments(evaluate)
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--shuffle-words", action="store_true", help="shuffle each query's words (EX2)")
     figure = actions.add_parser("figure", help="top videos of one query as frame thumbnails with scores (PNG)")
     _data_arguments(figure)
-    figure.add_argument("--checkpoint", required=True, help="a seed<N>.pt of 'train'")
+    figure.add_argument("--checkpoint", required=True, help="a seed<N>.safetensors of 'train'")
     query = figure.add_mutually_exclusive_group(required=True)
     query.add_argument("--query", help="free text")
     query.add_argument("--caption", type=int, help="index of a caption of the split (its video is marked correct)")
@@ -150,15 +150,17 @@ def run(args: argparse.Namespace) -> int:
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
-    import torch
-
     from polyfuse.engine.retrieval import encode_captions, evaluate_retrieval, shuffle_words
-    from polyfuse.engine.retrieval_runs import load_checkpoint, saved_text_encoder
+    from polyfuse.engine.retrieval_runs import (
+        load_checkpoint,
+        read_retrieval_checkpoint,
+        saved_text_encoder,
+    )
 
     if args.split not in split:
         raise ValueError(f"no split {args.split!r}; have {', '.join(split)}")
     part = corpus.subset(split[args.split])
-    saved = torch.load(args.checkpoint, weights_only=False)
+    saved = read_retrieval_checkpoint(args.checkpoint)  # never unpickles anything
     if saved.get("kind") == "chimera":  # a model of `retrieval chimera`
         if args.action == "figure":
             raise ValueError("`figure` draws the rankings of `retrieval train` models, not of Chimera's")

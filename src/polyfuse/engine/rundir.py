@@ -20,7 +20,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "claim_run_dir", "safe_run_name"]
+__all__ = [
+    "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "claim_run_dir", "safe_run_name", "write_bytes",
+]
 
 LOCK_NAME = "run.lock"
 _MAX_NUMBERED = 10_000
@@ -104,11 +106,24 @@ def atomic_temp_path(path: Path) -> Iterator[Path]:
     os.close(fd)
     temp = Path(name)
     try:
-        yield temp
-        os.replace(temp, path)
+        try:
+            yield temp
+            os.replace(temp, path)
+        except OSError as error:  # a full disk: name the file being written, not its temporary name
+            if error.filename in (None, str(temp), temp) and error.errno is not None:
+                raise OSError(error.errno, error.strerror or str(error), str(path)) from None
+            raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and flush it to the disk (inside :func:`atomic_temp_path`)."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def atomic_write_text(path: Path, text: str) -> None:
