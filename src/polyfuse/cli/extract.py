@@ -64,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(
         f"{args.out}: {report.computed} images computed, {report.cached} cached, "
-        f"{len(report.skipped)} skipped (cannot decode) in {seconds:.1f} s"
+        f"{len(report.skipped)} skipped in {seconds:.1f} s"
     )
     for path in report.skipped:
-        print(f"  skipped: {path}")
+        print(f"  skipped: {path}: {report.reasons.get(path, 'cannot decode')}")
     return 0
 
 

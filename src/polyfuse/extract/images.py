@@ -13,7 +13,10 @@ The HDF5 file holds, one row per image:
 
 Extraction is resumable and cached by content: an image whose digest is already
 in the file is not computed again (under its new id if it moved). An image that
-cannot be decoded is skipped with a warning and counted.
+cannot be decoded, or whose header claims more than :data:`MAX_IMAGE_PIXELS` pixels
+(a decompression bomb: refused from the header, before any pixel is decoded), is
+skipped with a one-line warning, listed with its reason, and the other images are
+kept.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     import PIL.Image
 
 __all__ = [
+    "MAX_IMAGE_PIXELS",
     "ExtractionReport",
     "extract_image_features",
     "grid_side",
@@ -45,6 +49,8 @@ __all__ = [
 ]
 
 FEATURE_DIM = 1280
+#: the most pixels an image may have (width x height, read from its header): 8192 x 8192
+MAX_IMAGE_PIXELS = 8192 * 8192
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)  # ImageNet statistics
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
@@ -54,6 +60,8 @@ class ExtractionReport:
     computed: int
     cached: int
     skipped: list[str]
+    #: why each skipped path was skipped
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 def load_backbone() -> torch.nn.Module:
@@ -82,9 +90,17 @@ def image_ids_of_folder(folder: str | Path) -> dict[int, Path]:
     for path in sorted(folder.iterdir()):
         if path.suffix.lower() not in (".png", ".jpg", ".jpeg"):
             continue
-        if not path.stem.isdigit():
-            raise ValueError(f"{path}: image files must be named <integer id>.<ext>")
-        result[int(path.stem)] = path
+        if not (path.stem.isascii() and path.stem.isdigit()):
+            raise ValueError(
+                f"{path}: image files must be named <integer id>.<ext> (e.g. 42.png), the id being the "
+                "image id the questions refer to; rename or move this file"
+            )
+        image_id = int(path.stem)
+        if image_id in result:  # 1.png and 01.png, or 1.png and 1.jpg
+            raise ValueError(
+                f"{result[image_id]} and {path} have the same image id {image_id}; keep one of them"
+            )
+        result[image_id] = path
     if not result:
         raise ValueError(f"{folder}: no .png/.jpg image found")
     return result
@@ -112,15 +128,25 @@ def normalise(batch: torch.Tensor) -> torch.Tensor:
     return (batch - _MEAN) / _STD
 
 
-def _read(path: Path, size: int) -> torch.Tensor | None:
+def _read(path: Path, size: int) -> torch.Tensor | str:
+    """The image as the network's input, or why it is skipped (also warned, one line)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
-            return image_to_tensor(image, size)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # bounded below instead
+            with Image.open(path) as image:  # reads the header only
+                pixels = image.width * image.height
+                if pixels > MAX_IMAGE_PIXELS:
+                    raise Image.DecompressionBombError(f"{image.width} x {image.height} pixels")
+                return image_to_tensor(image, size)
+    except Image.DecompressionBombError as error:
+        reason = (f"the header claims too many pixels ({error}; at most {MAX_IMAGE_PIXELS}): a decompression "
+                  "bomb? nothing was decoded")
     except (UnidentifiedImageError, OSError, ValueError) as error:
-        warnings.warn(f"skipping {path}: cannot decode the image ({error})", stacklevel=3)
-        return None
+        reason = f"cannot decode the image ({error})"
+    warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
+    return reason
 
 
 def _open(out: Path, cells: int) -> h5py.File:
@@ -203,8 +229,9 @@ def extract_image_features(
                 report.cached += 1
                 continue
             pixels = _read(path, image_size)
-            if pixels is None:
+            if isinstance(pixels, str):
                 report.skipped.append(str(path))
+                report.reasons[str(path)] = pixels
                 continue
             pending.append((image_id, digest, pixels))
             if len(pending) == batch_size:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from polyfuse.data.arrays import NpzArrays, open_h5
+
 __all__ = [
     "BEGIN",
     "END",
@@ -152,22 +154,22 @@ def load_video_features(spec: str | Path, name: str | None = None, *, base: str 
     where = f"{path}{'#' + key if key else ''}"
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as archive:
-            names = list(archive.files)
-            if "video_ids" in names:
-                value_key = key or next((n for n in names if n not in ("video_ids", "lengths")), None)
-                if value_key not in names:
-                    raise ValueError(f"{path}: no array {value_key!r}; it has {', '.join(names)}")
-                lengths = archive["lengths"] if "lengths" in names else None
-                arrays = _from_id_arrays(archive["video_ids"], archive[value_key], lengths, where)
-            else:
-                if key:
-                    raise ValueError(f"{path}: '#{key}' names an array, but this npz is keyed by video id")
-                arrays = {video: np.asarray(archive[video], dtype=np.float32) for video in names}
+        archive = NpzArrays(path)  # each array's size checked from its header before it is read
+        names = list(archive)
+        if "video_ids" in names:
+            value_key = key or next((n for n in names if n not in ("video_ids", "lengths")), None)
+            if value_key not in names:
+                raise ValueError(f"{path}: no array {value_key!r}; it has {', '.join(names)}")
+            lengths = archive["lengths"] if "lengths" in names else None
+            arrays = _from_id_arrays(archive["video_ids"], archive[value_key], lengths, where)
+        else:
+            if key:
+                raise ValueError(f"{path}: '#{key}' names an array, but this npz is keyed by video id")
+            arrays = {video: np.asarray(archive[video], dtype=np.float32) for video in names}
     elif suffix in (".h5", ".hdf5"):
         import h5py
 
-        with h5py.File(path, "r") as handle:
+        with open_h5(path) as handle:  # no external storage or links, sizes bounded
             group = handle
             if key:
                 if key not in handle:

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from polyfuse.data.arrays import open_h5
+
 __all__ = ["ImageFeatures", "load_bottom_up_features", "load_image_features"]
 
 
@@ -61,7 +63,7 @@ def load_image_features(path: str | Path) -> ImageFeatures:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"feature file {path} does not exist")
-    with h5py.File(path, "r") as handle:
+    with open_h5(path) as handle:  # no external storage or links, sizes bounded
         features = _dataset(handle, "features", path)
         boxes = _dataset(handle, "boxes", path)
         ids = _dataset(handle, "image_ids", path)
@@ -102,7 +104,7 @@ def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> Imag
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist")
     rows = _read_index(index_path)
-    with h5py.File(h5_path, "r") as handle:
+    with open_h5(h5_path) as handle:
         features = _dataset(handle, "image_features", h5_path)
         name = "spatials" if "spatials" in handle else "image_bb"
         boxes = _dataset(handle, name, h5_path)[..., :4]
