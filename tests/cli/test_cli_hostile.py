@@ -151,3 +151,53 @@ def test_two_images_with_one_id_are_refused_naming_both(tmp_path, capsys):
     line = _error_line(capsys)
     assert str(folder / "cat.png") in line and "<integer id>.<ext>" in line and "rename" in line
     assert not (tmp_path / "f.h5").exists()
+
+
+def _vqa_folder(tmp_path):
+    import numpy as np
+    import yaml
+    from tests.cli.test_cli_vqa import _config, _write_split
+
+    generator = np.random.default_rng(0)
+    _write_split(tmp_path, "train", 8, generator)
+    _write_split(tmp_path, "test", 4, generator)
+    (tmp_path / "vqa.yaml").write_text(yaml.safe_dump(_config(tmp_path)))
+    return tmp_path
+
+
+def test_malformed_vqa_json_is_one_line_naming_the_file(tmp_path, capsys):
+    folder = _vqa_folder(tmp_path)
+    questions = folder / "train_questions.json"
+    good = questions.read_text()
+    cases = {
+        "entry a number": ('{"questions": [3]}', "entry 0 is a int (3), expected an object"),
+        "nested 100,000 deep": ('{"questions": ' + "[" * 100_000 + "]" * 100_000 + "}", "JSON nested too deeply"),
+        "not UTF-8": (b'{"questions": [{"question": "caf\xe9"}]}', "not UTF-8 text (byte 0xe9 at offset 32)"),
+        "truncated": (good[: len(good) // 2], "not valid JSON (truncated?)"),
+        "a field of the wrong type": ('{"questions": [{"question_id": "0", "image_id": 0, "question": "q"}]}',
+                                      "entry 0, field 'question_id' is '0', expected int"),
+    }
+    for name, (content, expected) in cases.items():
+        if isinstance(content, bytes):
+            questions.write_bytes(content)
+        else:
+            questions.write_text(content)
+        assert main(["train", "--config", str(folder / "vqa.yaml"), "--out", str(folder / "o")]) == EXIT_INPUT, name
+        line = _error_line(capsys)
+        assert f"{questions}: " in line and expected in line, (name, line)
+        assert not (folder / "o").exists()
+    questions.write_text(good)
+
+
+def test_a_failed_run_leaves_no_run_lock(tmp_path, capsys):
+    folder = _vqa_folder(tmp_path)
+    (folder / "train_questions.json").write_text('{"questions": [3]}')
+    mine = folder / "mine"
+    mine.mkdir()  # a folder the user made: kept, empty
+    for out, kept in ((folder / "new", False), (mine, True)):
+        assert main(["train", "--config", str(folder / "vqa.yaml"), "--out", str(out)]) == EXIT_INPUT
+        _error_line(capsys)
+        assert out.exists() == kept and (not kept or not list(out.iterdir()))
+    assert main(["train", "--config", str(folder / "vqa.yaml")]) == EXIT_INPUT  # a generated name
+    _error_line(capsys)
+    assert not (folder / "runs").exists() or not list((folder / "runs").iterdir())

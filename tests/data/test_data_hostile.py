@@ -4,6 +4,7 @@ HDF5 external storage and links refused, NaN / Inf image features refused; each 
 ValueError naming the file and the array."""
 
 import io
+import re
 import tracemalloc
 import zipfile
 
@@ -95,3 +96,33 @@ def test_a_broken_h5_names_the_file(tmp_path):
     for load in (lambda p: load_expert(p, "app"), load_video_features, load_image_features):
         with pytest.raises(ValueError, match=rf"{path}: cannot read as HDF5"):
             load(path)
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ({"sentences": [{"caption": "a man runs", "sen_id": 0}]}, "sentences: entry 0 has no field 'video_id'"),
+    ({"sentences": [{"video_id": "v0", "caption": "a man"}, 7]}, "sentences: entry 1 is a int (7), expected an object"),
+    ([{"id": "v0", "caption": "a dog"}, "v1"], "entry 1 is a str ('v1'), expected an object"),
+    ([{"id": "v0", "caption": 3}], "entry 0, field 'caption' is 3, expected str or list"),
+    (b'{"v0": ["caf\xe9 noir"]}', "not UTF-8 text (byte 0xe9 at offset 12)"),
+    ('{"v0": ["a dog runs"], "v1": ["a ca', "not valid JSON (truncated?)"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+], ids=["msr-vtt sentence without video_id", "msr-vtt sentence a number", "list entry a string",
+        "caption a number", "not utf-8", "truncated", "nested 100,000 deep"])
+def test_malformed_caption_files_name_the_file_and_entry(tmp_path, content, expected):
+    import json
+
+    from polyfuse.data.formats.captioning import load_captions as captioning_captions
+    from polyfuse.data.formats.experts import load_captions as retrieval_captions
+
+    path = tmp_path / "captions.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ValueError) as caught:
+        captioning_captions(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message
+    if isinstance(content, (bytes, str)):  # the file-level faults: retrieval's captions too
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*{re.escape(expected[:20])}"):
+            retrieval_captions(path)

@@ -117,10 +117,15 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.retrieval_runs import metrics_table, run_retrieval
 
     if args.action == "table":
+        from polyfuse.data.formats.jsonfile import read_json
+
         results = {}
         for path in args.results:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            results.update({data["settings"]["fusion"]: data} if "settings" in data else data)
+            data = read_json(path)
+            if not isinstance(data, dict) or not all(isinstance(v, dict) and "runs" in v for v in
+                                                     ([data] if "settings" in data else data.values())):
+                raise ValueError(f"{path}: not a results.json of `polyfuse retrieval train` or `chimera`")
+            results.update({data["settings"].get("fusion", "?"): data} if "settings" in data else data)
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0

@@ -188,8 +188,11 @@ def _train(
     run_dir, lock = _claim(config, run_dir, resuming=resume is not None)
     try:
         return _train_in(config, run_dir, resume_checkpoint, callbacks)
-    except OSError as error:
-        error.polyfuse_run_dir = run_dir  # type: ignore[attr-defined]  # the CLI says how to resume
+    except BaseException as error:
+        if isinstance(error, OSError):
+            error.polyfuse_run_dir = run_dir  # type: ignore[attr-defined]  # the CLI says how to resume
+        if lock is not None:
+            lock.discard_if_unused()  # a run that wrote nothing leaves no empty run.lock behind
         raise
     finally:
         if lock is not None:

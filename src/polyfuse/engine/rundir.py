@@ -31,8 +31,10 @@ _MAX_NUMBERED = 10_000
 class RunDirLock:
     """An exclusive lock on a run directory, held until :meth:`release`."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, created: bool = False) -> None:
         self.run_dir = run_dir
+        #: the directory was made by this claim (removed again by :meth:`discard_if_unused`)
+        self.created = created
         self._fd: int | None = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -43,6 +45,17 @@ class RunDirLock:
                 f"run directory {run_dir} is in use by another polyfuse process; "
                 "wait for it to finish or write this run elsewhere (--out DIR)"
             ) from None
+
+    def discard_if_unused(self) -> None:
+        """After a failed start: remove ``run.lock`` when nothing else was written beside it,
+        and the directory when this claim created it; a failed run leaves no empty lock.
+        Called while the lock is held, so no other process can have claimed the directory."""
+        if self._fd is None or any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
+            return
+        with contextlib.suppress(OSError):
+            (self.run_dir / LOCK_NAME).unlink()
+            if self.created:
+                self.run_dir.rmdir()
 
     def release(self) -> None:
         if self._fd is not None:
@@ -80,14 +93,15 @@ def claim_run_dir(path: Path, *, generated: bool, fresh: bool = True) -> tuple[P
             except FileExistsError:
                 continue
             try:
-                return candidate, RunDirLock(candidate)
+                return candidate, RunDirLock(candidate, created=True)
             except ValueError:  # pragma: no cover - another process won the race for it
                 continue
         raise ValueError(f"{path.parent}: no free run name {path.name}_N below {_MAX_NUMBERED}")
     if path.exists() and not path.is_dir():
         raise ValueError(f"run directory {path} is a file, not a directory; choose another --out")
+    existed = path.exists()
     path.mkdir(exist_ok=True)
-    lock = RunDirLock(path)
+    lock = RunDirLock(path, created=not existed)
     if fresh and (path / "config.yaml").exists():
         lock.release()
         raise ValueError(

@@ -27,7 +27,6 @@ The MSR-VTT 9k/1k split of collaborative experts is two id lists
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.arrays import NpzArrays, open_h5
+from polyfuse.data.formats.jsonfile import read_json
 
 __all__ = [
     "PICKLE_CONVERSION",
@@ -178,7 +178,7 @@ def load_captions(path: str | Path) -> dict[str, list[str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"captions file {path} does not exist")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected an object {{video_id: [caption, ...]}}")
     for video, captions in data.items():

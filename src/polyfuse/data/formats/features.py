@@ -16,7 +16,6 @@ pickle.load(open(sys.argv[1], 'rb')).items()}, open(sys.argv[2], 'w'))" in.pkl o
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.arrays import open_h5
+from polyfuse.data.formats.jsonfile import read_json
 
 __all__ = ["ImageFeatures", "load_bottom_up_features", "load_image_features"]
 
@@ -77,10 +77,14 @@ def load_image_features(path: str | Path) -> ImageFeatures:
 
 def _read_index(path: Path) -> dict[int, int]:
     if path.suffix == ".json":
-        raw = json.loads(path.read_text())
+        raw = read_json(path)
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: expected a JSON object {{image id: row}}")
-        return {int(k): int(v) for k, v in raw.items()}
+        try:
+            return {int(k): int(v) for k, v in raw.items()}
+        except (TypeError, ValueError):
+            bad = next(k for k, v in raw.items() if not (str(k).lstrip("-").isdigit() and isinstance(v, int)))
+            raise ValueError(f"{path}: image id {bad!r} maps to {raw[bad]!r}; expected integer ids and rows") from None
     if path.suffix == ".csv":
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
