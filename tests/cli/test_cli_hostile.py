@@ -201,3 +201,48 @@ def test_a_failed_run_leaves_no_run_lock(tmp_path, capsys):
     assert main(["train", "--config", str(folder / "vqa.yaml")]) == EXIT_INPUT  # a generated name
     _error_line(capsys)
     assert not (folder / "runs").exists() or not list((folder / "runs").iterdir())
+
+
+def test_nan_or_inf_image_features_are_bad_input_with_and_without_pca(tmp_path, capsys):
+    import h5py
+    import numpy as np
+    import yaml
+
+    folder = _vqa_folder(tmp_path)
+    config = yaml.safe_load((folder / "vqa.yaml").read_text())
+    config["data"]["vqa"]["feature_dim"] = 3
+    (folder / "pca.yaml").write_text(yaml.safe_dump(config))
+    for value in (np.nan, np.inf):
+        with h5py.File(folder / "train.h5", "a") as handle:
+            features = handle["features"][:]
+            features[5, 2, 1] = value
+            handle["features"][...] = features
+        for name in ("vqa.yaml", "pca.yaml"):
+            out = folder / f"o_{name}"
+            assert main(["train", "--config", str(folder / name), "--out", str(out), "--max-epochs", "1"]) == EXIT_INPUT
+            line = _error_line(capsys)
+            assert f"{folder / 'train.h5'}: dataset 'features' holds NaN or Inf at 1 image(s), the first image id 5" in line
+            assert not out.exists()
+
+
+def test_enormous_sizes_in_a_config_are_refused_before_any_allocation(tmp_path, capsys):
+    import yaml
+
+    folder = _vqa_folder(tmp_path)
+    config = yaml.safe_load((folder / "vqa.yaml").read_text())
+    for key, change in (("model.vqa.hidden_dim", lambda c: c["model"]["vqa"].update(hidden_dim=10**12)),
+                        ("model.options.concat.hidden_dim",
+                         lambda c: c["model"].update(fusion="concat", options={"concat": {"hidden_dim": 1e12}})),
+                        ("model.vqa.glimpses", lambda c: c["model"]["vqa"].update(glimpses=2**40))):
+        broken = yaml.safe_load(yaml.safe_dump(config))
+        change(broken)
+        (folder / "big.yaml").write_text(yaml.safe_dump(broken))
+        assert main(["train", "--config", str(folder / "big.yaml"), "--out", str(folder / "o")]) == EXIT_INPUT
+        line = _error_line(capsys)
+        assert f"config key '{key}'" in line and "65536" in line, line
+    _, common = _files(tmp_path)
+    import pytest
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["retrieval", "train", *common, "--hidden-dim", str(10**12), "--out", str(tmp_path / "r")])
+    assert stopped.value.code == EXIT_INPUT and "outside [1, 65536]" in capsys.readouterr().err

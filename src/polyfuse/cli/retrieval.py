@@ -27,13 +27,26 @@ def _data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'minilm' (default), a GloVe-format vectors file, or 'bow' (word counts, for synthetic data)")
 
 
+def _size(text: str) -> int:
+    """A layer size or count: an integer in [1, MAX_SIZE] (polyfuse.engine.sizes)."""
+    from polyfuse.engine.sizes import MAX_SIZE
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"{value} lies outside [1, {MAX_SIZE}]")
+    return value
+
+
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=_size, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--embed-dim", type=int, default=256)
-    parser.add_argument("--hidden-dim", type=int, default=64)
+    parser.add_argument("--embed-dim", type=_size, default=256)
+    parser.add_argument("--hidden-dim", type=_size, default=64)
     parser.add_argument("--loss", choices=("margin", "infonce"), default="margin")
     parser.add_argument("--margin", type=float, default=0.2)
     parser.add_argument("--text-lr", type=float, default=None,
@@ -60,7 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     chimera.add_argument("--rows", nargs="+", default=None, help="ablation rows (default: all)")
     chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
     chimera.add_argument("--epochs", type=int, default=10)
-    chimera.add_argument("--batch-size", type=int, default=16)
+    chimera.add_argument("--batch-size", type=_size, default=16)
     chimera.add_argument("--chimera-expert", default=None,
                          help="the video expert Chimera reads (default: the first, MSVD's vgg_appearance)")
     chimera.add_argument("--text-lr", type=float, default=None,

@@ -58,6 +58,17 @@ def _dataset(handle: h5py.File, name: str, path: Path) -> np.ndarray:
     return handle[name][:]
 
 
+def _check_finite(values: np.ndarray, name: str, path: Path, row_id) -> None:
+    """Refuse NaN or Inf features (bad input, not a divergence), naming the first image."""
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"{path}: dataset {name!r} holds NaN or Inf at {int(bad.sum())} image(s), the first image id "
+            f"{row_id(row)} (row {row}); re-extract the features or drop those images"
+        )
+
+
 def load_image_features(path: str | Path) -> ImageFeatures:
     """Read a file written by ``polyfuse extract images``."""
     path = Path(path)
@@ -69,6 +80,8 @@ def load_image_features(path: str | Path) -> ImageFeatures:
         ids = _dataset(handle, "image_ids", path)
     if not (len(features) == len(boxes) == len(ids)):
         raise ValueError(f"{path}: features, boxes and image_ids have {len(features)}, {len(boxes)}, {len(ids)} rows")
+    for name, values in (("features", features), ("boxes", boxes)):
+        _check_finite(values, name, path, lambda row: int(ids[row]))
     rows = {int(image_id): row for row, image_id in enumerate(ids.tolist())}
     return ImageFeatures(
         torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(path)
@@ -119,6 +132,9 @@ def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> Imag
     bad = [k for k, v in rows.items() if not 0 <= v < len(features)]
     if bad:
         raise ValueError(f"{index_path}: rows of image ids {bad[:10]} lie outside [0, {len(features)})")
+    id_of_row = {v: k for k, v in rows.items()}
+    for dataset, values in (("image_features", features), (name, boxes)):
+        _check_finite(values, dataset, h5_path, lambda row: id_of_row.get(row, "(none)"))
     return ImageFeatures(
         torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(h5_path)
     )
