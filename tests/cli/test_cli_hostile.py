@@ -246,3 +246,47 @@ def test_enormous_sizes_in_a_config_are_refused_before_any_allocation(tmp_path, 
     with pytest.raises(SystemExit) as stopped:
         main(["retrieval", "train", *common, "--hidden-dim", str(10**12), "--out", str(tmp_path / "r")])
     assert stopped.value.code == EXIT_INPUT and "outside [1, 65536]" in capsys.readouterr().err
+
+
+def _cut_clip(path, keep):
+    """A 48-frame MPEG-4 clip in AVI (its header announces 48 frames) cut to ``keep`` of its bytes."""
+    import numpy as np
+    import pytest
+
+    av = pytest.importorskip("av")
+    frames = np.random.default_rng(0).integers(0, 255, (48, 32, 32, 3), dtype=np.uint8)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264" if keep > 0.5 else "mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        for image in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        container.mux(stream.encode())
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def test_a_truncated_clip_says_how_many_frames_decoded_and_is_skipped_below_half(tmp_path, capsys):
+    import warnings
+
+    import h5py
+
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    _cut_clip(folder / "short.avi", 0.3)  # 1 of 48 frames decodes
+    _cut_clip(folder / "most.avi", 0.6)  # 26 of 48 decode
+    out = tmp_path / "video.h5"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["extract", "video", str(folder), "--out", str(out), "--streams", "motion", "--frames", "4",
+                     "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "1 clips computed, 0 cached, 1 skipped" in printed
+    assert (f"skipped: {folder / 'short.avi'}: only 1 of the 48 frames its header announces could be decoded, "
+            "under 50% (a truncated file?)") in printed
+    assert "most: 26 of the 48 frames its header announces were decoded (truncated?)" in printed
+    assert any("26 of the 48 frames" in str(w.message) for w in caught)
+    with h5py.File(out, "r") as handle:
+        stored = handle["motion"]["most"]
+        assert (stored.attrs["frames_in_clip"], stored.attrs["frames_in_header"]) == (26, 48)
+        assert "short" not in handle["motion"]

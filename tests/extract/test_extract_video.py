@@ -216,7 +216,7 @@ def test_corrupt_clip_is_skipped_and_counted(tmp_path, folder, backbone, capsys)
                      "--flow-size", "64", "--n-mels", "16", "--threads", "1", "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0
-    assert "0 clips computed, 3 cached, 1 skipped (cannot decode)" in printed
+    assert "0 clips computed, 3 cached, 1 skipped in" in printed
     assert "2 of 3 clips have no audio track" in printed
     assert "skipped: " in printed and "broken.avi" in printed
 

@@ -90,8 +90,10 @@ def _run_video(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(
         f"{args.out}: {len(report.computed)} clips computed, {len(report.cached)} cached, "
-        f"{len(report.skipped)} skipped (cannot decode) in {seconds:.1f} s"
+        f"{len(report.skipped)} skipped in {seconds:.1f} s"
     )
+    for video_id, (decoded, announced) in sorted(report.truncated.items()):
+        print(f"  {video_id}: {decoded} of the {announced} frames its header announces were decoded (truncated?)")
     done = len(report.computed) + len(report.cached)
     if report.without_audio:
         print(
@@ -99,5 +101,5 @@ def _run_video(args: argparse.Namespace) -> int:
             "no audio features for them"
         )
     for path in report.skipped:
-        print(f"  skipped: {path}")
+        print(f"  skipped: {path}: {report.reasons.get(path, 'cannot decode')}")
     return 0
