@@ -290,3 +290,66 @@ def test_a_truncated_clip_says_how_many_frames_decoded_and_is_skipped_below_half
         stored = handle["motion"]["most"]
         assert (stored.attrs["frames_in_clip"], stored.attrs["frames_in_header"]) == (26, 48)
         assert "short" not in handle["motion"]
+
+
+def test_disk_full_while_extracting_images_exits_3_and_a_rerun_completes(tmp_path, capsys, monkeypatch):
+    import h5py
+
+    import polyfuse.extract.images as images
+
+    folder = _image_folder(tmp_path)
+    out = tmp_path / "features.h5"
+    real_free, checks = images.free_bytes, []
+
+    def filling_up(path):  # room for the file and the first image's batch, not the second's
+        checks.append(path)
+        return real_free(path) if len(checks) <= 2 else images.SPACE_MARGIN - 1
+
+    monkeypatch.setattr(images, "free_bytes", filling_up)
+    args = ["extract", "images", str(folder), "--out", str(out), "--image-size", "32", "--batch-size", "1", "--no-progress"]
+    assert main(args) == 3
+    assert _error_line(capsys) == f"polyfuse extract: error: cannot write or read {out}: the disk is full; free some space"
+    with h5py.File(out, "r") as handle:  # what was written before is whole and readable
+        assert handle["image_ids"][:].tolist() == [0] and handle["features"].shape[0] == 1
+    monkeypatch.setattr(images, "free_bytes", real_free)
+    assert main(args) == 0
+    assert "1 images computed, 1 cached, 0 skipped" in capsys.readouterr().out
+
+
+def test_disk_full_while_training_retrieval_exits_3_and_leaves_nothing_half_written(tmp_path, capsys, monkeypatch):
+    import errno
+    import json
+
+    from safetensors import SafetensorError
+
+    import polyfuse.engine.checkpoints as checkpoints
+    import polyfuse.engine.retrieval as retrieval
+
+    _, common = _files(tmp_path)
+    out = tmp_path / "runs" / "mean"
+    train = ["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1", "--batch-size", "4",
+             "--out", str(out)]
+    real_write = retrieval.write_bytes
+
+    def half_then_full(path, data):  # the cache's bytes stop half-way (torch.save left a 0-byte file)
+        path.write_bytes(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(retrieval, "write_bytes", half_then_full)
+    assert main(train) == 3
+    line = _error_line(capsys)
+    assert "the disk is full; free some space" in line and str(tmp_path / "runs" / ".cache" / "text_") in line
+    assert not list((tmp_path / "runs" / ".cache").iterdir())  # no half-written cache to trust later
+    monkeypatch.setattr(retrieval, "write_bytes", real_write)
+
+    def full(tensors, name, metadata):  # safetensors' own message for ENOSPC
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoints, "save_file", full)
+    assert main(train) == 3
+    assert _error_line(capsys) == (f"polyfuse retrieval: error: cannot write or read {out / 'seed0.safetensors'}: "
+                                   "the disk is full; free some space")
+    assert sorted(p.name for p in out.iterdir()) == []  # no partial checkpoint, no results.json yet
+    monkeypatch.undo()
+    assert main(train) == 0  # the rerun completes, reading the caches of the failed run
+    assert json.loads((out / "results.json").read_text())["runs"][0]["seed"] == 0

@@ -21,7 +21,9 @@ kept.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import shutil
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,6 +55,27 @@ FEATURE_DIM = 1280
 MAX_IMAGE_PIXELS = 8192 * 8192
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)  # ImageNet statistics
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+#: free space kept beyond what an HDF5 write needs (its metadata, chunks rounded up)
+SPACE_MARGIN = 16 << 20
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free on the file system holding ``path`` (a file or its folder)."""
+    return shutil.disk_usage(path if path.exists() else path.parent).free
+
+
+def ensure_free_space(out: Path, needed: int) -> None:
+    """Refuse a write of about ``needed`` bytes to the HDF5 file ``out`` that the disk cannot
+    hold, before HDF5 starts it: HDF5 meeting a full disk half-way leaves a file that h5py
+    cannot close (a segmentation fault), so this check comes first. The error is
+    ``OSError(ENOSPC)`` naming ``out``, which the command line reports as "the disk is
+    full" (exit 3); everything written before is intact and a rerun resumes."""
+    free = free_bytes(out)
+    if free < needed + SPACE_MARGIN:
+        raise OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {needed + SPACE_MARGIN} needed)",
+                      str(out))
 
 
 @dataclass
@@ -150,6 +173,7 @@ def _read(path: Path, size: int) -> torch.Tensor | str:
 
 
 def _open(out: Path, cells: int) -> h5py.File:
+    ensure_free_space(out, 0)
     handle = h5py.File(out, "a")
     if "features" not in handle:
         handle.create_dataset("features", (0, cells, FEATURE_DIM), maxshape=(None, cells, FEATURE_DIM), dtype="f2", chunks=(16, cells, FEATURE_DIM))
@@ -204,6 +228,7 @@ def extract_image_features(
             with torch.no_grad():
                 grid = model.extract_features(batch)  # (b, 1280, side, side)
             features = grid.flatten(2).transpose(1, 2).to(torch.float16).numpy()
+            ensure_free_space(out, 2 * (features.nbytes + boxes.nbytes * len(pending)))  # chunks round up
             _append(handle, "features", features)
             _append(handle, "boxes", np.repeat(boxes[None], len(pending), axis=0))
             _append(handle, "image_ids", np.array([i for i, _, _ in pending], dtype=np.int64))
@@ -221,6 +246,7 @@ def extract_image_features(
             if digest in known:
                 if image_id not in have_ids:  # same content under a new id: copy the row
                     row = known[digest]
+                    ensure_free_space(out, 2 * handle["features"][row : row + 1].nbytes)
                     _append(handle, "features", handle["features"][row : row + 1])
                     _append(handle, "boxes", handle["boxes"][row : row + 1])
                     _append(handle, "image_ids", np.array([image_id], dtype=np.int64))

@@ -53,6 +53,7 @@ from polyfuse.extract.decode import (
 )
 from polyfuse.extract.images import (
     FEATURE_DIM,
+    ensure_free_space,
     grid_side,
     image_to_tensor,
     load_backbone,
@@ -172,6 +173,7 @@ def _group_attributes(settings: VideoSettings, name: str) -> dict[str, Any]:
 
 
 def _open_output(out: Path, settings: VideoSettings) -> h5py.File:
+    ensure_free_space(out, 0)
     handle = h5py.File(out, "a")
     if "extractor" not in handle.attrs:
         if len(handle):
@@ -281,6 +283,7 @@ def _missing(handle: h5py.File, video_id: str, digest: str, streams: Sequence[st
 
 def _store(handle: h5py.File, video_id: str, name: str, data: np.ndarray, attributes: Mapping[str, Any],
            settings: VideoSettings) -> None:
+    ensure_free_space(Path(handle.filename), 2 * data.nbytes)  # before HDF5 meets a full disk
     if name not in handle:
         handle.create_group(name).attrs.update(_group_attributes(settings, name))
     if video_id in handle[name]:
