@@ -353,3 +353,21 @@ def test_disk_full_while_training_retrieval_exits_3_and_leaves_nothing_half_writ
     monkeypatch.undo()
     assert main(train) == 0  # the rerun completes, reading the caches of the failed run
     assert json.loads((out / "results.json").read_text())["runs"][0]["seed"] == 0
+
+
+def test_resume_on_changed_data_is_refused_naming_the_file(tmp_path, capsys):
+    import json
+
+    folder = _vqa_folder(tmp_path)
+    run = folder / "run"
+    assert main(["train", "--config", str(folder / "vqa.yaml"), "--out", str(run), "--max-epochs", "1"]) == 0
+    recorded = json.loads((run / "data_hashes.json").read_text())
+    assert set(recorded) == {f"data.vqa.{s}_{k}" for s in ("train", "test") for k in ("questions", "annotations",
+                                                                                      "features")}
+    assert main(["train", "--resume", str(run)]) == 0  # the same data: resumes
+    questions = folder / "train_questions.json"
+    questions.write_text(questions.read_text().replace("what color", "which colour"))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == EXIT_INPUT
+    line = _error_line(capsys)
+    assert f"cannot resume {run}: {questions} (data.vqa.train_questions) changed since the run started" in line

@@ -22,6 +22,7 @@ import yaml
 __all__ = [
     "DEFAULTS",  # noqa: F822 - built lazily by __getattr__
     "apply_overrides",
+    "data_files",
     "deep_merge",
     "dump_config",
     "load_config",
@@ -164,6 +165,36 @@ def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
             for name, value in node.items():
                 if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
                     node[name] = str((folder / Path(value).expanduser()).resolve())
+
+
+def data_files(config: Mapping[str, Any]) -> dict[str, Path]:
+    """The data files a configuration reads, by dotted key (``data.source``,
+    ``data.vqa.train_questions``, ``captioning.features.appearance``, ...): those of its
+    path keys that name an existing file or folder (not ``output_dir``, not a synthetic
+    source). The file part of a ``PATH#KEY`` spec is used."""
+    found: dict[str, Path] = {}
+
+    def add(dotted: str, value: Any) -> None:
+        if isinstance(value, str) and value and not value.startswith("synthetic"):
+            path = Path(value.split("#", 1)[0]).expanduser()
+            if path.exists():
+                found[dotted] = path
+
+    for keys in _PATH_KEYS:
+        if keys == ("output_dir",):
+            continue
+        node: Any = config
+        for key in keys:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        add(".".join(keys), node)
+    for keys in _PATH_MAPPINGS:
+        node = config
+        for key in keys:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping):
+            for name, value in node.items():
+                add(".".join((*keys, str(name))), value)
+    return found
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -15,16 +15,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 __all__ = [
-    "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "claim_run_dir", "safe_run_name", "write_bytes",
+    "DATA_HASHES_NAME", "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "check_data_hashes",
+    "claim_run_dir", "file_digest", "record_data_hashes", "safe_run_name", "write_bytes",
 ]
 
 LOCK_NAME = "run.lock"
+#: the content hashes of the data files a run read, written when it starts
+DATA_HASHES_NAME = "data_hashes.json"
 _MAX_NUMBERED = 10_000
 
 
@@ -50,9 +55,10 @@ class RunDirLock:
         """After a failed start: remove ``run.lock`` when nothing else was written beside it,
         and the directory when this claim created it; a failed run leaves no empty lock.
         Called while the lock is held, so no other process can have claimed the directory."""
-        if self._fd is None or any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
+        if self._fd is None or any(p.name not in (LOCK_NAME, DATA_HASHES_NAME) for p in self.run_dir.iterdir()):
             return
         with contextlib.suppress(OSError):
+            (self.run_dir / DATA_HASHES_NAME).unlink(missing_ok=True)
             (self.run_dir / LOCK_NAME).unlink()
             if self.created:
                 self.run_dir.rmdir()
@@ -130,6 +136,47 @@ def atomic_temp_path(path: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file's content, or of a folder's files (their relative names and
+    contents, in sorted order)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(f"{file.relative_to(path)}\0".encode())
+        with file.open("rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
+
+
+def record_data_hashes(run_dir: Path, files: Mapping[str, Path]) -> None:
+    """Write ``data_hashes.json``: ``{key: {"path", "sha256"}}`` of the data files a run reads."""
+    content = {key: {"path": str(path), "sha256": file_digest(path)} for key, path in files.items()}
+    atomic_write_text(run_dir / DATA_HASHES_NAME, json.dumps(content, indent=1))
+
+
+def check_data_hashes(run_dir: Path) -> None:
+    """Refuse to resume a run whose data files changed since it started (``data_hashes.json``;
+    a run written before polyfuse recorded them is not checked)."""
+    recorded_path = run_dir / DATA_HASHES_NAME
+    if not recorded_path.is_file():
+        return
+    try:
+        recorded = json.loads(recorded_path.read_text(encoding="utf-8"))
+        entries = [(key, Path(entry["path"]), str(entry["sha256"])) for key, entry in recorded.items()]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ValueError(f"{recorded_path}: broken (not the JSON polyfuse writes); the run's data cannot be checked") from None
+    for key, path, sha256 in entries:
+        if not path.exists():
+            raise FileNotFoundError(f"cannot resume {run_dir}: its data file {path} ({key}) is gone")
+        now = file_digest(path)
+        if now != sha256:
+            raise ValueError(
+                f"cannot resume {run_dir}: {path} ({key}) changed since the run started (sha256 {sha256[:12]}..., "
+                f"now {now[:12]}...); resume with the original file or start a new run"
+            )
 
 
 def write_bytes(path: Path, data: bytes) -> None:
