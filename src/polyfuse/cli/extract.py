@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+import warnings
 
 __all__ = ["add_parser", "run"]
 
@@ -49,8 +51,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.kind == "video":
-        return _run_video(args)
+    with warnings.catch_warnings():
+        # what is skipped is said as it happens, one line each, and again in the summary
+        warnings.showwarning = _one_line_warning
+        return _run_video(args) if args.kind == "video" else _run_images(args)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"polyfuse extract: warning: {message}", file=sys.stderr)
+
+
+def _run_images(args: argparse.Namespace) -> int:
     from polyfuse.extract.images import extract_image_features, image_ids_of_folder
 
     start = time.perf_counter()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import re
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -159,13 +160,14 @@ def _read(path: Path, size: int) -> torch.Tensor | str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # bounded below instead
             with Image.open(path) as image:  # reads the header only
-                pixels = image.width * image.height
-                if pixels > MAX_IMAGE_PIXELS:
+                if image.width * image.height > MAX_IMAGE_PIXELS:
                     raise Image.DecompressionBombError(f"{image.width} x {image.height} pixels")
                 return image_to_tensor(image, size)
-    except Image.DecompressionBombError as error:
-        reason = (f"the header claims too many pixels ({error}; at most {MAX_IMAGE_PIXELS}): a decompression "
-                  "bomb? nothing was decoded")
+    except Image.DecompressionBombError as error:  # PIL's own says "Image size (N pixels) exceeds ..."
+        found = re.search(r"\((\d+) pixels\)", str(error))
+        claimed = f"{found.group(1)} pixels" if found else str(error)
+        reason = (f"its header claims {claimed}, over the bound of {MAX_IMAGE_PIXELS} (8192 x 8192): a "
+                  "decompression bomb? nothing was decoded")
     except (UnidentifiedImageError, OSError, ValueError) as error:
         reason = f"cannot decode the image ({error})"
     warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
