@@ -154,15 +154,9 @@ def test_two_images_with_one_id_are_refused_naming_both(tmp_path, capsys):
 
 
 def _vqa_folder(tmp_path):
-    import numpy as np
-    import yaml
-    from tests.cli.test_cli_vqa import _config, _write_split
+    from tests.cli.test_cli_vqa import write_vqa_folder
 
-    generator = np.random.default_rng(0)
-    _write_split(tmp_path, "train", 8, generator)
-    _write_split(tmp_path, "test", 4, generator)
-    (tmp_path / "vqa.yaml").write_text(yaml.safe_dump(_config(tmp_path)))
-    return tmp_path
+    return write_vqa_folder(tmp_path, 8, 4)
 
 
 def test_malformed_vqa_json_is_one_line_naming_the_file(tmp_path, capsys):

@@ -158,13 +158,18 @@ def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
         path = Path(value).expanduser()
         node[keys[-1]] = str(path if path.is_absolute() else (folder / path).resolve())
     for keys in _PATH_MAPPINGS:
-        node = content
-        for key in keys:
-            node = node.get(key) if isinstance(node, dict) else None
+        node = _node_at(content, keys)
         if isinstance(node, dict):
             for name, value in node.items():
                 if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
                     node[name] = str((folder / Path(value).expanduser()).resolve())
+
+
+def _node_at(config: Any, keys: Sequence[str]) -> Any:
+    """The value at the nested ``keys`` of a configuration, or None."""
+    for key in keys:
+        config = config.get(key) if isinstance(config, Mapping) else None
+    return config
 
 
 def data_files(config: Mapping[str, Any]) -> dict[str, Path]:
@@ -181,19 +186,12 @@ def data_files(config: Mapping[str, Any]) -> dict[str, Path]:
                 found[dotted] = path
 
     for keys in _PATH_KEYS:
-        if keys == ("output_dir",):
-            continue
-        node: Any = config
-        for key in keys:
-            node = node.get(key) if isinstance(node, Mapping) else None
-        add(".".join(keys), node)
+        if keys != ("output_dir",):
+            add(".".join(keys), _node_at(config, keys))
     for keys in _PATH_MAPPINGS:
-        node = config
-        for key in keys:
-            node = node.get(key) if isinstance(node, Mapping) else None
-        if isinstance(node, Mapping):
-            for name, value in node.items():
-                add(".".join((*keys, str(name))), value)
+        node = _node_at(config, keys)
+        for name, value in (node.items() if isinstance(node, Mapping) else ()):
+            add(".".join((*keys, str(name))), value)
     return found
 
 
