@@ -257,7 +257,7 @@ def run_chimera_ablation(
     first: MSVD's ``vgg_appearance``), one entry per Table 4 row; test with captions as
     written (EX1) and with their words shuffled (EX2). With ``text_lr`` MiniLM is fine-tuned
     with each model (every row and seed starting from the pre-trained weights). Each model
-    is saved as ``<out>/<row>/seed<N>.pt`` for ``polyfuse retrieval evaluate``. ``precision``:
+    is saved as ``<out>/<row>/seed<N>.safetensors`` for ``polyfuse retrieval evaluate``. ``precision``:
     of :func:`~polyfuse.engine.chimera_retrieval.train_chimera`."""
     from polyfuse.engine.chimera_retrieval import (
         ABLATION_ROWS,
