@@ -68,13 +68,18 @@ def _config(folder, **model):
     }  # fmt: skip
 
 
+def write_vqa_folder(folder, train_images=24, test_images=8):
+    """The two splits' JSON and HDF5 files and ``vqa.yaml`` in ``folder``."""
+    generator = np.random.default_rng(0)
+    _write_split(folder, "train", train_images, generator)
+    _write_split(folder, "test", test_images, generator)
+    (folder / "vqa.yaml").write_text(yaml.safe_dump(_config(folder)))
+    return folder
+
+
 @pytest.fixture
 def vqa_folder(tmp_path):
-    generator = np.random.default_rng(0)
-    _write_split(tmp_path, "train", 24, generator)
-    _write_split(tmp_path, "test", 8, generator)
-    (tmp_path / "vqa.yaml").write_text(yaml.safe_dump(_config(tmp_path)))
-    return tmp_path
+    return write_vqa_folder(tmp_path)
 
 
 def test_vqa_compare_over_models(vqa_folder, capsys):

@@ -60,7 +60,7 @@ def test_figure_ranks_the_split_and_draws_the_clips(tmp_path, capsys):
             frame = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), dtype=np.uint8), format="rgb24")
             container.mux(stream.encode(frame))
             container.mux(stream.encode())
-    figure = ["retrieval", "figure", *common, "--checkpoint", str(out / "seed0.pt"), "--clips", str(clips)]
+    figure = ["retrieval", "figure", *common, "--checkpoint", str(out / "seed0.safetensors"), "--clips", str(clips)]
     capsys.readouterr()
     assert main([*figure, "--caption", "2", "--top", "1", "--out", str(tmp_path / "fig.png")]) == 0
     printed = capsys.readouterr().out
@@ -84,7 +84,7 @@ def test_compare_on_synthetic_data_prints_the_bounds(tmp_path, capsys):
     bounds = result["references"]
     assert bounds["caption_R@1"] >= bounds["events_R@1"] > 0 and bounds["events_R@10"] == 100.0
     assert "| bound: perfect caption match |" in table and "| bound: events known, relation not |" in table
-    checkpoint = out / "man" / "seed0.pt"
+    checkpoint = out / "man" / "seed0.safetensors"
     assert main(["retrieval", "evaluate", "--data", "synthetic:videos=60,steps=2,events=2,dim=4",
                  "--checkpoint", str(checkpoint)]) == 0
     assert json.loads(capsys.readouterr().out)["chance_t2v_R@1"] == pytest.approx(100 / 6)
@@ -93,26 +93,26 @@ def test_compare_on_synthetic_data_prints_the_bounds(tmp_path, capsys):
 def test_fine_tuned_word_vectors_are_saved_and_reused_by_evaluate(tmp_path, capsys):
     """--text-lr trains the word vectors with the model; the checkpoint keeps them, and
     `evaluate` with it reproduces the run's test metrics (it would not with the file's vectors)."""
-    import torch
+    from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
 
     _, common = _files(tmp_path)
     out = tmp_path / "tuned"
     assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "3",
                  "--batch-size", "4", "--text-lr", "0.5", "--out", str(out)]) == 0
-    saved = torch.load(out / "seed0.pt", weights_only=False)
+    saved = read_checkpoint(out / "seed0.safetensors")
     original = np.loadtxt(tmp_path / "vec.txt", usecols=range(1, 5), dtype=np.float32)
     tuned = saved["text_state"]["embedding.weight"].numpy()
     assert saved["settings"]["text_lr"] == 0.5 and np.abs(tuned - original).max() > 1e-3
     test = json.loads((out / "results.json").read_text())["runs"][0]["test"]
     capsys.readouterr()
-    assert main(["retrieval", "evaluate", *common, "--checkpoint", str(out / "seed0.pt")]) == 0
+    assert main(["retrieval", "evaluate", *common, "--checkpoint", str(out / "seed0.safetensors")]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     keys = ("t2v_MeanR", "v2t_MeanR", "t2v_R@1", "v2t_R@1")
     assert [evaluated[k] for k in keys] == pytest.approx([test[k] for k in keys])
     # the same checkpoint without its fine-tuned vectors ranks differently: the check above can fail
     del saved["text_state"]
-    torch.save(saved, tmp_path / "untuned.pt")
-    assert main(["retrieval", "evaluate", *common, "--checkpoint", str(tmp_path / "untuned.pt")]) == 0
+    write_checkpoint(saved, tmp_path / "untuned.safetensors")
+    assert main(["retrieval", "evaluate", *common, "--checkpoint", str(tmp_path / "untuned.safetensors")]) == 0
     untuned = json.loads(capsys.readouterr().out)
     assert [untuned[k] for k in keys] != pytest.approx([test[k] for k in keys])
     assert main(["retrieval", "train", "--data", "synthetic:videos=20", "--text", "bow", "--fusion", "mean",
@@ -130,7 +130,7 @@ def test_chimera_on_expert_files_saves_models_that_evaluate_reproduces(tmp_path,
                  "--batch-size", "4", "--chimera-expert", "mot", "--out", str(out)]) == 0
     test = json.loads((out / "results.json").read_text())["Z20-af-N0"]["runs"][0]["test"]
     capsys.readouterr()
-    assert main(["retrieval", "evaluate", *common, "--checkpoint", str(out / "Z20-af-N0" / "seed0.pt")]) == 0
+    assert main(["retrieval", "evaluate", *common, "--checkpoint", str(out / "Z20-af-N0" / "seed0.safetensors")]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     keys = ("t2v_MeanR", "v2t_MeanR", "t2v_R@1")
     assert [evaluated[k] for k in keys] == pytest.approx([test[k] for k in keys])

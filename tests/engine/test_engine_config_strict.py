@@ -129,3 +129,14 @@ def test_the_configuration_reference_is_up_to_date():
     text = (ROOT / "docs" / "CONFIGURATION.md").read_text()
     for key in ("`trainer.gradient_clip_val`", "`model.options.man.hidden_dim`", "`data.validation_fraction`"):
         assert key in text
+
+
+def test_man_exact_limit_counts_tuples_not_sizes():
+    """MAN's exact_limit is a number of tuples (default 2^16): it takes values beyond the
+    bound on layer sizes, up to the element bound."""
+    from polyfuse.engine.sizes import MAX_ELEMENTS_OPTION, MAX_SIZE
+
+    accepted = resolve_config({"model": {"fusion": "man", "options": {"man": {"exact_limit": 1 << 20}}}})
+    assert accepted["model"]["options"]["man"]["exact_limit"] == 1 << 20 > MAX_SIZE
+    with pytest.raises(ValueError, match="exact_limit"):
+        resolve_config({"model": {"fusion": "man", "options": {"man": {"exact_limit": MAX_ELEMENTS_OPTION + 1}}}})

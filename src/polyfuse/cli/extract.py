@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+import warnings
 
 __all__ = ["add_parser", "run"]
 
@@ -49,8 +51,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.kind == "video":
-        return _run_video(args)
+    with warnings.catch_warnings():
+        # what is skipped is said as it happens, one line each, and again in the summary
+        warnings.showwarning = _one_line_warning
+        return _run_video(args) if args.kind == "video" else _run_images(args)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"polyfuse extract: warning: {message}", file=sys.stderr)
+
+
+def _run_images(args: argparse.Namespace) -> int:
     from polyfuse.extract.images import extract_image_features, image_ids_of_folder
 
     start = time.perf_counter()
@@ -64,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(
         f"{args.out}: {report.computed} images computed, {report.cached} cached, "
-        f"{len(report.skipped)} skipped (cannot decode) in {seconds:.1f} s"
+        f"{len(report.skipped)} skipped in {seconds:.1f} s"
     )
     for path in report.skipped:
-        print(f"  skipped: {path}")
+        print(f"  skipped: {path}: {report.reasons.get(path, 'cannot decode')}")
     return 0
 
 
@@ -90,8 +101,10 @@ def _run_video(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(
         f"{args.out}: {len(report.computed)} clips computed, {len(report.cached)} cached, "
-        f"{len(report.skipped)} skipped (cannot decode) in {seconds:.1f} s"
+        f"{len(report.skipped)} skipped in {seconds:.1f} s"
     )
+    for video_id, (decoded, announced) in sorted(report.truncated.items()):
+        print(f"  {video_id}: {decoded} of the {announced} frames its header announces were decoded (truncated?)")
     done = len(report.computed) + len(report.cached)
     if report.without_audio:
         print(
@@ -99,5 +112,5 @@ def _run_video(args: argparse.Namespace) -> int:
             "no audio features for them"
         )
     for path in report.skipped:
-        print(f"  skipped: {path}")
+        print(f"  skipped: {path}: {report.reasons.get(path, 'cannot decode')}")
     return 0

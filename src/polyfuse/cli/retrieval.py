@@ -27,13 +27,26 @@ def _data_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'minilm' (default), a GloVe-format vectors file, or 'bow' (word counts, for synthetic data)")
 
 
+def _size(text: str) -> int:
+    """A layer size or count: an integer in [1, MAX_SIZE] (polyfuse.engine.sizes)."""
+    from polyfuse.engine.sizes import MAX_SIZE
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"{value} lies outside [1, {MAX_SIZE}]")
+    return value
+
+
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=_size, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--embed-dim", type=int, default=256)
-    parser.add_argument("--hidden-dim", type=int, default=64)
+    parser.add_argument("--embed-dim", type=_size, default=256)
+    parser.add_argument("--hidden-dim", type=_size, default=64)
     parser.add_argument("--loss", choices=("margin", "infonce"), default="margin")
     parser.add_argument("--margin", type=float, default=0.2)
     parser.add_argument("--text-lr", type=float, default=None,
@@ -60,7 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     chimera.add_argument("--rows", nargs="+", default=None, help="ablation rows (default: all)")
     chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
     chimera.add_argument("--epochs", type=int, default=10)
-    chimera.add_argument("--batch-size", type=int, default=16)
+    chimera.add_argument("--batch-size", type=_size, default=16)
     chimera.add_argument("--chimera-expert", default=None,
                          help="the video expert Chimera reads (default: the first, MSVD's vgg_appearance)")
     chimera.add_argument("--text-lr", type=float, default=None,
@@ -69,14 +82,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     chimera.add_argument("--out", required=True)
     table = actions.add_parser("table", help="markdown tables (EX1, EX2) from results.json files")
     table.add_argument("results", nargs="+", help="results.json of 'train' (one fusion each) or 'chimera'")
-    evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.pt")
+    evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.safetensors")
     _data_arguments(evaluate)
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--shuffle-words", action="store_true", help="shuffle each query's words (EX2)")
     figure = actions.add_parser("figure", help="top videos of one query as frame thumbnails with scores (PNG)")
     _data_arguments(figure)
-    figure.add_argument("--checkpoint", required=True, help="a seed<N>.pt of 'train'")
+    figure.add_argument("--checkpoint", required=True, help="a seed<N>.safetensors of 'train'")
     query = figure.add_mutually_exclusive_group(required=True)
     query.add_argument("--query", help="free text")
     query.add_argument("--caption", type=int, help="index of a caption of the split (its video is marked correct)")
@@ -117,10 +130,15 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.retrieval_runs import metrics_table, run_retrieval
 
     if args.action == "table":
+        from polyfuse.data.formats.jsonfile import read_json
+
         results = {}
         for path in args.results:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            results.update({data["settings"]["fusion"]: data} if "settings" in data else data)
+            data = read_json(path)
+            if not isinstance(data, dict) or not all(isinstance(v, dict) and "runs" in v for v in
+                                                     ([data] if "settings" in data else data.values())):
+                raise ValueError(f"{path}: not a results.json of `polyfuse retrieval train` or `chimera`")
+            results.update({data["settings"].get("fusion", "?"): data} if "settings" in data else data)
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
@@ -150,15 +168,17 @@ def run(args: argparse.Namespace) -> int:
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0
-    import torch
-
     from polyfuse.engine.retrieval import encode_captions, evaluate_retrieval, shuffle_words
-    from polyfuse.engine.retrieval_runs import load_checkpoint, saved_text_encoder
+    from polyfuse.engine.retrieval_runs import (
+        load_checkpoint,
+        read_retrieval_checkpoint,
+        saved_text_encoder,
+    )
 
     if args.split not in split:
         raise ValueError(f"no split {args.split!r}; have {', '.join(split)}")
     part = corpus.subset(split[args.split])
-    saved = torch.load(args.checkpoint, weights_only=False)
+    saved = read_retrieval_checkpoint(args.checkpoint)  # never unpickles anything
     if saved.get("kind") == "chimera":  # a model of `retrieval chimera`
         if args.action == "figure":
             raise ValueError("`figure` draws the rankings of `retrieval train` models, not of Chimera's")

@@ -16,8 +16,11 @@ message names the file and the array, raised here and not deep inside torch.
 
 Files are treated as untrusted. Arrays are read lazily, only those asked for,
 each within a bound on its decompressed size (:data:`MAX_ARRAY_BYTES`, set by the
-environment variable ``POLYFUSE_MAX_ARRAY_BYTES``): a decompression bomb in an
-npz is refused from its header, before anything is inflated. Object (pickled)
+environment variable ``POLYFUSE_MAX_ARRAY_BYTES``, default 8 GiB), and a compressed
+array over 256 MiB in memory may inflate at most :data:`MAX_INFLATE_RATIO` times its
+stored size (``POLYFUSE_MAX_INFLATE_RATIO``, default 100; float features compress 1 to
+5 times): a decompression bomb in an npz or HDF5 file is refused from its header,
+before anything is inflated. Object (pickled)
 arrays are never loaded. HDF5 datasets that keep their data in other files
 (external storage, virtual datasets) and external links are refused, so a file
 cannot make polyfuse read some other local file; datasets are read in chunks.
@@ -25,6 +28,7 @@ cannot make polyfuse read some other local file; datasets are read in chunks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -34,10 +38,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_ARRAY_BYTES", "ArrayTable", "H5Arrays", "NpzArrays", "load_arrays"]
+__all__ = [
+    "MAX_ARRAY_BYTES", "MAX_INFLATE_RATIO", "ArrayTable", "H5Arrays", "NpzArrays", "check_array_size",
+    "check_h5_dataset", "load_arrays", "open_h5", "refuse_h5_links",
+]
 
 FEATURE_SUFFIXES = (".npz", ".h5", ".hdf5")
 MAX_ARRAY_BYTES = int(os.environ.get("POLYFUSE_MAX_ARRAY_BYTES", str(8 << 30)))
+MAX_INFLATE_RATIO = float(os.environ.get("POLYFUSE_MAX_INFLATE_RATIO", "100"))
+_RATIO_FLOOR = 256 << 20  # arrays up to this size in memory are never refused for their compression ratio
 _CHUNK_BYTES = 64 << 20  # HDF5 datasets are copied in slices of about this size
 
 
@@ -95,13 +104,79 @@ class ArrayTable:
         return array
 
 
-def _check_size(path: Path, name: str, shape: tuple[int, ...], itemsize: int, limit: int) -> None:
+def check_array_size(path: Path | str, name: str, shape: tuple[int, ...], itemsize: int, *,
+                     limit: int | None = None, stored: int | None = None) -> None:
+    """Refuse an array whose header promises more than the bounds, before it is read.
+
+    ``limit``: bytes in memory (default :data:`MAX_ARRAY_BYTES`); ``stored``: the bytes it
+    takes in the file, when compressed: over 256 MiB in memory it may inflate at most
+    :data:`MAX_INFLATE_RATIO` times."""
+    limit = MAX_ARRAY_BYTES if limit is None else limit
     size = int(np.prod(shape, dtype=np.float64)) * itemsize
     if size > limit:
         raise ValueError(
             f"{path}: array {name!r} would take {size} bytes in memory {tuple(shape)}, over the limit of "
             f"{limit} bytes (a decompression bomb?); raise POLYFUSE_MAX_ARRAY_BYTES if the file is genuine"
         )
+    if stored is not None and size > _RATIO_FLOOR and size > MAX_INFLATE_RATIO * max(stored, 1):
+        raise ValueError(
+            f"{path}: array {name!r} would inflate from {stored} stored bytes to {size} bytes in memory "
+            f"{tuple(shape)}, over {MAX_INFLATE_RATIO:g} times (a decompression bomb?); raise "
+            "POLYFUSE_MAX_INFLATE_RATIO if the file is genuine"
+        )
+
+
+def refuse_h5_links(handle: Any, path: Path | str) -> None:
+    """Refuse an HDF5 file holding an external link (to a dataset of another file)."""
+    import h5py
+
+    def visit(group: Any, prefix: str) -> None:
+        for key in group:
+            link = group.get(key, getlink=True)
+            name = f"{prefix}{key}"
+            if isinstance(link, h5py.ExternalLink):
+                raise ValueError(
+                    f"{path}: {name!r} is an external link to {link.filename!r}; links to other files are refused"
+                )
+            if isinstance(link, h5py.HardLink) and isinstance(group[key], h5py.Group):
+                visit(group[key], name + "/")
+
+    visit(handle, "")
+
+
+def check_h5_dataset(dataset: Any, path: Path | str, name: str, limit: int | None = None) -> None:
+    """Refuse an HDF5 dataset that keeps its data in other files (external storage, a
+    virtual dataset) or would inflate beyond the bounds of :func:`check_array_size`."""
+    if dataset.external:
+        raise ValueError(
+            f"{path}: dataset {name!r} keeps its data in external file(s) "
+            f"{[str(e[0]) for e in dataset.external]}; external storage is refused"
+        )
+    if dataset.is_virtual:
+        raise ValueError(f"{path}: dataset {name!r} is a virtual dataset (data in other files); refused")
+    chunked = dataset.chunks is not None  # only chunked datasets can be compressed
+    check_array_size(path, name, dataset.shape or (), dataset.dtype.itemsize, limit=limit,
+                     stored=dataset.id.get_storage_size() if chunked else None)
+
+
+@contextlib.contextmanager
+def open_h5(path: Path | str) -> Iterator[Any]:
+    """An HDF5 file opened for reading, every dataset in it checked first: no external
+    links, no external storage or virtual datasets, none beyond the size bounds. The one
+    door through which polyfuse reads HDF5 feature files."""
+    import h5py
+
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read as HDF5 (corrupt or not an HDF5 file): {error}") from None
+    with handle:
+        refuse_h5_links(handle, path)
+        datasets: list[tuple[str, Any]] = []
+        handle.visititems(lambda name, node: datasets.append((name, node)) if isinstance(node, h5py.Dataset) else None)
+        for name, dataset in datasets:
+            check_h5_dataset(dataset, path, name)
+        yield handle
 
 
 class NpzArrays(Mapping[str, np.ndarray]):
@@ -112,18 +187,20 @@ class NpzArrays(Mapping[str, np.ndarray]):
         self._cache: dict[str, np.ndarray] = {}
         self._headers: dict[str, tuple[str, tuple[int, ...], np.dtype]] = {}
         try:
+            file_size = path.stat().st_size
             with zipfile.ZipFile(path) as archive:
                 for info in archive.infolist():
                     if not info.filename.endswith(".npy"):
                         continue
                     name = info.filename[: -len(".npy")]
+                    stored = min(info.compress_size, file_size) if info.compress_type != zipfile.ZIP_STORED else None
                     with archive.open(info) as member:
-                        shape, dtype = self._header(member, name)
+                        shape, dtype = self._header(member, name, stored)
                     self._headers[name] = (info.filename, shape, dtype)
         except (zipfile.BadZipFile, OSError, EOFError) as error:
             raise ValueError(f"{path}: cannot read as .npz (corrupt or not an npz file): {error}") from None
 
-    def _header(self, member: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    def _header(self, member: Any, name: str, stored: int | None) -> tuple[tuple[int, ...], np.dtype]:
         try:
             version = np.lib.format.read_magic(member)
             if version == (1, 0):
@@ -139,7 +216,7 @@ class NpzArrays(Mapping[str, np.ndarray]):
                 f"{self.path}: holds object (pickled) arrays, which are never loaded ({name!r}); "
                 "store strings as fixed-width unicode arrays (dtype 'U')"
             )
-        _check_size(self.path, name, shape, dtype.itemsize, self.limit)
+        check_array_size(self.path, name, shape, dtype.itemsize, limit=self.limit, stored=stored)
         return shape, dtype
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -177,37 +254,13 @@ class H5Arrays(Mapping[str, np.ndarray]):
         self._names: list[str] = []
         try:
             with h5py.File(path, "r") as handle:
-                self._refuse_external_links(handle)
+                refuse_h5_links(handle, path)
                 handle.visititems(lambda name, node: self._names.append(name) if isinstance(node, h5py.Dataset) else None)
         except OSError as error:
             raise ValueError(f"{path}: cannot read as HDF5 (corrupt or not an HDF5 file): {error}") from None
 
-    def _refuse_external_links(self, handle: Any) -> None:
-        import h5py
-
-        def visit(group: Any, prefix: str) -> None:
-            for key in group:
-                link = group.get(key, getlink=True)
-                name = f"{prefix}{key}"
-                if isinstance(link, h5py.ExternalLink):
-                    raise ValueError(
-                        f"{self.path}: {name!r} is an external link to {link.filename!r}; "
-                        "links to other files are refused"
-                    )
-                if isinstance(link, h5py.HardLink) and isinstance(group[key], h5py.Group):
-                    visit(group[key], name + "/")
-
-        visit(handle, "")
-
     def _read(self, dataset: Any, name: str) -> np.ndarray:
-        if dataset.external:
-            raise ValueError(
-                f"{self.path}: dataset {name!r} keeps its data in external file(s) "
-                f"{[str(e[0]) for e in dataset.external]}; external storage is refused"
-            )
-        if dataset.is_virtual:
-            raise ValueError(f"{self.path}: dataset {name!r} is a virtual dataset (data in other files); refused")
-        _check_size(self.path, name, dataset.shape, dataset.dtype.itemsize, self.limit)
+        check_h5_dataset(dataset, self.path, name, self.limit)
         if dataset.dtype.kind in "OSV" or dataset.ndim == 0:
             value = dataset[()]
         else:

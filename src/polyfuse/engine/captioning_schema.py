@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polyfuse.engine.sizes import SizeInt
+
 __all__ = ["VARIANTS", "CaptioningConfig", "DecoderConfig", "variant_settings"]
 
 #: The paper's variants (Table 2) and the mean-pooled baseline: MAF orders and low rank.
@@ -53,9 +55,9 @@ class CaptioningConfig(_Section):
         "error", description="a split video without features in some modality: error, or skip it (counted)"
     )
     min_count: Annotated[int, Field(ge=1)] = Field(2, description="vocabulary: training-caption words seen at least this often")
-    max_words: Annotated[int, Field(ge=1)] = Field(20, description="training captions are cut to this many words")
-    beam_size: Annotated[int, Field(ge=1)] = Field(5, description="beam width at test and predict time (1: greedy)")
-    max_length: Annotated[int, Field(ge=1)] = Field(20, description="most generated tokens, end token included")
+    max_words: SizeInt = Field(20, description="training captions are cut to this many words")
+    beam_size: SizeInt = Field(5, description="beam width at test and predict time (1: greedy)")
+    max_length: SizeInt = Field(20, description="most generated tokens, end token included")
     length_penalty: Annotated[float, Field(ge=0.0)] = Field(
         1.0, description="length normalisation: score / length ** length_penalty (0: none)"
     )
@@ -75,12 +77,12 @@ class DecoderConfig(_Section):
     variant: Literal[tuple(VARIANTS)] = Field(  # type: ignore[valid-type]
         "HOCA-UBT", description="mean-pool | HOCA-U | HOCA-B | L-HOCA-B | HOCA-T | L-HOCA-T | HOCA-UB | L-HOCA-UB | HOCA-UBT | L-HOCA-UBT"
     )
-    feature_dim: Annotated[int, Field(ge=1)] | None = Field(
+    feature_dim: SizeInt | None = Field(
         128, description="per-modality tanh(linear) encoder output (null: raw features)"
     )
-    embed_dim: Annotated[int, Field(ge=1)] = Field(128, description="word embedding size (paper: 300)")
-    hidden_dim: Annotated[int, Field(ge=1)] = Field(256, description="LSTM hidden size (paper: 512)")
-    attention_dim: Annotated[int, Field(ge=1)] = Field(64, description="attention layer size (paper: 512)")
-    rank: Annotated[int, Field(ge=1)] = Field(1, description="rank of Low-Rank HOCA (paper: 1)")
+    embed_dim: SizeInt = Field(128, description="word embedding size (paper: 300)")
+    hidden_dim: SizeInt = Field(256, description="LSTM hidden size (paper: 512)")
+    attention_dim: SizeInt = Field(64, description="attention layer size (paper: 512)")
+    rank: SizeInt = Field(1, description="rank of Low-Rank HOCA (paper: 1)")
     combination: Literal["log", "literal"] = Field("log", description="form of Eq. 19 (see polyfuse.nn.maf)")
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.5, description="dropout on the LSTM input and output (paper: 0.5)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,13 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: str | Path) -> None:
         try:
             save_file(tensors, str(partial), metadata=metadata)
         except SafetensorError as error:  # e.g. the disk filled up while writing
-            raise OSError(errno.EIO, f"could not write the checkpoint ({error})", str(path)) from None
+            raise OSError(_os_error_number(str(error)), f"could not write the checkpoint ({error})", str(path)) from None
+
+
+def _os_error_number(message: str) -> int:
+    """The errno in a safetensors message ("... No space left on device (os error 28)"), else EIO."""
+    found = re.search(r"\(os error (\d+)\)", message)
+    return int(found.group(1)) if found else errno.EIO
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

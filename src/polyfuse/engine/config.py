@@ -22,6 +22,7 @@ import yaml
 __all__ = [
     "DEFAULTS",  # noqa: F822 - built lazily by __getattr__
     "apply_overrides",
+    "data_files",
     "deep_merge",
     "dump_config",
     "load_config",
@@ -157,13 +158,41 @@ def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
         path = Path(value).expanduser()
         node[keys[-1]] = str(path if path.is_absolute() else (folder / path).resolve())
     for keys in _PATH_MAPPINGS:
-        node = content
-        for key in keys:
-            node = node.get(key) if isinstance(node, dict) else None
+        node = _node_at(content, keys)
         if isinstance(node, dict):
             for name, value in node.items():
                 if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
                     node[name] = str((folder / Path(value).expanduser()).resolve())
+
+
+def _node_at(config: Any, keys: Sequence[str]) -> Any:
+    """The value at the nested ``keys`` of a configuration, or None."""
+    for key in keys:
+        config = config.get(key) if isinstance(config, Mapping) else None
+    return config
+
+
+def data_files(config: Mapping[str, Any]) -> dict[str, Path]:
+    """The data files a configuration reads, by dotted key (``data.source``,
+    ``data.vqa.train_questions``, ``captioning.features.appearance``, ...): those of its
+    path keys that name an existing file or folder (not ``output_dir``, not a synthetic
+    source). The file part of a ``PATH#KEY`` spec is used."""
+    found: dict[str, Path] = {}
+
+    def add(dotted: str, value: Any) -> None:
+        if isinstance(value, str) and value and not value.startswith("synthetic"):
+            path = Path(value.split("#", 1)[0]).expanduser()
+            if path.exists():
+                found[dotted] = path
+
+    for keys in _PATH_KEYS:
+        if keys != ("output_dir",):
+            add(".".join(keys), _node_at(config, keys))
+    for keys in _PATH_MAPPINGS:
+        node = _node_at(config, keys)
+        for name, value in (node.items() if isinstance(node, Mapping) else ()):
+            add(".".join((*keys, str(name))), value)
+    return found
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -18,16 +18,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
 import random
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
+from polyfuse.engine.rundir import atomic_temp_path, write_bytes
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.functional.contrastive import info_nce_loss, max_margin_ranking_loss
 from polyfuse.metrics.retrieval import (
@@ -42,6 +47,7 @@ __all__ = [
     "LOOP_PRECISIONS",
     "RetrievalSettings",
     "encode_captions",
+    "encoder_fingerprint",
     "evaluate_retrieval",
     "shuffle_words",
     "train_retrieval",
@@ -92,20 +98,58 @@ def shuffle_words(captions: Sequence[str], seed: int) -> list[str]:
     return out
 
 
+def encoder_fingerprint(encoder) -> str:
+    """A hash of everything an encoder's output depends on: its class, its vocabulary
+    (``index`` or ``vocabulary``), ``max_length`` and every tensor of its state (names,
+    dtypes, shapes and bytes). Two word-vector files give two fingerprints."""
+    digest = hashlib.sha256(f"{type(encoder).__module__}.{type(encoder).__qualname__}".encode())
+    for attribute in ("index", "vocabulary", "max_length"):
+        if hasattr(encoder, attribute):
+            digest.update(f"{attribute}={json.dumps(getattr(encoder, attribute))}".encode())
+    state = encoder.state_dict() if hasattr(encoder, "state_dict") else {}
+    for name, tensor in state.items():
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _read_cache(cache: Path, count: int) -> Tensor | None:
+    """The vectors of a cache file, or None (with a warning) when it is broken or foreign:
+    a half-written cache is rebuilt, never trusted."""
+    try:
+        with safe_open(str(cache), framework="pt") as handle:
+            vectors = handle.get_tensor("vectors")
+    except (SafetensorError, OSError) as error:
+        warnings.warn(f"{cache}: a broken caption cache ({error}); rebuilding it", stacklevel=3)
+        return None
+    if vectors.ndim != 2 or vectors.shape[0] != count or not bool(vectors.isfinite().all()):
+        warnings.warn(f"{cache}: the caption cache does not hold {count} finite vectors; rebuilding it",
+                      stacklevel=3)
+        return None
+    return vectors
+
+
 def encode_captions(encoder, captions: Sequence[str], *, batch_size: int = 128, cache_dir: Path | None = None) -> Tensor:
-    """(C, d_t) sentence vectors of a frozen encoder, cached by the captions' hash."""
-    key = hashlib.sha256(("\n".join(captions) + type(encoder).__name__).encode()).hexdigest()[:16]
-    cache = Path(cache_dir) / f"text_{key}.pt" if cache_dir is not None else None
+    """(C, d_t) sentence vectors of a frozen encoder, cached by content.
+
+    The cache file is named by a hash of the captions and of the encoder
+    (:func:`encoder_fingerprint`: a run with another word-vector file never reads
+    this one's vectors), written atomically (a temporary file renamed), and a cache
+    that cannot be read (truncated, empty) is rebuilt."""
+    key = hashlib.sha256(json.dumps([list(captions), encoder_fingerprint(encoder)]).encode()).hexdigest()[:32]
+    cache = Path(cache_dir) / f"text_{key}.safetensors" if cache_dir is not None else None
     if cache is not None and cache.is_file():
-        return torch.load(cache)
+        vectors = _read_cache(cache, len(captions))
+        if vectors is not None:
+            return vectors
     parts = []
     with torch.no_grad():
         for start in range(0, len(captions), batch_size):
             parts.append(encoder(list(captions[start : start + batch_size])).sentence)
     vectors = torch.cat(parts)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(vectors, cache)
+        with atomic_temp_path(cache) as partial:
+            write_bytes(partial, save({"vectors": vectors.contiguous()}))
     return vectors
 
 

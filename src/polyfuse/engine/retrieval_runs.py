@@ -1,8 +1,10 @@
 """Retrieval runs: load a corpus, encode its captions, train over seeds, write results.
 
 Results of a run directory: ``results.json`` (settings, per-seed test metrics and
-chance levels, training history, wall times) and ``seed<N>.pt`` (the model's state
-and what is needed to rebuild it).
+chance levels, training history, wall times) and ``seed<N>.safetensors`` (the model's
+weights as safetensors tensors, and what is needed to rebuild it as JSON in the file's
+metadata: :func:`~polyfuse.engine.checkpoints.write_checkpoint`). Nothing pickled is
+written or read: an older pickled ``seed<N>.pt`` is refused with how to convert it.
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from polyfuse.data.formats.experts import RetrievalCorpus, load_captions, load_expert, read_id_list
 from polyfuse.data.sources import is_synthetic
+from polyfuse.engine.checkpoints import check_finite_state, read_checkpoint, write_checkpoint
 from polyfuse.engine.retrieval import (
     RetrievalSettings,
     encode_captions,
@@ -26,9 +27,19 @@ from polyfuse.engine.retrieval import (
     shuffle_words,
     train_retrieval,
 )
+from polyfuse.engine.rundir import atomic_write_text
 from polyfuse.tasks.retrieval import RetrievalModel
 
-__all__ = ["load_corpus", "metrics_table", "run_retrieval", "text_encoder"]
+__all__ = ["load_corpus", "metrics_table", "read_retrieval_checkpoint", "run_retrieval", "text_encoder"]
+
+CHECKPOINT_SUFFIX = ".safetensors"
+#: the entries a checkpoint of `retrieval train` and of `retrieval chimera` must hold
+_NEEDED = {"retrieval": ("state", "settings", "text_dim", "expert_dims"),
+           "chimera": ("state", "row", "text_dim", "video_dim", "expert")}
+_CONVERT = (
+    "python -c \"import sys, torch; from polyfuse.engine.checkpoints import write_checkpoint; "
+    "write_checkpoint(torch.load(sys.argv[1], weights_only=True), sys.argv[2])\" OLD.pt NEW.safetensors"
+)
 
 METRIC_COLUMNS = ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MedR", "v2t_R@1", "v2t_R@5", "v2t_R@10", "v2t_MedR")
 
@@ -130,11 +141,11 @@ def run_retrieval(
         test = evaluate_retrieval(model, parts["test"], vectors["test"], chunk_size=settings.chunk_size)
         eval_seconds = time.perf_counter() - start
         test_shuffled = evaluate_retrieval(model, parts["test"], shuffled, chunk_size=settings.chunk_size)
-        torch.save(
+        write_checkpoint(
             {"state": model.state_dict(), "settings": asdict(settings), "text_dim": vectors["train"].shape[1],
              "expert_dims": [e.dim for e in corpus.experts.values()], "text": text,
              **({"text_state": encoder.state_dict()} if fine_tune else {})},
-            out / f"seed{seed}.pt",
+            out / f"seed{seed}{CHECKPOINT_SUFFIX}",
         )
         runs.append({"seed": seed, "test": test, "test_shuffled_words": test_shuffled, "history": history,
                      "train_seconds": train_seconds, "eval_seconds": eval_seconds})
@@ -142,7 +153,7 @@ def run_retrieval(
                   **({"references": references} if references else {}),
                   "counts": {n: {"videos": len(p.video_ids), "captions": len(p.captions)} for n, p in parts.items()},
                   "encode_seconds": encode_seconds, "runs": runs}
-        (out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")  # after every seed
+        atomic_write_text(out / "results.json", json.dumps(result, indent=1))  # after every seed
     return result
 
 
@@ -152,21 +163,53 @@ def evaluate_chimera_checkpoint(saved: dict, part: RetrievalCorpus, captions: li
     from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, evaluate_chimera
     from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 
-    row = ChimeraRow(**saved["row"])
-    model = ChimeraRetrievalModel(saved["text_dim"], saved["video_dim"], num_topics=row.num_topics,
-                                  topic_variant=row.topic_variant, hyperbolic_dim=row.hyperbolic_dim)
-    model.load_state_dict(saved["state"])
+    try:
+        row = ChimeraRow(**saved["row"])
+        model = ChimeraRetrievalModel(saved["text_dim"], saved["video_dim"], num_topics=row.num_topics,
+                                      topic_variant=row.topic_variant, hyperbolic_dim=row.hyperbolic_dim)
+        model.load_state_dict(saved["state"])
+    except (TypeError, RuntimeError) as error:
+        raise ValueError(f"the Chimera checkpoint does not rebuild its model: {error}") from None
     encoder = saved_text_encoder(saved)
     return evaluate_chimera(model, part, *encode_tokens(encoder, captions), expert=saved["expert"])
 
 
+def read_retrieval_checkpoint(path: str | Path) -> dict:
+    """The content of a ``seed<N>.safetensors`` of ``retrieval train`` or ``retrieval chimera``.
+
+    Never unpickles anything: a pickled ``.pt`` of an older polyfuse is refused with how
+    to re-train or convert it; a file lacking an entry, or with NaN / Inf weights, is
+    refused naming it."""
+    path = Path(path)
+    if path.is_file() and path.suffix != CHECKPOINT_SUFFIX:
+        raise ValueError(
+            f"{path}: retrieval checkpoints are {CHECKPOINT_SUFFIX} files; pickled files (.pt, written by an "
+            "older polyfuse) are never loaded, as unpickling can run code: re-train, or convert a "
+            f"file you trust with: {_CONVERT}"
+        )
+    saved = read_checkpoint(path)
+    kind = "chimera" if saved.get("kind") == "chimera" else "retrieval"
+    missing = [key for key in _NEEDED[kind] if key not in saved]
+    if missing:
+        raise ValueError(f"{path}: not a {kind} checkpoint of polyfuse (it lacks {', '.join(missing)})")
+    for entry in ("state", "text_state"):
+        if entry in saved:
+            if not isinstance(saved[entry], dict):
+                raise ValueError(f"{path}: entry {entry!r} is a {type(saved[entry]).__name__}, not a state dict")
+            check_finite_state(saved[entry], path)
+    return saved
+
+
 def load_checkpoint(path: str | Path) -> tuple[RetrievalModel, dict]:
-    saved = torch.load(path, weights_only=False)
-    s = RetrievalSettings(**saved["settings"])
-    options = dict(s.fusion_options)
-    model = RetrievalModel(saved["text_dim"], saved["expert_dims"], embed_dim=s.embed_dim, fusion=s.fusion,
-                           hidden_dim=s.hidden_dim, fusion_options=options or None)
-    model.load_state_dict(saved["state"])
+    """The model of a ``retrieval train`` checkpoint and the checkpoint's content."""
+    saved = read_retrieval_checkpoint(path)
+    try:
+        s = RetrievalSettings(**saved["settings"])
+        model = RetrievalModel(saved["text_dim"], saved["expert_dims"], embed_dim=s.embed_dim, fusion=s.fusion,
+                               hidden_dim=s.hidden_dim, fusion_options=dict(s.fusion_options) or None)
+        model.load_state_dict(saved["state"])
+    except (TypeError, RuntimeError) as error:
+        raise ValueError(f"{path}: the checkpoint does not rebuild its model: {error}") from None
     return model, saved
 
 
@@ -214,7 +257,7 @@ def run_chimera_ablation(
     first: MSVD's ``vgg_appearance``), one entry per Table 4 row; test with captions as
     written (EX1) and with their words shuffled (EX2). With ``text_lr`` MiniLM is fine-tuned
     with each model (every row and seed starting from the pre-trained weights). Each model
-    is saved as ``<out>/<row>/seed<N>.pt`` for ``polyfuse retrieval evaluate``. ``precision``:
+    is saved as ``<out>/<row>/seed<N>.safetensors`` for ``polyfuse retrieval evaluate``. ``precision``:
     of :func:`~polyfuse.engine.chimera_retrieval.train_chimera`."""
     from polyfuse.engine.chimera_retrieval import (
         ABLATION_ROWS,
@@ -258,11 +301,12 @@ def run_chimera_ablation(
                          "test_shuffled_words": evaluate_chimera(model, parts["test"], *test_shuffled,
                                                                  expert=expert)})
             (out / name).mkdir(exist_ok=True)
-            torch.save({"kind": "chimera", "row": asdict(ABLATION_ROWS[name]), "state": model.state_dict(),
-                        "text_dim": tokens["train"][0].shape[-1], "video_dim": corpus.experts[expert].dim,
-                        "expert": expert, **({"text_state": encoder.state_dict()} if text_lr is not None else {})},
-                       out / name / f"seed{seed}.pt")
+            write_checkpoint({"kind": "chimera", "row": asdict(ABLATION_ROWS[name]), "state": model.state_dict(),
+                              "text_dim": tokens["train"][0].shape[-1], "video_dim": corpus.experts[expert].dim,
+                              "expert": expert,
+                              **({"text_state": encoder.state_dict()} if text_lr is not None else {})},
+                             out / name / f"seed{seed}{CHECKPOINT_SUFFIX}")
         results[name] = {"row": asdict(ABLATION_ROWS[name]), "text_lr": text_lr, "precision": precision,
                          "runs": runs}
-        (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+        atomic_write_text(out / "results.json", json.dumps(results, indent=1))
     return results

@@ -3,6 +3,8 @@
 ``train(config)`` writes, under the run directory::
 
     config.yaml            the resolved configuration, before training starts
+    data_hashes.json       the sha256 of every data file the run reads; ``--resume``
+                           refuses data that changed since (exit 2, naming the file)
     checkpoints/best.safetensors   best on the validation monitor
     checkpoints/last.safetensors   end of the last finished epoch (for --resume)
     csv/version_*/metrics.csv      per-epoch logs (a new version per resumed part)
@@ -43,14 +45,16 @@ from polyfuse.engine.checkpoints import (
     read_checkpoint,
 )
 from polyfuse.engine.compat import warn_default_changes
-from polyfuse.engine.config import dump_config, load_config, resolve_config
+from polyfuse.engine.config import data_files, dump_config, load_config, resolve_config
 from polyfuse.engine.divergence import divergence_message
 from polyfuse.engine.errors import DivergenceError, RunInterrupted
 from polyfuse.engine.rundir import (
     RunDirLock,
     atomic_temp_path,
     atomic_write_text,
+    check_data_hashes,
     claim_run_dir,
+    record_data_hashes,
     safe_run_name,
 )
 from polyfuse.engine.seeding import seed_everything
@@ -196,8 +200,11 @@ def _train(
     run_dir, lock = _claim(config, run_dir, resuming=resume is not None)
     try:
         return _train_in(config, run_dir, resume_checkpoint, callbacks)
-    except OSError as error:
-        error.polyfuse_run_dir = run_dir  # type: ignore[attr-defined]  # the CLI says how to resume
+    except BaseException as error:
+        if isinstance(error, OSError):
+            error.polyfuse_run_dir = run_dir  # type: ignore[attr-defined]  # the CLI says how to resume
+        if lock is not None:
+            lock.discard_if_unused()  # a run that wrote nothing leaves no empty run.lock behind
         raise
     finally:
         if lock is not None:
@@ -260,6 +267,11 @@ def _run_parts(config: dict[str, Any]) -> tuple[Any, Any, dict[str, int], int]:
 def _train_in(
     config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
 ) -> RunResult:
+    if not is_worker():  # the data of a resumed run must be the data it started on
+        if resume_checkpoint is not None:
+            check_data_hashes(run_dir)
+        else:
+            record_data_hashes(run_dir, data_files(config))
     if config["task"]["type"] == "captioning":  # its own data and task: engine/captioning_runs.py
         from polyfuse.engine.captioning_runs import train_captioning
 

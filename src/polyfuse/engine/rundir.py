@@ -15,22 +15,31 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "claim_run_dir", "safe_run_name"]
+__all__ = [
+    "DATA_HASHES_NAME", "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "check_data_hashes",
+    "claim_run_dir", "file_digest", "record_data_hashes", "safe_run_name", "write_bytes",
+]
 
 LOCK_NAME = "run.lock"
+#: the content hashes of the data files a run read, written when it starts
+DATA_HASHES_NAME = "data_hashes.json"
 _MAX_NUMBERED = 10_000
 
 
 class RunDirLock:
     """An exclusive lock on a run directory, held until :meth:`release`."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, created: bool = False) -> None:
         self.run_dir = run_dir
+        #: the directory was made by this claim (removed again by :meth:`discard_if_unused`)
+        self.created = created
         self._fd: int | None = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -41,6 +50,18 @@ class RunDirLock:
                 f"run directory {run_dir} is in use by another polyfuse process; "
                 "wait for it to finish or write this run elsewhere (--out DIR)"
             ) from None
+
+    def discard_if_unused(self) -> None:
+        """After a failed start: remove ``run.lock`` when nothing else was written beside it,
+        and the directory when this claim created it; a failed run leaves no empty lock.
+        Called while the lock is held, so no other process can have claimed the directory."""
+        if self._fd is None or any(p.name not in (LOCK_NAME, DATA_HASHES_NAME) for p in self.run_dir.iterdir()):
+            return
+        with contextlib.suppress(OSError):
+            (self.run_dir / DATA_HASHES_NAME).unlink(missing_ok=True)
+            (self.run_dir / LOCK_NAME).unlink()
+            if self.created:
+                self.run_dir.rmdir()
 
     def release(self) -> None:
         if self._fd is not None:
@@ -78,14 +99,15 @@ def claim_run_dir(path: Path, *, generated: bool, fresh: bool = True) -> tuple[P
             except FileExistsError:
                 continue
             try:
-                return candidate, RunDirLock(candidate)
+                return candidate, RunDirLock(candidate, created=True)
             except ValueError:  # pragma: no cover - another process won the race for it
                 continue
         raise ValueError(f"{path.parent}: no free run name {path.name}_N below {_MAX_NUMBERED}")
     if path.exists() and not path.is_dir():
         raise ValueError(f"run directory {path} is a file, not a directory; choose another --out")
+    existed = path.exists()
     path.mkdir(exist_ok=True)
-    lock = RunDirLock(path)
+    lock = RunDirLock(path, created=not existed)
     if fresh and (path / "config.yaml").exists():
         lock.release()
         raise ValueError(
@@ -104,11 +126,65 @@ def atomic_temp_path(path: Path) -> Iterator[Path]:
     os.close(fd)
     temp = Path(name)
     try:
-        yield temp
-        os.replace(temp, path)
+        try:
+            yield temp
+            os.replace(temp, path)
+        except OSError as error:  # a full disk: name the file being written, not its temporary name
+            if error.filename in (None, str(temp), temp) and error.errno is not None:
+                raise OSError(error.errno, error.strerror or str(error), str(path)) from None
+            raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file's content, or of a folder's files (their relative names and
+    contents, in sorted order)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(f"{file.relative_to(path)}\0".encode())
+        with file.open("rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
+
+
+def record_data_hashes(run_dir: Path, files: Mapping[str, Path]) -> None:
+    """Write ``data_hashes.json``: ``{key: {"path", "sha256"}}`` of the data files a run reads."""
+    content = {key: {"path": str(path), "sha256": file_digest(path)} for key, path in files.items()}
+    atomic_write_text(run_dir / DATA_HASHES_NAME, json.dumps(content, indent=1))
+
+
+def check_data_hashes(run_dir: Path) -> None:
+    """Refuse to resume a run whose data files changed since it started (``data_hashes.json``;
+    a run written before polyfuse recorded them is not checked)."""
+    recorded_path = run_dir / DATA_HASHES_NAME
+    if not recorded_path.is_file():
+        return
+    try:
+        recorded = json.loads(recorded_path.read_text(encoding="utf-8"))
+        entries = [(key, Path(entry["path"]), str(entry["sha256"])) for key, entry in recorded.items()]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ValueError(f"{recorded_path}: broken (not the JSON polyfuse writes); the run's data cannot be checked") from None
+    for key, path, sha256 in entries:
+        if not path.exists():
+            raise FileNotFoundError(f"cannot resume {run_dir}: its data file {path} ({key}) is gone")
+        now = file_digest(path)
+        if now != sha256:
+            raise ValueError(
+                f"cannot resume {run_dir}: {path} ({key}) changed since the run started (sha256 {sha256[:12]}..., "
+                f"now {now[:12]}...); resume with the original file or start a new run"
+            )
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and flush it to the disk (inside :func:`atomic_temp_path`)."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def atomic_write_text(path: Path, text: str) -> None:

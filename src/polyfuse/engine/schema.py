@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from polyfuse.engine.captioning_schema import CaptioningConfig, DecoderConfig
+from polyfuse.engine.sizes import MAX_SIZE, SizeInt, option_bound
 from polyfuse.engine.vqa_schema import VQADataConfig, VQAModelConfig, check_vqa_config
 
 __all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config"]
@@ -143,7 +144,7 @@ class EncoderConfig(_Section):
     """The per-modality encoder before fusion."""
 
     type: Literal["none", "linear", "gru"] = Field("linear", description="none | linear | gru")
-    hidden_dim: PositiveInt = Field(64, description="encoder output size")
+    hidden_dim: SizeInt = Field(64, description="encoder output size")
     dropout: Probability = Field(0.1, description="encoder dropout in [0, 1)")
 
 
@@ -156,8 +157,8 @@ class ModelConfig(_Section):
     fusion: str = Field(
         "man", description="a name of polyfuse.nn.available(); with a backbone: its extra module, or none"
     )
-    fusion_dim: PositiveInt = Field(64, description="fusion module out_dim")
-    out_dim: PositiveInt = Field(64, description="backbone output (after the projection)")
+    fusion_dim: SizeInt = Field(64, description="fusion module out_dim")
+    out_dim: SizeInt = Field(64, description="backbone output (after the projection)")
     dropout: Probability = Field(0.1, description="dropout after the projection, in [0, 1)")
     skip: bool = Field(True, description="concatenate each modality's own (centre) step to the fused vector")
     centre_marker: bool = Field(
@@ -351,6 +352,19 @@ class _Options(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and isinstance(value, bool) and not _admits_bool(field.annotation):
             raise ValueError(f"got a boolean where {_type_name(field.annotation)} goes")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _sizes_are_bounded(cls, value: Any, info: ValidationInfo) -> Any:
+        bound = option_bound(info.field_name or "")
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        for number in numbers:
+            if isinstance(number, int) and not isinstance(number, bool) and number > bound:
+                raise ValueError(
+                    f"{number} is over the bound of {bound}"
+                    f"{' on sizes (polyfuse.engine.sizes.MAX_SIZE)' if bound == MAX_SIZE else ''}"
+                )
         return value
 
 

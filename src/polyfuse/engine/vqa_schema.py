@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from polyfuse.engine.sizes import SizeInt
+
 __all__ = ["VQADataConfig", "VQAModelConfig", "check_vqa_config"]
 
 _SPLIT_FILES = ("train_questions", "train_annotations", "test_questions", "test_annotations")
@@ -34,8 +36,8 @@ class VQADataConfig(_VQASection):
     test_features: str = Field(description="HDF5 features of the test images")
     min_answer_count: Annotated[int, Field(ge=1)] = Field(9, description="answers given at least this many times form the answer vocabulary (ban-vqa: 9)")
     min_word_count: Annotated[int, Field(ge=1)] = Field(1, description="question words seen at least this many times form the word vocabulary")
-    max_length: Annotated[int, Field(ge=1)] = Field(14, description="words kept per question (ban-vqa: 14)")
-    feature_dim: Annotated[int, Field(ge=1)] | None = Field(None, description="reduce image features to this many principal components of the training images (null: keep all)")
+    max_length: SizeInt = Field(14, description="words kept per question (ban-vqa: 14)")
+    feature_dim: SizeInt | None = Field(None, description="reduce image features to this many principal components of the training images (null: keep all)")
     breakdown: Literal["answer_type", "question_type"] = Field(
         "answer_type", description="per-type accuracies by answer_type (VQA 2.0: yes/no, number, other) or question_type"
     )
@@ -54,11 +56,11 @@ class VQADataConfig(_VQASection):
 class VQAModelConfig(_VQASection):
     """VQA model (task.type vqa): question encoder, BAN's glimpses and counter; other fusions: model.options."""
 
-    hidden_dim: Annotated[int, Field(ge=1)] = Field(1024, description="H: question GRU and joint representation size (the paper: 1024)")
-    embedding_dim: Annotated[int, Field(ge=1)] = Field(300, description="word embedding size (300, GloVe's)")
+    hidden_dim: SizeInt = Field(1024, description="H: question GRU and joint representation size (the paper: 1024)")
+    embedding_dim: SizeInt = Field(300, description="word embedding size (300, GloVe's)")
     glove: str | None = Field(None, description="GloVe-format text file initialising the word embedding (relative to the config file)")
-    glimpses: Annotated[int, Field(ge=1)] = Field(8, description="BAN glimpses G (the paper: 8)")
-    counter_objects: Annotated[int, Field(ge=1)] | None = Field(10, description="BAN: objects kept by the counting module (ban-vqa: 10); null: no counter")
+    glimpses: SizeInt = Field(8, description="BAN glimpses G (the paper: 8)")
+    counter_objects: SizeInt | None = Field(10, description="BAN: objects kept by the counting module (ban-vqa: 10); null: no counter")
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.2, description="BAN: dropout before its linear maps (ban-vqa: 0.2)")
     attention_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.5, description="BAN: dropout inside the attention (ban-vqa: 0.5)")
     classifier_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.5, description="dropout of the two-layer classifier (ban-vqa: 0.5)")

@@ -5,7 +5,12 @@ centre of each segment is kept: frame ``floor((k + 1/2) F / N)`` for ``k = 0 .. 
 When ``F < N`` some frames are repeated, so the result always has ``N`` rows. The frame
 count is read from the container's header; when the header has none, or decoding finds
 a different count (a truncated file), the clip is decoded again with the true count,
-so the indices are always those of the frames that can actually be decoded.
+so the indices are always those of the frames that can actually be decoded. Decoding
+stops at the first damaged packet after at least one good frame (a cut tail). A clip
+whose header announces ``F`` frames of which fewer than :data:`MIN_DECODED_FRACTION`
+(half) can be decoded is refused (``ValueError`` naming the file and both counts: the
+extractors skip it); one with fewer than ``F`` but at least half is kept, and the
+extractors say how many were decoded.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 
 __all__ = [
     "AUDIO_SAMPLE_RATE",
+    "MIN_DECODED_FRACTION",
     "ClipInfo",
     "clip_info",
     "decode_audio",
@@ -28,6 +34,8 @@ __all__ = [
 ]
 
 AUDIO_SAMPLE_RATE = 16_000  # Hz, mono: the rate of the audio features
+#: the least fraction of the frames a clip's header announces that must decode
+MIN_DECODED_FRACTION = 0.5
 
 
 def _av() -> Any:
@@ -106,6 +114,10 @@ def _decode_wanted(
             if decoded in wanted:
                 kept[decoded] = convert(decoded, frame, wanted[decoded])
             decoded += 1
+    except _av().FFmpegError:
+        if decoded == 0:
+            raise
+        # a damaged or cut tail: the frames before it are the clip (the caller compares counts)
     finally:
         container.close()
     return kept, decoded
@@ -128,7 +140,7 @@ def read_frames_at(
     ``{index: converted}`` for the sampled and extra frames.
     """
     path = Path(path)
-    total = clip_info(path).frames_in_header
+    total = announced = clip_info(path).frames_in_header
     if total <= 0:  # no count in the header: count by decoding
         total = _decode_wanted(path, {}, convert, threads)[1]
         if total == 0:
@@ -140,6 +152,11 @@ def read_frames_at(
         kept, decoded = _decode_wanted(path, wanted, convert, threads)
         if decoded == 0:
             raise ValueError(f"{path}: no frame could be decoded")
+        if announced > 0 and decoded < MIN_DECODED_FRACTION * announced:
+            raise ValueError(
+                f"{path}: only {decoded} of the {announced} frames its header announces could be decoded, "
+                f"under {MIN_DECODED_FRACTION:.0%} (a truncated file?)"
+            )
         if decoded == total:
             return indices, total, kept
         total = decoded  # the header was wrong: sample again among the frames that exist

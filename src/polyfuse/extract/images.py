@@ -13,15 +13,21 @@ The HDF5 file holds, one row per image:
 
 Extraction is resumable and cached by content: an image whose digest is already
 in the file is not computed again (under its new id if it moved). An image that
-cannot be decoded is skipped with a warning and counted.
+cannot be decoded, or whose header claims more than :data:`MAX_IMAGE_PIXELS` pixels
+(a decompression bomb: refused from the header, before any pixel is decoded), is
+skipped with a one-line warning, listed with its reason, and the other images are
+kept.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import re
+import shutil
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
     import PIL.Image
 
 __all__ = [
+    "MAX_IMAGE_PIXELS",
     "ExtractionReport",
     "extract_image_features",
     "grid_side",
@@ -45,8 +52,31 @@ __all__ = [
 ]
 
 FEATURE_DIM = 1280
+#: the most pixels an image may have (width x height, read from its header): 8192 x 8192
+MAX_IMAGE_PIXELS = 8192 * 8192
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)  # ImageNet statistics
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+#: free space kept beyond what an HDF5 write needs (its metadata, chunks rounded up)
+SPACE_MARGIN = 16 << 20
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free on the file system holding ``path`` (a file or its folder)."""
+    return shutil.disk_usage(path if path.exists() else path.parent).free
+
+
+def ensure_free_space(out: Path, needed: int) -> None:
+    """Refuse a write of about ``needed`` bytes to the HDF5 file ``out`` that the disk cannot
+    hold, before HDF5 starts it: HDF5 meeting a full disk half-way leaves a file that h5py
+    cannot close (a segmentation fault), so this check comes first. The error is
+    ``OSError(ENOSPC)`` naming ``out``, which the command line reports as "the disk is
+    full" (exit 3); everything written before is intact and a rerun resumes."""
+    free = free_bytes(out)
+    if free < needed + SPACE_MARGIN:
+        raise OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {needed + SPACE_MARGIN} needed)",
+                      str(out))
 
 
 @dataclass
@@ -54,6 +84,8 @@ class ExtractionReport:
     computed: int
     cached: int
     skipped: list[str]
+    #: why each skipped path was skipped
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 def load_backbone() -> torch.nn.Module:
@@ -82,9 +114,17 @@ def image_ids_of_folder(folder: str | Path) -> dict[int, Path]:
     for path in sorted(folder.iterdir()):
         if path.suffix.lower() not in (".png", ".jpg", ".jpeg"):
             continue
-        if not path.stem.isdigit():
-            raise ValueError(f"{path}: image files must be named <integer id>.<ext>")
-        result[int(path.stem)] = path
+        if not (path.stem.isascii() and path.stem.isdigit()):
+            raise ValueError(
+                f"{path}: image files must be named <integer id>.<ext> (e.g. 42.png), the id being the "
+                "image id the questions refer to; rename or move this file"
+            )
+        image_id = int(path.stem)
+        if image_id in result:  # 1.png and 01.png, or 1.png and 1.jpg
+            raise ValueError(
+                f"{result[image_id]} and {path} have the same image id {image_id}; keep one of them"
+            )
+        result[image_id] = path
     if not result:
         raise ValueError(f"{folder}: no .png/.jpg image found")
     return result
@@ -112,18 +152,30 @@ def normalise(batch: torch.Tensor) -> torch.Tensor:
     return (batch - _MEAN) / _STD
 
 
-def _read(path: Path, size: int) -> torch.Tensor | None:
+def _read(path: Path, size: int) -> torch.Tensor | str:
+    """The image as the network's input, or why it is skipped (also warned, one line)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
-            return image_to_tensor(image, size)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # bounded below instead
+            with Image.open(path) as image:  # reads the header only
+                if image.width * image.height > MAX_IMAGE_PIXELS:
+                    raise Image.DecompressionBombError(f"{image.width} x {image.height} pixels")
+                return image_to_tensor(image, size)
+    except Image.DecompressionBombError as error:  # PIL's own says "Image size (N pixels) exceeds ..."
+        found = re.search(r"\((\d+) pixels\)", str(error))
+        claimed = f"{found.group(1)} pixels" if found else str(error)
+        reason = (f"its header claims {claimed}, over the bound of {MAX_IMAGE_PIXELS} (8192 x 8192): a "
+                  "decompression bomb? nothing was decoded")
     except (UnidentifiedImageError, OSError, ValueError) as error:
-        warnings.warn(f"skipping {path}: cannot decode the image ({error})", stacklevel=3)
-        return None
+        reason = f"cannot decode the image ({error})"
+    warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
+    return reason
 
 
 def _open(out: Path, cells: int) -> h5py.File:
+    ensure_free_space(out, 0)
     handle = h5py.File(out, "a")
     if "features" not in handle:
         handle.create_dataset("features", (0, cells, FEATURE_DIM), maxshape=(None, cells, FEATURE_DIM), dtype="f2", chunks=(16, cells, FEATURE_DIM))
@@ -178,6 +230,7 @@ def extract_image_features(
             with torch.no_grad():
                 grid = model.extract_features(batch)  # (b, 1280, side, side)
             features = grid.flatten(2).transpose(1, 2).to(torch.float16).numpy()
+            ensure_free_space(out, 2 * (features.nbytes + boxes.nbytes * len(pending)))  # chunks round up
             _append(handle, "features", features)
             _append(handle, "boxes", np.repeat(boxes[None], len(pending), axis=0))
             _append(handle, "image_ids", np.array([i for i, _, _ in pending], dtype=np.int64))
@@ -195,6 +248,7 @@ def extract_image_features(
             if digest in known:
                 if image_id not in have_ids:  # same content under a new id: copy the row
                     row = known[digest]
+                    ensure_free_space(out, 2 * handle["features"][row : row + 1].nbytes)
                     _append(handle, "features", handle["features"][row : row + 1])
                     _append(handle, "boxes", handle["boxes"][row : row + 1])
                     _append(handle, "image_ids", np.array([image_id], dtype=np.int64))
@@ -203,8 +257,9 @@ def extract_image_features(
                 report.cached += 1
                 continue
             pixels = _read(path, image_size)
-            if pixels is None:
+            if isinstance(pixels, str):
                 report.skipped.append(str(path))
+                report.reasons[str(path)] = pixels
                 continue
             pending.append((image_id, digest, pixels))
             if len(pending) == batch_size:

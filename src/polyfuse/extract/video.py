@@ -16,8 +16,11 @@ The HDF5 file has one group per modality (``audio`` only once some clip has audi
 in each group one float32 dataset ``(T, d)`` per video id (the file's stem). The
 attributes of the file and of each group name the extractor, the network, the frame
 count and the other settings; every dataset also records its clip's ``sha256``,
-``source`` file name, sampled ``frame_indices``, ``frames_in_clip``, ``fps`` and
-``has_audio``.
+``source`` file name, sampled ``frame_indices``, ``frames_in_clip`` (decoded),
+``frames_in_header`` (announced; 0 when unknown), ``fps`` and ``has_audio``. A clip of
+which fewer than half the announced frames decode is skipped; one with fewer than
+announced but at least half is kept, with a warning giving both counts
+(``decode.MIN_DECODED_FRACTION``).
 
 Extraction is resumable and cached by content, stream by stream: a stream whose dataset
 is in the file for the clip's id and its sha256 is not computed again, a clip whose
@@ -50,6 +53,7 @@ from polyfuse.extract.decode import (
 )
 from polyfuse.extract.images import (
     FEATURE_DIM,
+    ensure_free_space,
     grid_side,
     image_to_tensor,
     load_backbone,
@@ -114,6 +118,10 @@ class VideoExtractionReport:
     cached: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     without_audio: list[str] = field(default_factory=list)
+    #: why each skipped path was skipped
+    reasons: dict[str, str] = field(default_factory=dict)
+    #: computed ids of which fewer frames decoded than the header announced: (decoded, announced)
+    truncated: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def video_paths_of_folder(folder: str | Path) -> dict[str, Path]:
@@ -165,6 +173,7 @@ def _group_attributes(settings: VideoSettings, name: str) -> dict[str, Any]:
 
 
 def _open_output(out: Path, settings: VideoSettings) -> h5py.File:
+    ensure_free_space(out, 0)
     handle = h5py.File(out, "a")
     if "extractor" not in handle.attrs:
         if len(handle):
@@ -239,6 +248,10 @@ def _clip_features(
 
     extra = motion_partners if "motion" in needed else None
     indices, total, kept = read_frames_at(path, settings.frames, convert, extra=extra, threads=threads)
+    if 0 < total < info.frames_in_header:
+        warnings.warn(
+            f"{path}: {total} of the {info.frames_in_header} frames its header announces were decoded "
+            "(a truncated file?); its features come from those", stacklevel=3)
     features: dict[str, np.ndarray] = {}
     if "appearance" in needed:
         assert model is not None
@@ -253,7 +266,7 @@ def _clip_features(
         if audio is not None:
             features["audio"] = audio
     attributes = {"source": path.name, "frame_indices": indices, "frames_in_clip": total,
-                  "fps": info.fps, "has_audio": has_audio}
+                  "frames_in_header": info.frames_in_header, "fps": info.fps, "has_audio": has_audio}
     return features, attributes
 
 
@@ -270,6 +283,7 @@ def _missing(handle: h5py.File, video_id: str, digest: str, streams: Sequence[st
 
 def _store(handle: h5py.File, video_id: str, name: str, data: np.ndarray, attributes: Mapping[str, Any],
            settings: VideoSettings) -> None:
+    ensure_free_space(Path(handle.filename), 2 * data.nbytes)  # before HDF5 meets a full disk
     if name not in handle:
         handle.create_group(name).attrs.update(_group_attributes(settings, name))
     if video_id in handle[name]:
@@ -345,12 +359,17 @@ def extract_video_features(
                 try:
                     features, attributes = _clip_features(path, settings, needed, model, batch_size, threads)
                 except decode_errors() as error:
-                    warnings.warn(f"skipping {path}: cannot decode the clip ({error})", stacklevel=2)
+                    reason = str(error) if str(error).startswith(str(path)) else f"cannot decode the clip ({error})"
+                    reason = reason.removeprefix(f"{path}: ")
+                    warnings.warn(f"skipping {path}: {reason}", stacklevel=2)
                     report.skipped.append(str(path))
+                    report.reasons[str(path)] = reason
                     continue
                 for name, data in features.items():
                     _store(handle, video_id, name, data, {**attributes, "sha256": digest}, settings)
                 report.computed.append(video_id)
+                if 0 < attributes["frames_in_clip"] < attributes["frames_in_header"]:
+                    report.truncated[video_id] = (attributes["frames_in_clip"], attributes["frames_in_header"])
             else:
                 report.cached.append(video_id)
             handle.flush()

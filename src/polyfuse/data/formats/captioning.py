@@ -20,7 +20,6 @@ Splits: JSON ``{"train": [ids], "val": [ids], "test": [ids]}`` (``valid`` works 
 from __future__ import annotations
 
 import csv
-import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from polyfuse.data.arrays import NpzArrays, open_h5
+from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
 
 __all__ = [
     "BEGIN",
@@ -152,22 +154,22 @@ def load_video_features(spec: str | Path, name: str | None = None, *, base: str 
     where = f"{path}{'#' + key if key else ''}"
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as archive:
-            names = list(archive.files)
-            if "video_ids" in names:
-                value_key = key or next((n for n in names if n not in ("video_ids", "lengths")), None)
-                if value_key not in names:
-                    raise ValueError(f"{path}: no array {value_key!r}; it has {', '.join(names)}")
-                lengths = archive["lengths"] if "lengths" in names else None
-                arrays = _from_id_arrays(archive["video_ids"], archive[value_key], lengths, where)
-            else:
-                if key:
-                    raise ValueError(f"{path}: '#{key}' names an array, but this npz is keyed by video id")
-                arrays = {video: np.asarray(archive[video], dtype=np.float32) for video in names}
+        archive = NpzArrays(path)  # each array's size checked from its header before it is read
+        names = list(archive)
+        if "video_ids" in names:
+            value_key = key or next((n for n in names if n not in ("video_ids", "lengths")), None)
+            if value_key not in names:
+                raise ValueError(f"{path}: no array {value_key!r}; it has {', '.join(names)}")
+            lengths = archive["lengths"] if "lengths" in names else None
+            arrays = _from_id_arrays(archive["video_ids"], archive[value_key], lengths, where)
+        else:
+            if key:
+                raise ValueError(f"{path}: '#{key}' names an array, but this npz is keyed by video id")
+            arrays = {video: np.asarray(archive[video], dtype=np.float32) for video in names}
     elif suffix in (".h5", ".hdf5"):
         import h5py
 
-        with h5py.File(path, "r") as handle:
+        with open_h5(path) as handle:  # no external storage or links, sizes bounded
             group = handle
             if key:
                 if key not in handle:
@@ -204,30 +206,34 @@ def load_captions(path: str | Path) -> dict[str, list[str]]:
         raise FileNotFoundError(f"caption file not found: {path}")
     pairs: list[tuple[str, object]] = []
     if path.suffix.lower() == ".csv":
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            if not reader.fieldnames or not {"video_id", "caption"} <= set(reader.fieldnames):
-                raise ValueError(f"{path}: a caption CSV needs the columns video_id and caption, has {reader.fieldnames}")
-            pairs = [(row["video_id"], row["caption"]) for row in reader]
-    else:
         try:
-            content = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON: {error}") from None
+            with path.open(newline="", encoding="utf-8") as handle:
+                reader = csv.DictReader(handle)
+                if not reader.fieldnames or not {"video_id", "caption"} <= set(reader.fieldnames):
+                    raise ValueError(
+                        f"{path}: a caption CSV needs the columns video_id and caption, has {reader.fieldnames}")
+                pairs = [(row["video_id"], row["caption"]) for row in reader]
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text (at byte offset {error.start} of a line); save it as UTF-8") from None
+    else:
+        content = read_json(path)
         if isinstance(content, Mapping) and "sentences" in content:  # MSR-VTT videodatainfo
-            pairs = [(item["video_id"], item["caption"]) for item in content["sentences"]]
+            where = f"{path}: sentences"
+            pairs = [(entry_field(item, "video_id", where, i, (str, int)), entry_field(item, "caption", where, i, str))
+                     for i, item in enumerate(json_list(content, path, "sentences"))]
         elif isinstance(content, Mapping):
             for video, captions in content.items():
                 if not isinstance(captions, list):
                     raise ValueError(f"{path}: video {video!r} maps to {type(captions).__name__}, not a list of captions")
                 pairs += [(video, c) for c in captions]
         elif isinstance(content, list):
-            for item in content:
-                video = str(item.get("id", item.get("video_id", ""))).removesuffix(".avi")
-                captions = item.get("caption")
+            for i, item in enumerate(content):
+                key = "id" if isinstance(item, Mapping) and "id" in item else "video_id"
+                video = str(entry_field(item, key, path, i, (str, int))).removesuffix(".avi")
+                captions = entry_field(item, "caption", path, i, (str, list))
                 pairs += [(video, c) for c in (captions if isinstance(captions, list) else [captions])]
         else:
-            raise ValueError(f"{path}: expected a JSON object or list of captions")
+            raise ValueError(f"{path}: expected a JSON object or list of captions, found a {type(content).__name__}")
     result: dict[str, list[str]] = {}
     for video, caption in pairs:
         if not isinstance(caption, str) or not ptb_tokenize(caption):
@@ -243,7 +249,9 @@ def load_splits(path: str | Path) -> dict[str, list[str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"split file not found: {path}")
-    content = json.loads(path.read_text(encoding="utf-8"))
+    content = read_json(path)
+    if not isinstance(content, Mapping):
+        raise ValueError(f"{path}: expected a JSON object of split lists, found a {type(content).__name__}")
     splits = {}
     for name, aliases in (("train", ("train",)), ("valid", ("valid", "val", "validation")), ("test", ("test",))):
         found = next((content[a] for a in aliases if a in content), None)

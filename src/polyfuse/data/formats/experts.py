@@ -27,7 +27,6 @@ The MSR-VTT 9k/1k split of collaborative experts is two id lists
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+
+from polyfuse.data.arrays import NpzArrays, open_h5
+from polyfuse.data.formats.jsonfile import read_json
 
 __all__ = [
     "PICKLE_CONVERSION",
@@ -134,27 +136,25 @@ def load_expert(path: str | Path, name: str | None = None) -> ExpertFeatures:
     if not path.is_file():
         raise FileNotFoundError(f"expert file {path} does not exist")
     if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as data:
-            for key in ("video_ids", "features"):
-                if key not in data:
-                    raise ValueError(f"{path}: missing array {key!r} (has {sorted(data.files)})")
-            ids = _check_ids([str(v) for v in data["video_ids"]], str(path))
-            features = data["features"]
-            if features.ndim == 2:
-                features = features[:, None, :]
-            if features.ndim != 3 or features.shape[0] != len(ids):
-                raise ValueError(
-                    f"{path}: features has shape {features.shape}, expected ({len(ids)}, T, d) or ({len(ids)}, d)"
-                )
-            lengths = data["lengths"] if "lengths" in data else np.full(len(ids), features.shape[1])
-            if lengths.shape != (len(ids),) or (lengths < 1).any() or (lengths > features.shape[1]).any():
-                raise ValueError(f"{path}: lengths must be (N,) ints in [1, {features.shape[1]}]")
-            rows = [features[i, : int(n)] for i, n in enumerate(lengths)]
+        data = NpzArrays(path)  # each array's size checked from its header before it is read
+        for key in ("video_ids", "features"):
+            if key not in data:
+                raise ValueError(f"{path}: missing array {key!r} (has {sorted(data)})")
+        ids = _check_ids([str(v) for v in data["video_ids"]], str(path))
+        features = data["features"]
+        if features.ndim == 2:
+            features = features[:, None, :]
+        if features.ndim != 3 or features.shape[0] != len(ids):
+            raise ValueError(
+                f"{path}: features has shape {features.shape}, expected ({len(ids)}, T, d) or ({len(ids)}, d)"
+            )
+        lengths = data["lengths"] if "lengths" in data else np.full(len(ids), features.shape[1])
+        if lengths.shape != (len(ids),) or (lengths < 1).any() or (lengths > features.shape[1]).any():
+            raise ValueError(f"{path}: lengths must be (N,) ints in [1, {features.shape[1]}]")
+        rows = [features[i, : int(n)] for i, n in enumerate(lengths)]
         return _from_rows(name, ids, rows, str(path))
     if suffix in (".h5", ".hdf5"):
-        import h5py
-
-        with h5py.File(path, "r") as handle:
+        with open_h5(path) as handle:  # no external storage or links, sizes bounded
             if "features" not in handle:
                 raise ValueError(f"{path}: no group 'features' (one dataset per video id)")
             group = handle["features"]
@@ -178,7 +178,7 @@ def load_captions(path: str | Path) -> dict[str, list[str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"captions file {path} does not exist")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected an object {{video_id: [caption, ...]}}")
     for video, captions in data.items():

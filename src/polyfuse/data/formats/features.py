@@ -16,7 +16,6 @@ pickle.load(open(sys.argv[1], 'rb')).items()}, open(sys.argv[2], 'w'))" in.pkl o
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,9 @@ import h5py
 import numpy as np
 import torch
 from torch import Tensor
+
+from polyfuse.data.arrays import open_h5
+from polyfuse.data.formats.jsonfile import read_json
 
 __all__ = ["ImageFeatures", "load_bottom_up_features", "load_image_features"]
 
@@ -56,17 +58,30 @@ def _dataset(handle: h5py.File, name: str, path: Path) -> np.ndarray:
     return handle[name][:]
 
 
+def _check_finite(values: np.ndarray, name: str, path: Path, row_id) -> None:
+    """Refuse NaN or Inf features (bad input, not a divergence), naming the first image."""
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"{path}: dataset {name!r} holds NaN or Inf at {int(bad.sum())} image(s), the first image id "
+            f"{row_id(row)} (row {row}); re-extract the features or drop those images"
+        )
+
+
 def load_image_features(path: str | Path) -> ImageFeatures:
     """Read a file written by ``polyfuse extract images``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"feature file {path} does not exist")
-    with h5py.File(path, "r") as handle:
+    with open_h5(path) as handle:  # no external storage or links, sizes bounded
         features = _dataset(handle, "features", path)
         boxes = _dataset(handle, "boxes", path)
         ids = _dataset(handle, "image_ids", path)
     if not (len(features) == len(boxes) == len(ids)):
         raise ValueError(f"{path}: features, boxes and image_ids have {len(features)}, {len(boxes)}, {len(ids)} rows")
+    for name, values in (("features", features), ("boxes", boxes)):
+        _check_finite(values, name, path, lambda row: int(ids[row]))
     rows = {int(image_id): row for row, image_id in enumerate(ids.tolist())}
     return ImageFeatures(
         torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(path)
@@ -75,10 +90,14 @@ def load_image_features(path: str | Path) -> ImageFeatures:
 
 def _read_index(path: Path) -> dict[int, int]:
     if path.suffix == ".json":
-        raw = json.loads(path.read_text())
+        raw = read_json(path)
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: expected a JSON object {{image id: row}}")
-        return {int(k): int(v) for k, v in raw.items()}
+        try:
+            return {int(k): int(v) for k, v in raw.items()}
+        except (TypeError, ValueError):
+            bad = next(k for k, v in raw.items() if not (str(k).lstrip("-").isdigit() and isinstance(v, int)))
+            raise ValueError(f"{path}: image id {bad!r} maps to {raw[bad]!r}; expected integer ids and rows") from None
     if path.suffix == ".csv":
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
@@ -102,7 +121,7 @@ def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> Imag
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist")
     rows = _read_index(index_path)
-    with h5py.File(h5_path, "r") as handle:
+    with open_h5(h5_path) as handle:
         features = _dataset(handle, "image_features", h5_path)
         name = "spatials" if "spatials" in handle else "image_bb"
         boxes = _dataset(handle, name, h5_path)[..., :4]
@@ -113,6 +132,9 @@ def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> Imag
     bad = [k for k, v in rows.items() if not 0 <= v < len(features)]
     if bad:
         raise ValueError(f"{index_path}: rows of image ids {bad[:10]} lie outside [0, {len(features)})")
+    id_of_row = {v: k for k, v in rows.items()}
+    for dataset, values in (("image_features", features), (name, boxes)):
+        _check_finite(values, dataset, h5_path, lambda row: id_of_row.get(row, "(none)"))
     return ImageFeatures(
         torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(h5_path)
     )

@@ -14,13 +14,14 @@ Captions come from ``captions.json``, the split from ``splits.json`` (70 / 10 / 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from polyfuse.data.arrays import ArrayTable, NpzArrays
 from polyfuse.data.formats.experts import ExpertFeatures, RetrievalCorpus, load_captions
+from polyfuse.data.formats.jsonfile import read_json
 
 __all__ = ["load_msvd_retrieval"]
 
@@ -31,9 +32,11 @@ def load_msvd_retrieval(folder: str | Path, *, steps: int = 20) -> tuple[Retriev
     features_path = folder / "features_vgg.npz"
     if not features_path.is_file():
         raise FileNotFoundError(f"{features_path} does not exist (see ../shared/data/msvd/PROVENANCE.md)")
-    with np.load(features_path, allow_pickle=False) as data:
-        ids = [str(v) for v in data["video_ids"]]
-        vgg = data["vgg"]
+    data = ArrayTable(str(features_path), NpzArrays(features_path))  # sizes checked from the headers
+    ids = [str(v) for v in data.get("video_ids", "the video ids")]
+    vgg = data.get("vgg", "the VGG features")
+    if vgg.ndim != 3 or vgg.shape[0] != len(ids):
+        raise ValueError(f"{features_path}: 'vgg' has shape {vgg.shape}, expected ({len(ids)}, frames, d)")
     frames = vgg.shape[1]
     if not 2 <= steps <= frames or frames % steps:
         raise ValueError(f"steps must divide the {frames} frames and be >= 2, got {steps}")
@@ -49,6 +52,11 @@ def load_msvd_retrieval(folder: str | Path, *, steps: int = 20) -> tuple[Retriev
         ),
     }
     captions = load_captions(folder / "captions.json")
-    split = json.loads((folder / "splits.json").read_text(encoding="utf-8"))
+    split = read_json(folder / "splits.json")
+    lists = {}
+    for name in ("train", "val", "test"):
+        if not isinstance(split, dict) or not isinstance(split.get(name), list):
+            raise ValueError(f"{folder / 'splits.json'}: expected an object with a list of video ids under {name!r}")
+        lists[name] = [str(v) for v in split[name]]
     corpus = RetrievalCorpus.build(experts, captions, ids)
-    return corpus, {name: list(split[name]) for name in ("train", "val", "test")}
+    return corpus, lists

@@ -11,7 +11,6 @@ Legend for shapes: ``Q`` questions, ``L`` words per question (``max_length``),
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
 from polyfuse.metrics.vqa import normalize_answer, soft_score
 
 __all__ = [
@@ -46,25 +46,10 @@ class VQAQuestion:
     question_type: str
 
 
-def _read_json(path: Path, key: str) -> list[Mapping]:
-    if not path.is_file():
+def _read_json(path: Path, key: str) -> list:
+    if not path.is_file() and not path.is_dir():
         raise FileNotFoundError(f"VQA file {path} does not exist")
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(content, Mapping) or not isinstance(content.get(key), list):
-        raise ValueError(f"{path}: expected a JSON object with a list under {key!r}")
-    return content[key]
-
-
-def _field(entry: Mapping, name: str, path: Path, index: int, kind: type):
-    if name not in entry:
-        raise ValueError(f"{path}: entry {index} has no field {name!r}")
-    value = entry[name]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"{path}: entry {index}, field {name!r} is {value!r}, expected {kind.__name__}")
-    return value
+    return json_list(read_json(path), path, key)
 
 
 def load_vqa(
@@ -80,22 +65,22 @@ def load_vqa(
     questions_path, annotations_path = Path(questions_path), Path(annotations_path)
     annotations: dict[int, VQAQuestion] = {}
     for index, entry in enumerate(_read_json(annotations_path, "annotations")):
-        question_id = _field(entry, "question_id", annotations_path, index, int)
-        answers = _field(entry, "answers", annotations_path, index, list)
+        question_id = entry_field(entry, "question_id", annotations_path, index, int)
+        answers = entry_field(entry, "answers", annotations_path, index, list)
         if (answers_per_question is not None and len(answers) != answers_per_question) or not answers:
             raise ValueError(
                 f"{annotations_path}: entry {index} (question_id {question_id}) has {len(answers)} "
                 f"answers, expected {answers_per_question}"
             )
         texts = tuple(
-            _field(answer, "answer", annotations_path, index, str)
+            entry_field(answer, "answer", annotations_path, index, str)
             if isinstance(answer, Mapping)
-            else _field({"answer": answer}, "answer", annotations_path, index, str)
+            else entry_field({"answer": answer}, "answer", annotations_path, index, str)
             for answer in answers
         )
         annotations[question_id] = VQAQuestion(
             question_id,
-            _field(entry, "image_id", annotations_path, index, int),
+            entry_field(entry, "image_id", annotations_path, index, int),
             "",
             texts,
             str(entry.get("answer_type", "other")),
@@ -103,20 +88,20 @@ def load_vqa(
         )
     result = []
     for index, entry in enumerate(_read_json(questions_path, "questions")):
-        question_id = _field(entry, "question_id", questions_path, index, int)
+        question_id = entry_field(entry, "question_id", questions_path, index, int)
         if question_id not in annotations:
             raise ValueError(
                 f"{questions_path}: question_id {question_id} (entry {index}) has no annotation in "
                 f"{annotations_path}"
             )
         annotation = annotations[question_id]
-        image_id = _field(entry, "image_id", questions_path, index, int)
+        image_id = entry_field(entry, "image_id", questions_path, index, int)
         if image_id != annotation.image_id:
             raise ValueError(
                 f"{questions_path}: question_id {question_id} has image_id {image_id} but its "
                 f"annotation says {annotation.image_id}"
             )
-        text = _field(entry, "question", questions_path, index, str)
+        text = entry_field(entry, "question", questions_path, index, str)
         result.append(
             VQAQuestion(question_id, image_id, text, annotation.answers, annotation.answer_type, annotation.question_type)
         )
