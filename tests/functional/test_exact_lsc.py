@@ -119,7 +119,7 @@ def test_exact_lsc_equals_the_tuple_oracle(lengths, chunks, padded):
 @pytest.mark.parametrize("padded", [True, False])
 def test_exact_lsc_gradients_equal_the_oracle_gradients(attention, padded):
     lengths, chunks = (2, 3, 3), 3
-    features, values, mask, matrix = make_case(lengths, batch=2, chunks=chunks, padded=padded)
+    features, values, mask, matrix = make_case(lengths, batch=2, value_dim=3, chunks=chunks, padded=padded)
     weights = torch.randn((*features.shape[:2], values.shape[-1]), dtype=DOUBLE)
     grads = []
     for function in (fast, oracle):
@@ -200,7 +200,8 @@ def test_the_custom_backward_passes_gradcheck_and_refuses_double_backward():
     assert torch.autograd.gradcheck(
         lambda a, v, w: fast(a, v, mask, w, lengths, chunks, 0.9, attention=False), inputs)
     output = fast(*inputs[:2], mask, inputs[2], lengths, chunks, 0.9, attention=False)
-    with pytest.raises(RuntimeError, match="not differentiable"):
+    message = r'the backward is not differentiable \(no second derivatives\); use mode="exact" for double backward$'
+    with pytest.raises(RuntimeError, match=message):
         torch.autograd.grad(output.sum(), inputs[0], create_graph=True)
 
 
@@ -224,3 +225,21 @@ def test_the_custom_backward_keeps_no_random_features():
         saved[num_features] = max(sizes)
     assert saved[512] == 2 * (3 + 2) * 512  # the weight columns [W^T; 1; |w|^2] of both heads
     assert saved[8] == 2 * 2 * 75 * (3 + 2)  # the largest: the rows X (G, N, T, K' + 2)
+
+
+@pytest.mark.parametrize("needs", ["features", "values", "matrix"])
+def test_the_custom_backward_when_only_one_input_needs_a_gradient(needs):
+    """Each input alone: its gradient equals the oracle's (the backward computes the
+    scale's and the weights' gradients only when asked, and must when asked)."""
+    lengths, chunks = (2, 3, 2), 2
+    features, values, mask, matrix = make_case(lengths, batch=2, value_dim=3, chunks=chunks)
+    weights = torch.randn((*features.shape[:2], values.shape[-1]), dtype=DOUBLE)
+    grads = []
+    for function, options in ((fast, {"attention": False}), (oracle, {})):
+        inputs = {"features": features.clone(), "values": values.clone(), "matrix": matrix.clone()}
+        inputs[needs].requires_grad_()
+        output = function(inputs["features"], inputs["values"], mask, inputs["matrix"], lengths, chunks, 0.8,
+                          **options)
+        output = output[0] if isinstance(output, tuple) else output
+        grads.append(torch.autograd.grad((output * weights).sum(), inputs[needs])[0])
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)
