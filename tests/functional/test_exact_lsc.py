@@ -243,3 +243,23 @@ def test_the_custom_backward_when_only_one_input_needs_a_gradient(needs):
         output = output[0] if isinstance(output, tuple) else output
         grads.append(torch.autograd.grad((output * weights).sum(), inputs[needs])[0])
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)
+
+
+def test_lsc_log_kappa_is_the_pair_sum_less_its_largest_kept_per_arguments():
+    chunks, scale, temperature = 3, 0.7, 0.4
+    table = ML.lsc_log_kappa(chunks, scale, temperature, 3, torch.float32, "cpu")
+    assert table.dtype == torch.float32 and table.shape == (3, 3, 3)
+    logits = torch.zeros(3, 3, 3, dtype=DOUBLE)
+    for c in itertools.product(range(chunks), repeat=3):
+        logits[c] = temperature * sum(code(c[j], chunks, scale) @ code(c[k], chunks, scale)
+                                      for j, k in itertools.combinations(range(3), 2))
+    torch.testing.assert_close(table.double(), logits - logits.max(), rtol=1e-6, atol=1e-6)
+    assert table.max() == 0  # the largest tuple weight is exp(0): kappa never overflows
+    assert ML.lsc_log_kappa(chunks, scale, temperature, 3, torch.float32, "cpu") is table  # kept
+
+
+def test_resolve_mode_follows_the_budget():
+    assert ML.resolve_mode("auto", ML.AUTO_EXACT_TUPLES) == "exact"
+    assert ML.resolve_mode("auto", ML.AUTO_EXACT_TUPLES + 1) == "had"
+    assert ML.resolve_mode("auto", 10, exact_limit=9) == "had" and ML.resolve_mode("auto", 9, exact_limit=9) == "exact"
+    assert ML.resolve_mode("had", 1) == "had" and ML.resolve_mode("hadamard", 10**12) == "hadamard"
