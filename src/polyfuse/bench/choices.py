@@ -33,6 +33,7 @@ import torch
 
 from polyfuse.bench.measure import peak_memory_bytes, time_interleaved
 from polyfuse.functional import gaussian_random_matrix, stacked_multilinear_attention
+from polyfuse.functional.multilinear import attention_marginals
 
 __all__ = ["CHOICES", "Choice", "choice_rows", "format_choice_table"]
 
@@ -82,11 +83,7 @@ def _attention(choice: Choice, features, values, matrix, return_attention: bool 
 
 def _marginals(choice: Choice, features, values, matrix) -> torch.Tensor:
     output, attention = _attention(choice, features, values, matrix, return_attention=True)
-    if choice.mode == "exact":  # the full tensor (B, G, T_1, T_2, T_3) -> its marginals
-        count = len(LENGTHS)
-        axes = range(-count, 0)
-        attention = [attention.sum(dim=[a for a in axes if a != own]) for own in axes]
-    return output, torch.cat(list(attention), -1)
+    return output, torch.cat(attention_marginals(attention, len(LENGTHS)), -1)
 
 
 def _errors(choice: Choice, num_features: int, seeds: int) -> tuple[float, float]:

@@ -101,6 +101,7 @@ def attention_for_sample(task: Any, batch: dict[str, Any]) -> dict[str, Any]:
     MAN (the marginal attention of each input, whatever the mode), ``{"kind": "ban", "maps": (G, T_x, T_y)}`` for BAN, with the
     input names and real lengths.
     """
+    from polyfuse.functional.multilinear import attention_marginals
     from polyfuse.nn import BAN, MAN
 
     task.eval()
@@ -112,23 +113,14 @@ def attention_for_sample(task: Any, batch: dict[str, Any]) -> dict[str, Any]:
     fusion = backbone.fusion
     if isinstance(fusion, MAN):
         output = fusion(inputs, masks, return_details=True)
-        layers = [[a[0, :, :length].float().numpy() for a, length in zip(_marginals(layer), lengths, strict=True)]
+        layers = [[a[0, :, :length].float().numpy()
+                   for a, length in zip(attention_marginals(layer, len(lengths)), lengths, strict=True)]
                   for layer in output.attention]
         return {"kind": "man", "layers": layers, "names": names, "lengths": lengths}
     if isinstance(fusion, BAN):
         maps = fusion(inputs, masks, return_details=True).attention
         return {"kind": "ban", "maps": maps[0, :, : lengths[0], : lengths[1]].float().numpy(), "names": names, "lengths": lengths}
     raise ValueError(f"no attention plot for fusion {type(fusion).__name__}; MAN and BAN have one")
-
-
-def _marginals(attention: Any) -> list[Any]:
-    """Per-modality marginals (B, G, T_j) of one MAN layer's attention: had mode gives them;
-    the exact and hadamard modes give the whole tensor (B, G, T_1, .., T_m), summed here
-    over the other modalities' axes."""
-    if isinstance(attention, list):
-        return attention
-    count = attention.dim() - 2
-    return [attention.sum(dim=[2 + i for i in range(count) if i != j]) for j in range(count)]
 
 
 def plot_man_attention(attention: dict[str, Any], out: str | Path, *, title: str = "", centre: int | None = None) -> Path:

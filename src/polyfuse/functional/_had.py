@@ -373,22 +373,8 @@ def had_whole(
 ) -> tuple[Tensor, list[Tensor]]:
     """The had steps on whole tensors, out of place: the path autograd differentiates.
     Arguments as :class:`HadFunction`'s."""
-    heads, rows, total, _ = stacked_features.shape
     values = values.split(list(layout.lengths), dim=-2)  # (G, N, T_j, K)
-    exponent = torch.matmul(stacked_features.view(heads, rows * total, -1), weights)
-    scale = scale.view(heads, rows, 1, 1)
-    exponent = exponent.view(heads, rows, total, -1) * scale  # Eq. 11 exponents, (G, N, T, H)
-    if padded is not None:
-        exponent = exponent.masked_fill(padded.unsqueeze(-1), float("-inf"))  # B_j = 0 there
-    stabilisers = stabilisers_for(exponent, layout)  # (G, N, m, H)
-    # split, not slices: the backward of a split is one concatenation, that of each
-    # slice a zero tensor of the whole exponent's size.
-    random = [
-        torch.exp(piece - stabiliser.unsqueeze(-2))
-        for piece, stabiliser in zip(
-            exponent.split(list(layout.lengths), dim=-2), stabilisers.unbind(-2), strict=True
-        )
-    ]  # B_j^T, (G, N, T_j, H)
+    random = random_features_out_of_place(stacked_features, weights, scale, padded, layout)  # B_j^T
     last = len(random) - 1
     # sum_h prod_j (B_j^T v_j)[h, k], Eq. 10, with the last factor contracted over t last.
     product = elementwise_product(
@@ -439,20 +425,12 @@ def had_exact_lsc(
     """
     heads, rows, total, _ = stacked_features.shape
     count = len(layout.lengths)
-    lengths = list(layout.lengths)
-    exponent = torch.matmul(stacked_features.view(heads, rows * total, -1), weights)
-    exponent = exponent.view(heads, rows, total, -1) * scale.view(heads, rows, 1, 1)
-    if padded is not None:
-        exponent = exponent.masked_fill(padded.unsqueeze(-1), float("-inf"))
-    stabilisers = stabilisers_for(exponent, layout)  # (G, N, m, H)
-    random = [
-        torch.exp(piece - stabiliser.unsqueeze(-2))
-        for piece, stabiliser in zip(exponent.split(lengths, dim=-2), stabilisers.unbind(-2), strict=True)
-    ]  # E_j, (G, N, T_j, H)
-    chunks = chunk_of_step.expand(heads, rows, total, -1).split(lengths, dim=-2)  # (G, N, T_j, C)
+    random = random_features_out_of_place(stacked_features, weights, scale, padded, layout)  # E_j (G, N, T_j, H)
+    chunk_of_step = chunk_of_step.expand(heads, rows, total, -1)
+    chunks = chunk_of_step.split(list(layout.lengths), dim=-2)  # (G, N, T_j, C)
     num_chunks = chunk_of_step.shape[-1]
     value_dim = values.shape[-1]
-    by_chunk = values_by_chunk(values, chunk_of_step.expand(heads, rows, total, -1), layout)
+    by_chunk = values_by_chunk(values, chunk_of_step, layout)
     factors = [chunk_factor(e, b, num_chunks) for e, b in zip(random, by_chunk, strict=True)]
     output, denominator = combine_chunk_factors(factors, log_kappa, value_dim)
     marginals = []
@@ -487,7 +465,9 @@ def chunk_factor(random: Tensor, by_chunk: Tensor, num_chunks: int) -> Tensor:
     return product.unflatten(-1, (num_chunks, -1)).transpose(-2, -3).flatten(-2)
 
 
-def combine_chunk_factors(factors: Sequence[Tensor], log_kappa: Tensor, value_dim: int) -> Tensor:
+def combine_chunk_factors(
+    factors: Sequence[Tensor], log_kappa: Tensor, value_dim: int
+) -> tuple[Tensor, Tensor]:
     """The output of :func:`had_exact_lsc` from the chunk factors: sum over chunk tuples
     (weighted by kappa) and over features h of the products over modalities, numerator
     (first K columns) over denominator (the last), Eq. 10 and 12; and the denominator."""
@@ -531,7 +511,7 @@ class ExactLscFunction(torch.autograd.Function):
             )
         stacked_features, weights, scale, values, padded, chunk_of_step, log_kappa = ctx.saved_tensors
         layout = ctx.layout
-        heads, rows, total, feature_dim = stacked_features.shape
+        heads, rows, total, _ = stacked_features.shape
         count = heads * rows
         num_chunks, value_dim = chunk_of_step.shape[-1], values.shape[-1]
         random, by_chunk = _exact_lsc_parts(stacked_features, weights, scale, values, padded, chunk_of_step,
@@ -550,17 +530,8 @@ class ExactLscFunction(torch.autograd.Function):
         onehot = chunk_of_step.expand(heads, rows, total, -1).reshape(count, total, num_chunks)
         grad_values = (torch.cat(grad_values, 1) * onehot.unsqueeze(-1)).sum(-2)  # dv[t] = db[t, c(t), :K]
         grad_exponent = torch.cat(grad_random, 1).mul_(torch.cat(random, 1))  # (count, T, H)
-        grad_exponent = grad_exponent.view(heads, rows * total, -1)
-        projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
-        grad_scale = None
-        if ctx.needs_input_grad[2]:
-            grad_scale = torch.bmm(projected.view(count, 1, total * feature_dim),
-                                   stacked_features.reshape(count, total * feature_dim, 1)).view(heads, rows)
-        grad_stacked = projected.mul_(scale.view(heads, rows, 1, 1))
-        grad_weights = None
-        if ctx.needs_input_grad[1]:
-            scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
-            grad_weights = torch.bmm(scaled.transpose(-1, -2), grad_exponent)
+        grad_stacked, grad_weights, grad_scale = gradients_through_exponent(
+            grad_exponent, stacked_features, weights, scale, ctx.needs_input_grad[1], ctx.needs_input_grad[2])
         return (grad_stacked, grad_weights, grad_scale, grad_values.view(*stacked_features.shape[:3], value_dim),
                 None, None, None, None)
 
@@ -591,6 +562,27 @@ def kappa_contraction(kappa: Tensor, factors: Sequence[Tensor]) -> Tensor:
         accumulated = accumulated.unflatten(-2, (num_chunks**j, num_chunks))  # (..., C^j, C, F)
         accumulated = (accumulated * factors[j].unsqueeze(-3)).sum(-2)
     return accumulated.squeeze(-2)
+
+
+def random_features_out_of_place(
+    stacked_features: Tensor, weights: Tensor, scale: Tensor, padded: Tensor | None, layout: HadLayout
+) -> list[Tensor]:
+    """The stabilised random features E_j (G, N, T_j, H) of every modality, out of place
+    (for autograd): the Eq. 11 exponents sigma X W, -inf at padded steps (E_j = 0 there),
+    less the stabilisers of :func:`stabilisers_for`."""
+    heads, rows, total, _ = stacked_features.shape
+    exponent = torch.matmul(stacked_features.view(heads, rows * total, -1), weights)
+    exponent = exponent.view(heads, rows, total, -1) * scale.view(heads, rows, 1, 1)  # (G, N, T, H)
+    if padded is not None:
+        exponent = exponent.masked_fill(padded.unsqueeze(-1), float("-inf"))
+    stabilisers = stabilisers_for(exponent, layout)  # (G, N, m, H)
+    # split, not slices: the backward of a split is one concatenation, that of each
+    # slice a zero tensor of the whole exponent's size.
+    return [
+        torch.exp(piece - stabiliser.unsqueeze(-2))
+        for piece, stabiliser in zip(exponent.split(list(layout.lengths), dim=-2), stabilisers.unbind(-2),
+                                     strict=True)
+    ]
 
 
 def chunk_sizes(layout: HadLayout, num_random_features: int, tensor: Tensor) -> tuple[int, int]:
@@ -891,9 +883,27 @@ def had_chunk_backward(
     grad_exponent = torch.cat(grad_random, 1).mul_(random)  # (g n, T, H)
     grad_values = torch.cat([torch.bmm(b, q) for b, q in zip(pieces, others_contracted, strict=True)], 1)
     grad_values.mul_(grad_numerator)
-    grad_exponent = grad_exponent.view(heads, rows * total, num_random_features)
-    # D = d exponent W^T; dX = sigma D, d sigma = sum_t X[t] . D[t] (see HadFunction).
-    projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)
+    grad_stacked, grad_weights, grad_scale = gradients_through_exponent(
+        grad_exponent, stacked_features, weights, scale, weights_need_grad, scale_needs_grad)
+    return grad_stacked, grad_weights, grad_scale, grad_values.view(values.shape)
+
+
+def gradients_through_exponent(
+    grad_exponent: Tensor,
+    stacked_features: Tensor,
+    weights: Tensor,
+    scale: Tensor,
+    weights_need_grad: bool,
+    scale_needs_grad: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """From d exponent (g n, T, H) of the exponents sigma X W to the gradients of the rows
+    X (g, n, T, F), the weights W (g, F, H) and the scale sigma (g, n), the last two only
+    when asked: with D = d exponent W^T, dX = sigma D, d sigma = sum_t X[t] . D[t] and
+    dW = sigma X^T d exponent (see :class:`HadFunction`)."""
+    heads, rows, total, feature_dim = stacked_features.shape
+    count = heads * rows
+    grad_exponent = grad_exponent.view(heads, rows * total, -1)
+    projected = torch.bmm(grad_exponent, weights.transpose(-1, -2)).view(stacked_features.shape)  # D
     grad_scale = None
     if scale_needs_grad:  # sum_t X[t] . D[t] per row, as a product (no temporary of X's size)
         flat_projected = projected.view(count, 1, total * feature_dim)
@@ -903,7 +913,7 @@ def had_chunk_backward(
     if weights_need_grad:  # dW = sigma X^T d exponent
         scaled = (stacked_features * scale.view(heads, rows, 1, 1)).view(heads, rows * total, feature_dim)
         grad_weights = torch.bmm(scaled.transpose(-1, -2), grad_exponent)
-    return grad_stacked, grad_weights, grad_scale, grad_values.view(values.shape)
+    return grad_stacked, grad_weights, grad_scale
 
 
 def products_of_others(tensors: Sequence[Tensor]) -> list[Tensor]:

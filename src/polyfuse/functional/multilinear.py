@@ -39,6 +39,7 @@ __all__ = [
     "ESTIMATORS",
     "EXACT_LSC_TUPLES",
     "MODES",
+    "attention_marginals",
     "lsc_chunk_of_steps",
     "lsc_encoding",
     "lsc_encoding_from_mask",
@@ -327,6 +328,16 @@ def multilinear_attention(
     return _tensor_attention(logits, values, full_masks, return_attention)
 
 
+def attention_marginals(attention: Tensor | list[Tensor], num_modalities: int) -> list[Tensor]:
+    """Per-modality marginals (..., T_j) of multi-linear attention: had mode returns them
+    (a list, handed back as it is); the exact and hadamard modes return the whole tensor
+    (..., T_1, .., T_m), summed here over the other modalities' axes."""
+    if isinstance(attention, list):
+        return attention
+    axes = range(-num_modalities, 0)
+    return [attention.sum(dim=[axis for axis in axes if axis != own]) for own in axes]
+
+
 def resolve_mode(mode: str, tuples: int, exact_limit: int | None = None) -> str:
     """The mode that ``mode`` computes for ``tuples`` = heads x prod_j T_j tuples per sample:
     ``"auto"`` is ``"exact"`` (the whole tensor of tuples, one softmax) when ``tuples``
@@ -423,7 +434,7 @@ def stacked_multilinear_attention(
     if mask is not None:  # zero padded steps: whatever they hold never reaches the output
         padded = ~mask.unsqueeze(-1)
         features, values = features.masked_fill(padded, 0.0), values.masked_fill(padded, 0.0)
-    chunk_of_step = None
+    chunk_of_step = exact_lsc_parts = None
     if chunks:
         if mode == "hadamard":
             raise ValueError("hadamard mode (w/o CAO) cannot use LSC; set chunks=0")
@@ -451,9 +462,9 @@ def stacked_multilinear_attention(
             onehot = onehot.to(features.dtype)
             log_kappa = lsc_log_kappa(chunks, float(lsc_scale), float(temperature), len(lengths),
                                       features.dtype, str(features.device))
-            chunk_of_step = (in_layout(onehot, 2), log_kappa)
+            exact_lsc_parts = (in_layout(onehot, 2), log_kappa)
         return _had_stacked(in_layout(features, 2), in_layout(values, 2), None if mask is None else in_layout(mask, 1),
-                            layout, random_matrix, temperature, return_attention, estimator, chunk_of_step)
+                            layout, random_matrix, temperature, return_attention, estimator, exact_lsc_parts)
     features_list, values_list = features.split(lengths, -2), values.split(lengths, -2)
     masks = [None] * len(lengths) if mask is None else list(mask.split(lengths, -1))
     full_masks = check_masks(masks, features_list)

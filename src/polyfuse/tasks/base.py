@@ -30,9 +30,13 @@ def log_attention_modes(task: L.LightningModule, stage: str, batch_size: int) ->
     the model has such layers (those that record ``last_mode``): the run log then says
     which mode trained and evaluated the model (``metrics.csv``, per epoch; outside the
     ``{stage}/`` metrics, so results and comparison tables do not change)."""
-    layers = [module for module in task.modules() if getattr(module, "last_mode", None) is not None]
-    if layers:
-        exact = sum(layer.last_mode == "exact" for layer in layers) / len(layers)
+    layers = getattr(task, "_attention_layers", None)
+    if layers is None:  # found once: the model's modules do not change during a run
+        layers = [module for module in task.modules() if hasattr(module, "last_mode")]
+        task._attention_layers = layers
+    used = [layer for layer in layers if layer.last_mode is not None]
+    if used:
+        exact = sum(layer.last_mode == "exact" for layer in used) / len(used)
         task.log(f"attention/{stage}_exact", float(exact), on_step=False, on_epoch=True, batch_size=batch_size,
                  sync_dist=True)
 
