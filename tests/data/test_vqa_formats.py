@@ -15,6 +15,7 @@ from polyfuse.data.formats.vqa import (
     answer_vocabulary,
     encode_questions,
     load_vqa,
+    question_answer,
     soft_targets,
     tokenize,
     word_vocabulary,
@@ -48,8 +49,10 @@ def test_load_vocabularies_and_targets(tmp_path):
     assert questions[0].answer_type == "number" and len(questions[0].answers) == 10
     assert tokenize("Is it the dog's ball?") == ["is", "it", "the", "dog", "'s", "ball"]
     # normalised answers: "two" -> "2" (6 times), "3" (4 times), "yes" (10 times)
-    assert answer_vocabulary(questions, min_count=5) == ["yes", "2"]
-    assert answer_vocabulary(questions, min_count=1) == ["yes", "2", "3"]
+    assert answer_vocabulary(questions, min_count=5, count="all_answers") == ["yes", "2"]
+    assert answer_vocabulary(questions, min_count=1, count="all_answers") == ["yes", "2", "3"]
+    # per question: the most frequent normalised answer ("2", given 6 times; "yes")
+    assert answer_vocabulary(questions, min_count=1) == ["2", "yes"]
     targets = soft_targets(questions, ["yes", "2", "3"])
     torch.testing.assert_close(targets, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
     words = word_vocabulary(questions)
@@ -58,6 +61,50 @@ def test_load_vocabularies_and_targets(tmp_path):
     assert tokens[0].tolist() == [words.index("how"), words.index("many"), words.index("dogs"), words.index("are")]
     unknown = encode_questions(questions, ["how"], max_length=7)
     assert unknown[0].tolist() == [0, 1, 1, 1, 1, 1, 1]  # unknown words and padding: index 1 = V
+
+
+def _annotated(tmp_path, entries):
+    """Files of questions ``(answers, multiple_choice_answer or None)``, one image each."""
+    questions = [{"question_id": i, "image_id": i, "question": "what color?"} for i in range(len(entries))]
+    annotations = []
+    for i, (answers, choice) in enumerate(entries):
+        entry = {"question_id": i, "image_id": i, "answers": [{"answer": a} for a in answers]}
+        if choice is not None:
+            entry["multiple_choice_answer"] = choice
+        annotations.append(entry)
+    (tmp_path / "q.json").write_text(json.dumps({"questions": questions}))
+    (tmp_path / "a.json").write_text(json.dumps({"annotations": annotations}))
+    return load_vqa(tmp_path / "q.json", tmp_path / "a.json")
+
+
+def test_answer_vocabulary_counts_questions_by_their_multiple_choice_answer(tmp_path):
+    # Three questions answered "blue" by 6 humans and "red" by 4: humans said "red" 12
+    # times, but it is the multiple-choice answer of no question. One question with
+    # "Red" as its (normalised) multiple-choice answer although most humans said green.
+    questions = _annotated(
+        tmp_path,
+        [(["blue"] * 6 + ["red"] * 4, "blue")] * 3 + [(["green"] * 7 + ["red"] * 3, "Red")],
+    )
+    assert questions[3].multiple_choice_answer == "Red"
+    # by hand: multiple choice blue 3, red 1; all answers red 15, blue 18, green 7
+    assert answer_vocabulary(questions, min_count=3) == ["blue"]
+    assert answer_vocabulary(questions, min_count=1) == ["blue", "red"]
+    assert answer_vocabulary(questions, min_count=9, count="all_answers") == ["blue", "red"]
+    assert answer_vocabulary(questions, min_count=1, count="all_answers") == ["blue", "red", "green"]
+    with pytest.raises(ValueError, match="answer count 'questions' is not one of multiple_choice, all_answers"):
+        answer_vocabulary(questions, count="questions")
+
+
+def test_answer_without_multiple_choice_field_is_the_most_frequent(tmp_path):
+    # No multiple_choice_answer in the file: the most frequent normalised human answer
+    # ("Two" and "2" are one answer), a tie going to the answer given first.
+    questions = _annotated(
+        tmp_path,
+        [(["3"] * 4 + ["Two"] * 3 + ["2"] * 3, None), (["cat"] * 5 + ["dog"] * 5, None), (["dog"] * 5 + ["cat"] * 5, None)],
+    )
+    assert [question_answer(q) for q in questions] == ["2", "cat", "dog"]
+    assert questions[0].multiple_choice_answer is None
+    assert answer_vocabulary(questions, min_count=1) == ["2", "cat", "dog"]
 
 
 def test_bad_files_are_named(tmp_path):

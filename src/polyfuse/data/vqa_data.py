@@ -204,10 +204,13 @@ def build_vqa_data(
     breakdown = section["breakdown"]
     if vocabulary is None:
         words = word_vocabulary(train_questions, min_count=int(section["min_word_count"]))
-        answers = answer_vocabulary(train_questions, min_count=int(section["min_answer_count"]))
+        answers = answer_vocabulary(
+            train_questions, min_count=int(section["min_answer_count"]), count=section["answer_count"]
+        )
         if not answers:
             raise ValueError(
-                f"no answer occurs data.vqa.min_answer_count = {section['min_answer_count']} times in the training annotations"
+                f"no answer occurs data.vqa.min_answer_count = {section['min_answer_count']} times in the training "
+                f"annotations (counted as data.vqa.answer_count = {section['answer_count']})"
             )
         type_names = sorted({_type_of(q, breakdown) for q in train_questions})
         pca = None

@@ -53,6 +53,10 @@ def _fusion_is(name: str) -> Callable[[Mapping[str, Any]], bool]:
     return lambda config: (config.get("model") or {}).get("fusion", "man") == name
 
 
+def _is_vqa(config: Mapping[str, Any]) -> bool:
+    return (config.get("task") or {}).get("type") == "vqa"
+
+
 def _lstm_lmf_without_text_first(config: Mapping[str, Any]) -> bool:
     model, data = config.get("model") or {}, config.get("data") or {}
     names = data.get("modalities") or []
@@ -94,6 +98,11 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "0.2.0", "model.options.lstm_lmf.text", 0, "the modality named text", _lstm_lmf_without_text_first,
         "the LSTM + LMF backbone's LSTM reads the modality named text (refused without one) "
         "instead of the first modality",
+    ),
+    DefaultChange(
+        "0.2.0", "data.vqa.answer_count", "all_answers", "multiple_choice", _is_vqa,
+        "the VQA answer vocabulary counts each training question once, for its multiple-choice answer "
+        "(the paper's and ban-vqa's rule), instead of every human answer (ten per question)",
     ),
 )
 

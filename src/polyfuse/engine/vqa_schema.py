@@ -34,7 +34,10 @@ class VQADataConfig(_VQASection):
     test_annotations: str | None = Field(None, description="annotations JSON of the test split")
     train_features: str = Field(description="HDF5 features of the training images (polyfuse extract images)")
     test_features: str = Field(description="HDF5 features of the test images")
-    min_answer_count: Annotated[int, Field(ge=1)] = Field(9, description="answers given at least this many times form the answer vocabulary (ban-vqa: 9)")
+    min_answer_count: Annotated[int, Field(ge=1)] = Field(9, description="answers counted at least this many times (answer_count) form the answer vocabulary (the paper, ban-vqa: 9)")
+    answer_count: Literal["multiple_choice", "all_answers"] = Field(
+        "multiple_choice", description="multiple_choice: count the questions whose multiple-choice answer it is (the paper, ban-vqa); all_answers: count every human answer"
+    )
     min_word_count: Annotated[int, Field(ge=1)] = Field(1, description="question words seen at least this many times form the word vocabulary")
     max_length: SizeInt = Field(14, description="words kept per question (ban-vqa: 14)")
     feature_dim: SizeInt | None = Field(None, description="reduce image features to this many principal components of the training images (null: keep all)")

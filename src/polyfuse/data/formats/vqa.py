@@ -3,7 +3,8 @@
 The format (visualqa.org/download.html): a questions file
 ``{"questions": [{"question_id", "image_id", "question"}, ...]}`` and an annotations
 file ``{"annotations": [{"question_id", "image_id", "answers": [{"answer": ...} x 10],
-"answer_type", "question_type"}, ...]}``.
+"multiple_choice_answer", "answer_type", "question_type"}, ...]}`` (VQA 2.0's
+``multiple_choice_answer`` is the most frequent of the ten human answers).
 
 Legend for shapes: ``Q`` questions, ``L`` words per question (``max_length``),
 ``A`` answers of the vocabulary.
@@ -24,10 +25,12 @@ from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
 from polyfuse.metrics.vqa import normalize_answer, soft_score
 
 __all__ = [
+    "ANSWER_COUNTS",
     "VQAQuestion",
     "answer_vocabulary",
     "encode_questions",
     "load_vqa",
+    "question_answer",
     "soft_targets",
     "tokenize",
     "word_vocabulary",
@@ -44,6 +47,7 @@ class VQAQuestion:
     answers: tuple[str, ...]
     answer_type: str
     question_type: str
+    multiple_choice_answer: str | None = None  # as annotated; None: the file has none
 
 
 def _read_json(path: Path, key: str) -> list:
@@ -78,6 +82,11 @@ def load_vqa(
             else entry_field({"answer": answer}, "answer", annotations_path, index, str)
             for answer in answers
         )
+        choice = (
+            entry_field(entry, "multiple_choice_answer", annotations_path, index, str)
+            if "multiple_choice_answer" in entry
+            else None
+        )
         annotations[question_id] = VQAQuestion(
             question_id,
             entry_field(entry, "image_id", annotations_path, index, int),
@@ -85,6 +94,7 @@ def load_vqa(
             texts,
             str(entry.get("answer_type", "other")),
             str(entry.get("question_type", "")),
+            choice,
         )
     result = []
     for index, entry in enumerate(_read_json(questions_path, "questions")):
@@ -103,7 +113,15 @@ def load_vqa(
             )
         text = entry_field(entry, "question", questions_path, index, str)
         result.append(
-            VQAQuestion(question_id, image_id, text, annotation.answers, annotation.answer_type, annotation.question_type)
+            VQAQuestion(
+                question_id,
+                image_id,
+                text,
+                annotation.answers,
+                annotation.answer_type,
+                annotation.question_type,
+                annotation.multiple_choice_answer,
+            )
         )
     return result
 
@@ -121,10 +139,40 @@ def word_vocabulary(questions: Sequence[VQAQuestion], *, min_count: int = 1) -> 
     return sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
 
 
-def answer_vocabulary(questions: Sequence[VQAQuestion], *, min_count: int = 9) -> list[str]:
-    """Normalised answers given at least ``min_count`` times over all human answers
-    (ban-vqa keeps those occurring 9 times or more), most frequent first."""
-    counts = Counter(normalize_answer(a) for q in questions for a in q.answers)
+#: How :func:`answer_vocabulary` counts an answer: ``multiple_choice`` counts the questions
+#: whose multiple-choice answer it is (BAN section 5.3, "the minimum occurrence of the answer
+#: in unique questions"; ban-vqa's ``filter_answers``); ``all_answers`` counts every human
+#: answer (ten per VQA 2.0 question).
+ANSWER_COUNTS = ("multiple_choice", "all_answers")
+
+
+def question_answer(question: VQAQuestion) -> str:
+    """The normalised answer a question stands for in the answer vocabulary: its
+    ``multiple_choice_answer`` when the annotation has one, else (as VQA 2.0 defines
+    that field) the most frequent of its normalised human answers, a tie going to the
+    answer given first."""
+    if question.multiple_choice_answer is not None:
+        return normalize_answer(question.multiple_choice_answer)
+    counts = Counter(normalize_answer(a) for a in question.answers)  # insertion order breaks ties
+    return max(counts, key=counts.__getitem__)
+
+
+def answer_vocabulary(
+    questions: Sequence[VQAQuestion], *, min_count: int = 9, count: str = "multiple_choice"
+) -> list[str]:
+    """Normalised answers occurring at least ``min_count`` times, most frequent first
+    (ties alphabetical).
+
+    ``count="multiple_choice"`` (the paper's and ban-vqa's rule, which keeps answers of
+    9 questions or more: 3,129 answers on VQA 2.0) counts each question once, for its
+    :func:`question_answer`; ``"all_answers"`` counts every human answer.
+    """
+    if count == "multiple_choice":
+        counts = Counter(question_answer(q) for q in questions)
+    elif count == "all_answers":
+        counts = Counter(normalize_answer(a) for q in questions for a in q.answers)
+    else:
+        raise ValueError(f"answer count {count!r} is not one of {', '.join(ANSWER_COUNTS)}")
     return sorted((a for a, c in counts.items() if c >= min_count), key=lambda a: (-counts[a], a))
 
 
