@@ -12,6 +12,8 @@ import torch
 from polyfuse.data.formats.features import load_bottom_up_features, load_image_features
 from polyfuse.data.formats.glove import load_glove
 from polyfuse.data.formats.vqa import (
+    UNKNOWN_WORD,
+    VQAQuestion,
     answer_vocabulary,
     encode_questions,
     load_vqa,
@@ -55,12 +57,37 @@ def test_load_vocabularies_and_targets(tmp_path):
     assert answer_vocabulary(questions, min_count=1) == ["2", "yes"]
     targets = soft_targets(questions, ["yes", "2", "3"])
     torch.testing.assert_close(targets, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
-    words = word_vocabulary(questions)
+    words = word_vocabulary(questions, min_count=1)
+    assert words[-1] == UNKNOWN_WORD
     tokens = encode_questions(questions, words, max_length=4)
     assert tokens.shape == (2, 4)
     assert tokens[0].tolist() == [words.index("how"), words.index("many"), words.index("dogs"), words.index("are")]
+    # a vocabulary without <unk> (a checkpoint written before it): unknown words are padding
     unknown = encode_questions(questions, ["how"], max_length=7)
     assert unknown[0].tolist() == [0, 1, 1, 1, 1, 1, 1]  # unknown words and padding: index 1 = V
+
+
+def test_unknown_words_share_a_trained_row_and_padding_stays_untrained(tmp_path):
+    from polyfuse.nn.text import QuestionEncoder
+
+    texts = ["what color is the circle?", "what color is the zebra?", "what shape is the circle?"]
+    train = [VQAQuestion(i, i, text, ("red",) * 10, "other", "") for i, text in enumerate(texts)]
+    words = word_vocabulary(train)  # "zebra" (once) and "shape" (once) fall below min_count 2
+    # by hand: what 3, is 3, the 3, color 2, circle 2
+    assert words == ["is", "the", "what", "circle", "color", UNKNOWN_WORD]
+    unknown, padding = 5, 6
+    test = [VQAQuestion(9, 9, "is the giraffe tall?", ("no",) * 10, "yes/no", "")]
+    assert encode_questions(test, words, max_length=6)[0].tolist() == [0, 1, unknown, unknown, padding, padding]
+    tokens = encode_questions(train, words, max_length=6)
+    assert tokens[1].tolist() == [2, 4, 0, 1, unknown, padding]
+
+    torch.manual_seed(0)
+    encoder = QuestionEncoder(len(words), embedding_dim=4, hidden_dim=3)
+    encoder(tokens).square().sum().backward()
+    gradient = encoder.embedding.weight.grad
+    assert gradient[unknown].abs().sum() > 0  # the rare training words train the <unk> row
+    assert torch.equal(gradient[padding], torch.zeros(4))  # padding: no gradient, ever
+    assert torch.equal(encoder.embedding.weight[padding], torch.zeros(4))
 
 
 def _annotated(tmp_path, entries):

@@ -104,6 +104,11 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "the VQA answer vocabulary counts each training question once, for its multiple-choice answer "
         "(the paper's and ban-vqa's rule), instead of every human answer (ten per question)",
     ),
+    DefaultChange(
+        "0.2.0", "data.vqa.min_word_count", 1, 2, _is_vqa,
+        "VQA question words seen once in training share the <unk> row with the words outside the "
+        "vocabulary (which were padding before), so that row is trained",
+    ),
 )
 
 

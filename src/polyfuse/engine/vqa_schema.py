@@ -38,7 +38,7 @@ class VQADataConfig(_VQASection):
     answer_count: Literal["multiple_choice", "all_answers"] = Field(
         "multiple_choice", description="multiple_choice: count the questions whose multiple-choice answer it is (the paper, ban-vqa); all_answers: count every human answer"
     )
-    min_word_count: Annotated[int, Field(ge=1)] = Field(1, description="question words seen at least this many times form the word vocabulary")
+    min_word_count: Annotated[int, Field(ge=1)] = Field(2, description="question words seen at least this many times form the word vocabulary; rarer and unseen words share the trained <unk> row")
     max_length: SizeInt = Field(14, description="words kept per question (ban-vqa: 14)")
     feature_dim: SizeInt | None = Field(None, description="reduce image features to this many principal components of the training images (null: keep all)")
     breakdown: Literal["answer_type", "question_type"] = Field(

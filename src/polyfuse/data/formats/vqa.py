@@ -26,6 +26,7 @@ from polyfuse.metrics.vqa import normalize_answer, soft_score
 
 __all__ = [
     "ANSWER_COUNTS",
+    "UNKNOWN_WORD",
     "VQAQuestion",
     "answer_vocabulary",
     "encode_questions",
@@ -133,10 +134,20 @@ def tokenize(question: str) -> list[str]:
     return re.sub(r"\s+", " ", question).strip().split(" ") if question.strip() else []
 
 
-def word_vocabulary(questions: Sequence[VQAQuestion], *, min_count: int = 1) -> list[str]:
-    """Words occurring at least ``min_count`` times, most frequent first (ties alphabetical)."""
+#: The word that stands for every word outside the vocabulary: the last entry of
+#: :func:`word_vocabulary`, index V - 1 of an embedding of V + 1 rows (V: padding), the
+#: index ban-vqa's ``Dictionary.tokenize`` gives unknown words (``padding_idx - 1``, its
+#: least frequent word). Training questions' words seen fewer than ``min_count`` times
+#: are encoded as it, so that its embedding row is trained.
+UNKNOWN_WORD = "<unk>"
+
+
+def word_vocabulary(questions: Sequence[VQAQuestion], *, min_count: int = 2) -> list[str]:
+    """Words occurring at least ``min_count`` times, most frequent first (ties
+    alphabetical), then :data:`UNKNOWN_WORD`."""
     counts = Counter(word for q in questions for word in tokenize(q.question))
-    return sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    counts.pop(UNKNOWN_WORD, None)
+    return [*sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w)), UNKNOWN_WORD]
 
 
 #: How :func:`answer_vocabulary` counts an answer: ``multiple_choice`` counts the questions
@@ -180,13 +191,17 @@ def encode_questions(
     questions: Sequence[VQAQuestion], words: Sequence[str], *, max_length: int = 14
 ) -> Tensor:
     """Word indices, (Q, L) long: the first ``max_length`` words, padded at the end with
-    ``len(words)`` (the padding index, as in ban-vqa's embedding of ``ntoken + 1`` rows);
-    words outside the vocabulary also get the padding index."""
+    ``len(words)`` (the padding index, as in ban-vqa's embedding of ``ntoken + 1`` rows).
+
+    A word outside ``words`` gets the index of :data:`UNKNOWN_WORD`; a vocabulary
+    without it (that of a checkpoint written before it existed) gives such words the
+    padding index, as that checkpoint was trained."""
     index = {w: i for i, w in enumerate(words)}
     padding = len(words)
+    unknown = index.get(UNKNOWN_WORD, padding)
     tokens = torch.full((len(questions), max_length), padding, dtype=torch.long)
     for row, q in enumerate(questions):
-        ids = [index.get(w, padding) for w in tokenize(q.question)][:max_length]
+        ids = [index.get(w, unknown) for w in tokenize(q.question)][:max_length]
         tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     return tokens
 
