@@ -206,3 +206,98 @@ def test_easy_vqa_import(tmp_path):
     assert kinds <= {"yes/no", "shape", "color"}
     for q in questions:
         assert (q.question_type == "yes/no") == (q.answers[0] in ("yes", "no"))
+
+
+def _adaptive_file(path, *, pos_boxes, rows=6, spatial_rows=None, box_name="spatial_features"):
+    """ban-vqa's adaptive layout: ``rows`` stacked boxes of 4-d features, their normalised
+    spatial features, pixel boxes and ``pos_boxes``."""
+    features = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + 1
+    spatial = np.stack([np.array([0.1, 0.2, 0.3, 0.4, 0.2, 0.2]) + r for r in range(spatial_rows or rows)]).astype(np.float32)
+    with h5py.File(path, "w") as handle:
+        handle["image_features"] = features
+        handle[box_name] = spatial
+        handle["image_bb"] = np.full((rows, 4), 640.0, dtype=np.float32)
+        handle["pos_boxes"] = np.array(pos_boxes, dtype=np.int32)
+    return features, spatial
+
+
+def test_adaptive_bottom_up_layout_is_padded_per_image(tmp_path):
+    # images 100, 200, 300 with 2, 3 and 1 boxes; pos_boxes row 3 was never written
+    # (an image the converter did not find), as ban-vqa leaves it: [0, 0]
+    h5 = tmp_path / "train.hdf5"
+    features, spatial = _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6], [0, 0]])
+    index = tmp_path / "ids.json"
+    index.write_text(json.dumps({"100": 0, "200": 1, "300": 2}))
+    regions = load_bottom_up_features(h5, index)
+    assert regions.features.shape == (4, 3, 4) and regions.boxes.shape == (4, 3, 4)
+    expected = np.zeros((4, 3, 4), dtype=np.float32)
+    expected[0, :2], expected[1, :3], expected[2, :1] = features[0:2], features[2:5], features[5:6]
+    np.testing.assert_array_equal(regions.features.numpy(), expected)
+    # boxes: the first four columns of spatial_features (ban-vqa's name), not image_bb
+    np.testing.assert_array_equal(regions.boxes[1, :3].numpy(), spatial[2:5, :4])
+    assert regions.boxes[0, 2].abs().sum() == 0 and regions.boxes[2, 1:].abs().sum() == 0
+    selected, boxes = regions.select([300, 100])
+    np.testing.assert_array_equal(selected[0, 0].numpy(), features[5])
+    # the name read before ban-vqa's, and the fixed layout under ban-vqa's name
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]], box_name="spatials")
+    np.testing.assert_array_equal(load_bottom_up_features(h5, index).boxes[2, 0].numpy(), spatial[5, :4])
+    with h5py.File(tmp_path / "val36.hdf5", "w") as handle:
+        handle["image_features"] = np.ones((3, 2, 4), dtype=np.float32)
+        handle["spatial_features"] = np.full((3, 2, 6), 0.5, dtype=np.float32)
+    assert load_bottom_up_features(tmp_path / "val36.hdf5", index).boxes.shape == (3, 2, 4)
+
+
+def test_padded_boxes_do_not_change_the_answer(tmp_path):
+    from polyfuse.nn.vqa import BanVQA, FusionVQA
+
+    h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]])
+    index.write_text(json.dumps({"100": 0, "200": 1, "300": 2}))
+    regions = load_bottom_up_features(h5, index)
+    tokens = torch.tensor([[0, 1, 2]])
+    torch.manual_seed(0)
+    models = [
+        BanVQA(3, 5, 4, hidden_dim=8, glimpses=2, counter_objects=None, embedding_dim=6),
+        BanVQA(3, 5, 4, hidden_dim=8, glimpses=2, counter_objects=1, embedding_dim=6),  # the counter too
+        FusionVQA("concat", 3, 5, 4, hidden_dim=8, embedding_dim=6),
+    ]
+    for model in models:
+        model.eval()
+        for row, boxes in ((0, 2), (2, 1)):  # padded to 3 boxes vs the image's own boxes alone
+            padded, _ = model(tokens, regions.features[row : row + 1], regions.boxes[row : row + 1])
+            alone, _ = model(tokens, regions.features[row : row + 1, :boxes], regions.boxes[row : row + 1, :boxes])
+            torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("pos_boxes", "message"),
+    [
+        ([[0, 2], [2, 7], [5, 6]], r"pos_boxes row 1 \(image id 200\) is \[2, 7\); expected 0 <= start < end <= 6"),
+        ([[0, 2], [2, 2], [2, 6]], r"pos_boxes row 1 \(image id 200\) is \[2, 2\); expected 0 <= start < end"),
+        ([[0, 3], [2, 5], [5, 6]], r"row 1 \(image id 200\) is \[2, 5\), which overlaps or precedes row 0 ending at 3"),
+        ([[2, 5], [0, 2], [5, 6]], r"row 1 \(image id 200\) is \[0, 2\), which overlaps or precedes row 0 ending at 5"),
+        ([[0, 2, 9], [2, 5, 9], [5, 6, 9]], r"pos_boxes must be an \(images, 2\) integer array"),
+        ([[0, 2], [2, 5]], r"rows of image ids \[300\] lie outside \[0, 2\), the rows of pos_boxes"),
+    ],
+)
+def test_bad_adaptive_layouts_are_named(tmp_path, pos_boxes, message):
+    h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
+    _adaptive_file(h5, pos_boxes=pos_boxes)
+    index.write_text(json.dumps({"100": 0, "200": 1, "300": 2}))
+    with pytest.raises(ValueError, match=message):
+        load_bottom_up_features(h5, index)
+
+
+def test_adaptive_lengths_and_values_are_checked(tmp_path):
+    h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
+    index.write_text(json.dumps({"100": 0, "200": 1}))
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5]], spatial_rows=5)
+    with pytest.raises(ValueError, match=r"image_features \(6, 4\) and spatial_features \(5, 6\) do not match the "
+                                         r"adaptive layout: expected \(R, d\) and \(R, 4 or 6\), R boxes"):
+        load_bottom_up_features(h5, index)
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5]])
+    with h5py.File(h5, "a") as handle:
+        handle["image_features"][3, 1] = np.nan
+    with pytest.raises(ValueError, match=r"'image_features' holds NaN or Inf at 1 box\(s\), the first image id 200 "
+                                         r"\(box row 3\)"):
+        load_bottom_up_features(h5, index)
