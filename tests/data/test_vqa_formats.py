@@ -236,8 +236,9 @@ def test_adaptive_bottom_up_layout_is_padded_per_image(tmp_path):
     # boxes: the first four columns of spatial_features (ban-vqa's name), not image_bb
     np.testing.assert_array_equal(regions.boxes[1, :3].numpy(), spatial[2:5, :4])
     assert regions.boxes[0, 2].abs().sum() == 0 and regions.boxes[2, 1:].abs().sum() == 0
-    selected, boxes = regions.select([300, 100])
+    selected, selected_boxes = regions.select([300, 100])
     np.testing.assert_array_equal(selected[0, 0].numpy(), features[5])
+    np.testing.assert_array_equal(selected_boxes[1, 1].numpy(), spatial[1, :4])
     # the name read before ban-vqa's, and the fixed layout under ban-vqa's name
     _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]], box_name="spatials")
     np.testing.assert_array_equal(load_bottom_up_features(h5, index).boxes[2, 0].numpy(), spatial[5, :4])
