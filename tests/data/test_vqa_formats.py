@@ -18,6 +18,7 @@ from polyfuse.data.formats.vqa import (
     encode_questions,
     load_vqa,
     question_answer,
+    soft_score_of,
     soft_targets,
     tokenize,
     word_vocabulary,
@@ -132,6 +133,22 @@ def test_answer_without_multiple_choice_field_is_the_most_frequent(tmp_path):
     assert [question_answer(q) for q in questions] == ["2", "cat", "dog"]
     assert questions[0].multiple_choice_answer is None
     assert answer_vocabulary(questions, min_count=1) == ["2", "cat", "dog"]
+
+
+def test_soft_scores_by_hand():
+    # one question: "cat" 1 human, "dog" 2, "cow" 3, "pig" 4; "owl" said by none
+    question = VQAQuestion(0, 0, "?", ("cat", "dog", "dog", "cow", "cow", "cow", "pig", "pig", "pig", "pig"), "other", "")
+    answers = ["cat", "dog", "cow", "pig", "owl"]
+    ban = soft_targets([question], answers)  # the default: ban-vqa's get_score
+    torch.testing.assert_close(ban, torch.tensor([[0.3, 0.6, 0.9, 1.0, 0.0]]))
+    third = soft_targets([question], answers, soft_score="min_third")
+    torch.testing.assert_close(third, torch.tensor([[1 / 3, 2 / 3, 1.0, 1.0, 0.0]]))
+    # ban-vqa's steps are the accuracy min(n / 3, 1) averaged over the ten sets of nine humans
+    for n in range(11):
+        left_out = [min((n - (i < n)) / 3, 1.0) for i in range(10)]
+        assert soft_score_of(n) == pytest.approx(sum(left_out) / 10, abs=1e-12)
+    with pytest.raises(ValueError, match="soft score 'linear' is not one of ban_vqa, min_third"):
+        soft_targets([], ["cat"], soft_score="linear")
 
 
 def test_bad_files_are_named(tmp_path):
@@ -302,3 +319,25 @@ def test_adaptive_lengths_and_values_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"'image_features' holds NaN or Inf at 1 box\(s\), the first image id 200 "
                                          r"\(box row 3\)"):
         load_bottom_up_features(h5, index)
+
+
+def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
+    import yaml
+    from tests.cli.test_cli_vqa import write_vqa_folder
+
+    from polyfuse.data.vqa_data import build_vqa_data
+    from polyfuse.engine.config import resolve_config
+
+    # every question: its answer given by 9 humans, "green" by 1 (the multiple-choice
+    # answer of no question)
+    config = yaml.safe_load((write_vqa_folder(tmp_path, 8, 4) / "vqa.yaml").read_text())
+    data = build_vqa_data(resolve_config(config), partitions=("train",))
+    assert "green" not in data.answers and data.words[-1] == UNKNOWN_WORD
+    assert sorted(set(data.partitions["train"].targets.flatten().tolist())) == [0.0, 1.0]
+    config["data"]["vqa"].update(answer_count="all_answers", soft_score="min_third")
+    data = build_vqa_data(resolve_config(config), partitions=("train",))
+    green = data.partitions["train"].targets[:, data.answers.index("green")]
+    assert torch.equal(green, torch.full_like(green, 1 / 3))
+    config["data"]["vqa"]["soft_score"] = "ban_vqa"
+    green = build_vqa_data(resolve_config(config), partitions=("train",)).partitions["train"].targets[:, -1]
+    assert data.answers[-1] == "green" and torch.equal(green, torch.full_like(green, 0.3))

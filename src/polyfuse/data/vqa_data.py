@@ -164,8 +164,9 @@ def _type_of(question: VQAQuestion, breakdown: str) -> str:
 
 
 def _split(
-    questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, max_length: int, breakdown: str, what: str
+    questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, section: Mapping[str, Any], what: str
 ) -> VQASplit:
+    max_length, breakdown = int(section["max_length"]), section["breakdown"]
     image_ids = [q.image_id for q in questions]
     features.select(image_ids, what=what)  # names every image id without features
     ids, scores = answer_table(questions, data.answers)
@@ -173,7 +174,7 @@ def _split(
     return VQASplit(
         list(questions),
         encode_questions(questions, data.words, max_length=max_length),
-        soft_targets(questions, data.answers),
+        soft_targets(questions, data.answers, soft_score=section["soft_score"]),
         ids,
         scores,
         torch.tensor([type_index.get(_type_of(q, breakdown), -1) for q in questions], dtype=torch.long),
@@ -231,7 +232,7 @@ def build_vqa_data(
     }
     for key in partitions:
         questions, features, what = sources[key]
-        data.partitions[key] = _split(questions, features, data, int(section["max_length"]), breakdown, what)
+        data.partitions[key] = _split(questions, features, data, section, what)
     glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
     if glove and vocabulary is None:
         from polyfuse.data.formats.glove import load_glove

@@ -109,6 +109,11 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "VQA question words seen once in training share the <unk> row with the words outside the "
         "vocabulary (which were padding before), so that row is trained",
     ),
+    DefaultChange(
+        "0.2.0", "data.vqa.soft_score", "min_third", "ban_vqa", _is_vqa,
+        "VQA training targets are ban-vqa's 0.3 / 0.6 / 0.9 / 1 for answers of 1 / 2 / 3 / 4+ humans "
+        "instead of min(n / 3, 1)",
+    ),
 )
 
 

@@ -22,16 +22,18 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
-from polyfuse.metrics.vqa import normalize_answer, soft_score
+from polyfuse.metrics.vqa import normalize_answer
 
 __all__ = [
     "ANSWER_COUNTS",
+    "SOFT_SCORES",
     "UNKNOWN_WORD",
     "VQAQuestion",
     "answer_vocabulary",
     "encode_questions",
     "load_vqa",
     "question_answer",
+    "soft_score_of",
     "soft_targets",
     "tokenize",
     "word_vocabulary",
@@ -206,13 +208,34 @@ def encode_questions(
     return tokens
 
 
-def soft_targets(questions: Sequence[VQAQuestion], answers: Sequence[str]) -> Tensor:
-    """(Q, A) float: min(#humans who gave answer a / 3, 1) for each answer of the vocabulary
-    (normalised answers; answers outside the vocabulary get no column)."""
+#: Training targets of an answer given by n humans: ``ban_vqa``, 0.3 / 0.6 / 0.9 / 1 for
+#: n = 1 / 2 / 3 / 4 or more (ban-vqa's ``tools/compute_softscore.py`` ``get_score``: with
+#: ten answers, the official accuracy averaged over the ten sets of nine, e.g.
+#: 9/10 x 1/3 = 0.3 for n = 1); ``min_third``, min(n / 3, 1) (the accuracy on all ten).
+SOFT_SCORES = ("ban_vqa", "min_third")
+
+
+def soft_score_of(count: int, rule: str = "ban_vqa") -> float:
+    """The training target of an answer given by ``count`` humans under ``rule``
+    (:data:`SOFT_SCORES`)."""
+    if count < 0:
+        raise ValueError(f"soft score: count must be >= 0, got {count}")
+    if rule == "ban_vqa":
+        return (0.0, 0.3, 0.6, 0.9)[count] if count < 4 else 1.0
+    if rule == "min_third":
+        return min(count / 3.0, 1.0)
+    raise ValueError(f"soft score {rule!r} is not one of {', '.join(SOFT_SCORES)}")
+
+
+def soft_targets(questions: Sequence[VQAQuestion], answers: Sequence[str], *, soft_score: str = "ban_vqa") -> Tensor:
+    """(Q, A) float: for each answer of the vocabulary, :func:`soft_score_of` the number
+    of humans who gave it (normalised answers; answers outside the vocabulary get no
+    column)."""
+    soft_score_of(0, soft_score)  # an unknown rule is refused even without questions
     index = {a: i for i, a in enumerate(answers)}
     targets = torch.zeros(len(questions), len(answers))
     for row, q in enumerate(questions):
         for answer, count in Counter(normalize_answer(a) for a in q.answers).items():
             if answer in index:
-                targets[row, index[answer]] = soft_score(count)
+                targets[row, index[answer]] = soft_score_of(count, soft_score)
     return targets
