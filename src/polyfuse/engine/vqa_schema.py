@@ -41,7 +41,7 @@ class VQADataConfig(_VQASection):
     soft_score: Literal["ban_vqa", "min_third"] = Field(
         "ban_vqa", description="training target of an answer n humans gave: ban_vqa 0.3/0.6/0.9/1 for n = 1/2/3/4+ (ban-vqa's; the paper gives none); min_third min(n/3, 1)"
     )
-    min_word_count: Annotated[int, Field(ge=1)] = Field(2, description="question words seen at least this many times form the word vocabulary; rarer and unseen words share the trained <unk> row")
+    min_word_count: Annotated[int, Field(ge=1)] = Field(2, description="question words seen at least this many times form the word vocabulary; rarer and unseen words share one trained unknown-word row")
     max_length: SizeInt = Field(14, description="words kept per question (ban-vqa: 14)")
     feature_dim: SizeInt | None = Field(None, description="reduce image features to this many principal components of the training images (null: keep all)")
     breakdown: Literal["answer_type", "question_type"] = Field(
