@@ -133,6 +133,8 @@ def test_answer_without_multiple_choice_field_is_the_most_frequent(tmp_path):
     assert [question_answer(q) for q in questions] == ["2", "cat", "dog"]
     assert questions[0].multiple_choice_answer is None
     assert answer_vocabulary(questions, min_count=1) == ["2", "cat", "dog"]
+    with pytest.raises(ValueError, match="question_id 7 has neither answers nor a multiple_choice_answer"):
+        question_answer(VQAQuestion(7, 0, "?", (), "other", ""))
 
 
 def test_soft_scores_by_hand():

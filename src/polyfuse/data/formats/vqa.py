@@ -166,6 +166,8 @@ def question_answer(question: VQAQuestion) -> str:
     answer given first."""
     if question.multiple_choice_answer is not None:
         return normalize_answer(question.multiple_choice_answer)
+    if not question.answers:
+        raise ValueError(f"question_id {question.question_id} has neither answers nor a multiple_choice_answer")
     counts = Counter(normalize_answer(a) for a in question.answers)  # insertion order breaks ties
     return max(counts, key=counts.__getitem__)
 
