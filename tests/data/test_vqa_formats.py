@@ -12,9 +12,13 @@ import torch
 from polyfuse.data.formats.features import load_bottom_up_features, load_image_features
 from polyfuse.data.formats.glove import load_glove
 from polyfuse.data.formats.vqa import (
+    UNKNOWN_WORD,
+    VQAQuestion,
     answer_vocabulary,
     encode_questions,
     load_vqa,
+    question_answer,
+    soft_score_of,
     soft_targets,
     tokenize,
     word_vocabulary,
@@ -48,16 +52,105 @@ def test_load_vocabularies_and_targets(tmp_path):
     assert questions[0].answer_type == "number" and len(questions[0].answers) == 10
     assert tokenize("Is it the dog's ball?") == ["is", "it", "the", "dog", "'s", "ball"]
     # normalised answers: "two" -> "2" (6 times), "3" (4 times), "yes" (10 times)
-    assert answer_vocabulary(questions, min_count=5) == ["yes", "2"]
-    assert answer_vocabulary(questions, min_count=1) == ["yes", "2", "3"]
+    assert answer_vocabulary(questions, min_count=5, count="all_answers") == ["yes", "2"]
+    assert answer_vocabulary(questions, min_count=1, count="all_answers") == ["yes", "2", "3"]
+    # per question: the most frequent normalised answer ("2", given 6 times; "yes")
+    assert answer_vocabulary(questions, min_count=1) == ["2", "yes"]
     targets = soft_targets(questions, ["yes", "2", "3"])
     torch.testing.assert_close(targets, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
-    words = word_vocabulary(questions)
+    words = word_vocabulary(questions, min_count=1)
+    assert words[-1] == UNKNOWN_WORD
     tokens = encode_questions(questions, words, max_length=4)
     assert tokens.shape == (2, 4)
     assert tokens[0].tolist() == [words.index("how"), words.index("many"), words.index("dogs"), words.index("are")]
+    # a vocabulary without <unk> (a checkpoint written before it): unknown words are padding
     unknown = encode_questions(questions, ["how"], max_length=7)
     assert unknown[0].tolist() == [0, 1, 1, 1, 1, 1, 1]  # unknown words and padding: index 1 = V
+
+
+def test_unknown_words_share_a_trained_row_and_padding_stays_untrained(tmp_path):
+    from polyfuse.nn.text import QuestionEncoder
+
+    texts = ["what color is the circle?", "what color is the zebra?", "what shape is the circle?"]
+    train = [VQAQuestion(i, i, text, ("red",) * 10, "other", "") for i, text in enumerate(texts)]
+    words = word_vocabulary(train)  # "zebra" (once) and "shape" (once) fall below min_count 2
+    # by hand: what 3, is 3, the 3, color 2, circle 2
+    assert words == ["is", "the", "what", "circle", "color", UNKNOWN_WORD]
+    unknown, padding = 5, 6
+    test = [VQAQuestion(9, 9, "is the giraffe tall?", ("no",) * 10, "yes/no", "")]
+    assert encode_questions(test, words, max_length=6)[0].tolist() == [0, 1, unknown, unknown, padding, padding]
+    tokens = encode_questions(train, words, max_length=6)
+    assert tokens[1].tolist() == [2, 4, 0, 1, unknown, padding]
+
+    torch.manual_seed(0)
+    encoder = QuestionEncoder(len(words), embedding_dim=4, hidden_dim=3)
+    encoder(tokens).square().sum().backward()
+    gradient = encoder.embedding.weight.grad
+    assert gradient[unknown].abs().sum() > 0  # the rare training words train the <unk> row
+    assert torch.equal(gradient[padding], torch.zeros(4))  # padding: no gradient, ever
+    assert torch.equal(encoder.embedding.weight[padding], torch.zeros(4))
+
+
+def _annotated(tmp_path, entries):
+    """Files of questions ``(answers, multiple_choice_answer or None)``, one image each."""
+    questions = [{"question_id": i, "image_id": i, "question": "what color?"} for i in range(len(entries))]
+    annotations = []
+    for i, (answers, choice) in enumerate(entries):
+        entry = {"question_id": i, "image_id": i, "answers": [{"answer": a} for a in answers]}
+        if choice is not None:
+            entry["multiple_choice_answer"] = choice
+        annotations.append(entry)
+    (tmp_path / "q.json").write_text(json.dumps({"questions": questions}))
+    (tmp_path / "a.json").write_text(json.dumps({"annotations": annotations}))
+    return load_vqa(tmp_path / "q.json", tmp_path / "a.json")
+
+
+def test_answer_vocabulary_counts_questions_by_their_multiple_choice_answer(tmp_path):
+    # Three questions answered "blue" by 6 humans and "red" by 4: humans said "red" 12
+    # times, but it is the multiple-choice answer of no question. One question with
+    # "Red" as its (normalised) multiple-choice answer although most humans said green.
+    questions = _annotated(
+        tmp_path,
+        [(["blue"] * 6 + ["red"] * 4, "blue")] * 3 + [(["green"] * 7 + ["red"] * 3, "Red")],
+    )
+    assert questions[3].multiple_choice_answer == "Red"
+    # by hand: multiple choice blue 3, red 1; all answers red 15, blue 18, green 7
+    assert answer_vocabulary(questions, min_count=3) == ["blue"]
+    assert answer_vocabulary(questions, min_count=1) == ["blue", "red"]
+    assert answer_vocabulary(questions, min_count=9, count="all_answers") == ["blue", "red"]
+    assert answer_vocabulary(questions, min_count=1, count="all_answers") == ["blue", "red", "green"]
+    with pytest.raises(ValueError, match="answer count 'questions' is not one of multiple_choice, all_answers"):
+        answer_vocabulary(questions, count="questions")
+
+
+def test_answer_without_multiple_choice_field_is_the_most_frequent(tmp_path):
+    # No multiple_choice_answer in the file: the most frequent normalised human answer
+    # ("Two" and "2" are one answer), a tie going to the answer given first.
+    questions = _annotated(
+        tmp_path,
+        [(["3"] * 4 + ["Two"] * 3 + ["2"] * 3, None), (["cat"] * 5 + ["dog"] * 5, None), (["dog"] * 5 + ["cat"] * 5, None)],
+    )
+    assert [question_answer(q) for q in questions] == ["2", "cat", "dog"]
+    assert questions[0].multiple_choice_answer is None
+    assert answer_vocabulary(questions, min_count=1) == ["2", "cat", "dog"]
+    with pytest.raises(ValueError, match="question_id 7 has neither answers nor a multiple_choice_answer"):
+        question_answer(VQAQuestion(7, 0, "?", (), "other", ""))
+
+
+def test_soft_scores_by_hand():
+    # one question: "cat" 1 human, "dog" 2, "cow" 3, "pig" 4; "owl" said by none
+    question = VQAQuestion(0, 0, "?", ("cat", "dog", "dog", "cow", "cow", "cow", "pig", "pig", "pig", "pig"), "other", "")
+    answers = ["cat", "dog", "cow", "pig", "owl"]
+    ban = soft_targets([question], answers)  # the default: ban-vqa's get_score
+    torch.testing.assert_close(ban, torch.tensor([[0.3, 0.6, 0.9, 1.0, 0.0]]))
+    third = soft_targets([question], answers, soft_score="min_third")
+    torch.testing.assert_close(third, torch.tensor([[1 / 3, 2 / 3, 1.0, 1.0, 0.0]]))
+    # ban-vqa's steps are the accuracy min(n / 3, 1) averaged over the ten sets of nine humans
+    for n in range(11):
+        left_out = [min((n - (i < n)) / 3, 1.0) for i in range(10)]
+        assert soft_score_of(n) == pytest.approx(sum(left_out) / 10, abs=1e-12)
+    with pytest.raises(ValueError, match="soft score 'linear' is not one of ban_vqa, min_third"):
+        soft_targets([], ["cat"], soft_score="linear")
 
 
 def test_bad_files_are_named(tmp_path):
@@ -132,3 +225,121 @@ def test_easy_vqa_import(tmp_path):
     assert kinds <= {"yes/no", "shape", "color"}
     for q in questions:
         assert (q.question_type == "yes/no") == (q.answers[0] in ("yes", "no"))
+
+
+def _adaptive_file(path, *, pos_boxes, rows=6, spatial_rows=None, box_name="spatial_features"):
+    """ban-vqa's adaptive layout: ``rows`` stacked boxes of 4-d features, their normalised
+    spatial features, pixel boxes and ``pos_boxes``."""
+    features = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + 1
+    spatial = np.stack([np.array([0.1, 0.2, 0.3, 0.4, 0.2, 0.2]) + r for r in range(spatial_rows or rows)]).astype(np.float32)
+    with h5py.File(path, "w") as handle:
+        handle["image_features"] = features
+        handle[box_name] = spatial
+        handle["image_bb"] = np.full((rows, 4), 640.0, dtype=np.float32)
+        handle["pos_boxes"] = np.array(pos_boxes, dtype=np.int32)
+    return features, spatial
+
+
+def test_adaptive_bottom_up_layout_is_padded_per_image(tmp_path):
+    # images 100, 200, 300 with 2, 3 and 1 boxes; pos_boxes row 3 was never written
+    # (an image the converter did not find), as ban-vqa leaves it: [0, 0]
+    h5 = tmp_path / "train.hdf5"
+    features, spatial = _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6], [0, 0]])
+    index = tmp_path / "ids.json"
+    index.write_text(json.dumps({"100": 0, "200": 1, "300": 2}))
+    regions = load_bottom_up_features(h5, index)
+    assert regions.features.shape == (4, 3, 4) and regions.boxes.shape == (4, 3, 4)
+    expected = np.zeros((4, 3, 4), dtype=np.float32)
+    expected[0, :2], expected[1, :3], expected[2, :1] = features[0:2], features[2:5], features[5:6]
+    np.testing.assert_array_equal(regions.features.numpy(), expected)
+    # boxes: the first four columns of spatial_features (ban-vqa's name), not image_bb
+    np.testing.assert_array_equal(regions.boxes[1, :3].numpy(), spatial[2:5, :4])
+    assert regions.boxes[0, 2].abs().sum() == 0 and regions.boxes[2, 1:].abs().sum() == 0
+    selected, selected_boxes = regions.select([300, 100])
+    np.testing.assert_array_equal(selected[0, 0].numpy(), features[5])
+    np.testing.assert_array_equal(selected_boxes[1, 1].numpy(), spatial[1, :4])
+    # the name read before ban-vqa's, and the fixed layout under ban-vqa's name
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]], box_name="spatials")
+    np.testing.assert_array_equal(load_bottom_up_features(h5, index).boxes[2, 0].numpy(), spatial[5, :4])
+    with h5py.File(tmp_path / "val36.hdf5", "w") as handle:
+        handle["image_features"] = np.ones((3, 2, 4), dtype=np.float32)
+        handle["spatial_features"] = np.full((3, 2, 6), 0.5, dtype=np.float32)
+    assert load_bottom_up_features(tmp_path / "val36.hdf5", index).boxes.shape == (3, 2, 4)
+
+
+def test_padded_boxes_do_not_change_the_answer(tmp_path):
+    from polyfuse.nn.vqa import BanVQA, FusionVQA
+
+    h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]])
+    index.write_text(json.dumps({"100": 0, "200": 1, "300": 2}))
+    regions = load_bottom_up_features(h5, index)
+    tokens = torch.tensor([[0, 1, 2]])
+    torch.manual_seed(0)
+    models = [
+        BanVQA(3, 5, 4, hidden_dim=8, glimpses=2, counter_objects=None, embedding_dim=6),
+        BanVQA(3, 5, 4, hidden_dim=8, glimpses=2, counter_objects=1, embedding_dim=6),  # the counter too
+        FusionVQA("concat", 3, 5, 4, hidden_dim=8, embedding_dim=6),
+    ]
+    for model in models:
+        model.eval()
+        for row, boxes in ((0, 2), (2, 1)):  # padded to 3 boxes vs the image's own boxes alone
+            padded, _ = model(tokens, regions.features[row : row + 1], regions.boxes[row : row + 1])
+            alone, _ = model(tokens, regions.features[row : row + 1, :boxes], regions.boxes[row : row + 1, :boxes])
+            torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("pos_boxes", "message"),
+    [
+        ([[0, 2], [2, 7], [5, 6]], r"pos_boxes row 1 \(image id 200\) is \[2, 7\); expected 0 <= start < end <= 6"),
+        ([[0, 2], [2, 2], [2, 6]], r"pos_boxes row 1 \(image id 200\) is \[2, 2\); expected 0 <= start < end"),
+        ([[0, 3], [2, 5], [5, 6]], r"row 1 \(image id 200\) is \[2, 5\), which overlaps or precedes row 0 ending at 3"),
+        ([[2, 5], [0, 2], [5, 6]], r"row 1 \(image id 200\) is \[0, 2\), which overlaps or precedes row 0 ending at 5"),
+        ([[0, 2, 9], [2, 5, 9], [5, 6, 9]], r"pos_boxes must be an \(images, 2\) integer array"),
+        ([[0, 2], [2, 5]], r"rows of image ids \[300\] lie outside \[0, 2\), the rows of pos_boxes"),
+    ],
+)
+def test_bad_adaptive_layouts_are_named(tmp_path, pos_boxes, message):
+    h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
+    _adaptive_file(h5, pos_boxes=pos_boxes)
+    index.write_text(json.dumps({"100": 0, "200": 1, "300": 2}))
+    with pytest.raises(ValueError, match=message):
+        load_bottom_up_features(h5, index)
+
+
+def test_adaptive_lengths_and_values_are_checked(tmp_path):
+    h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
+    index.write_text(json.dumps({"100": 0, "200": 1}))
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5]], spatial_rows=5)
+    with pytest.raises(ValueError, match=r"image_features \(6, 4\) and spatial_features \(5, 6\) do not match the "
+                                         r"adaptive layout: expected \(R, d\) and \(R, 4 or 6\), R boxes"):
+        load_bottom_up_features(h5, index)
+    _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5]])
+    with h5py.File(h5, "a") as handle:
+        handle["image_features"][3, 1] = np.nan
+    with pytest.raises(ValueError, match=r"'image_features' holds NaN or Inf at 1 box\(s\), the first image id 200 "
+                                         r"\(box row 3\)"):
+        load_bottom_up_features(h5, index)
+
+
+def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
+    import yaml
+    from tests.cli.test_cli_vqa import write_vqa_folder
+
+    from polyfuse.data.vqa_data import build_vqa_data
+    from polyfuse.engine.config import resolve_config
+
+    # every question: its answer given by 9 humans, "green" by 1 (the multiple-choice
+    # answer of no question)
+    config = yaml.safe_load((write_vqa_folder(tmp_path, 8, 4) / "vqa.yaml").read_text())
+    data = build_vqa_data(resolve_config(config), partitions=("train",))
+    assert "green" not in data.answers and data.words[-1] == UNKNOWN_WORD
+    assert sorted(set(data.partitions["train"].targets.flatten().tolist())) == [0.0, 1.0]
+    config["data"]["vqa"].update(answer_count="all_answers", soft_score="min_third")
+    data = build_vqa_data(resolve_config(config), partitions=("train",))
+    green = data.partitions["train"].targets[:, data.answers.index("green")]
+    assert torch.equal(green, torch.full_like(green, 1 / 3))
+    config["data"]["vqa"]["soft_score"] = "ban_vqa"
+    green = build_vqa_data(resolve_config(config), partitions=("train",)).partitions["train"].targets[:, -1]
+    assert data.answers[-1] == "green" and torch.equal(green, torch.full_like(green, 0.3))

@@ -164,8 +164,9 @@ def _type_of(question: VQAQuestion, breakdown: str) -> str:
 
 
 def _split(
-    questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, max_length: int, breakdown: str, what: str
+    questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, section: Mapping[str, Any], what: str
 ) -> VQASplit:
+    max_length, breakdown = int(section["max_length"]), section["breakdown"]
     image_ids = [q.image_id for q in questions]
     features.select(image_ids, what=what)  # names every image id without features
     ids, scores = answer_table(questions, data.answers)
@@ -173,7 +174,7 @@ def _split(
     return VQASplit(
         list(questions),
         encode_questions(questions, data.words, max_length=max_length),
-        soft_targets(questions, data.answers),
+        soft_targets(questions, data.answers, soft_score=section["soft_score"]),
         ids,
         scores,
         torch.tensor([type_index.get(_type_of(q, breakdown), -1) for q in questions], dtype=torch.long),
@@ -204,10 +205,13 @@ def build_vqa_data(
     breakdown = section["breakdown"]
     if vocabulary is None:
         words = word_vocabulary(train_questions, min_count=int(section["min_word_count"]))
-        answers = answer_vocabulary(train_questions, min_count=int(section["min_answer_count"]))
+        answers = answer_vocabulary(
+            train_questions, min_count=int(section["min_answer_count"]), count=section["answer_count"]
+        )
         if not answers:
             raise ValueError(
-                f"no answer occurs data.vqa.min_answer_count = {section['min_answer_count']} times in the training annotations"
+                f"no answer occurs data.vqa.min_answer_count = {section['min_answer_count']} times in the training "
+                f"annotations (counted as data.vqa.answer_count = {section['answer_count']})"
             )
         type_names = sorted({_type_of(q, breakdown) for q in train_questions})
         pca = None
@@ -228,7 +232,7 @@ def build_vqa_data(
     }
     for key in partitions:
         questions, features, what = sources[key]
-        data.partitions[key] = _split(questions, features, data, int(section["max_length"]), breakdown, what)
+        data.partitions[key] = _split(questions, features, data, section, what)
     glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
     if glove and vocabulary is None:
         from polyfuse.data.formats.glove import load_glove

@@ -194,6 +194,7 @@ def build_task(
         "lr": config["optim"]["lr"],
         "weight_decay": config["optim"]["weight_decay"],
         "scheduler": config["optim"]["scheduler"],
+        "optimizer": config["optim"]["optimizer"],
         "max_epochs": config["trainer"]["max_epochs"],
     }
     cls = task_class(task["type"])

@@ -53,6 +53,10 @@ def _fusion_is(name: str) -> Callable[[Mapping[str, Any]], bool]:
     return lambda config: (config.get("model") or {}).get("fusion", "man") == name
 
 
+def _is_vqa(config: Mapping[str, Any]) -> bool:
+    return (config.get("task") or {}).get("type") == "vqa"
+
+
 def _lstm_lmf_without_text_first(config: Mapping[str, Any]) -> bool:
     model, data = config.get("model") or {}, config.get("data") or {}
     names = data.get("modalities") or []
@@ -94,6 +98,21 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "0.2.0", "model.options.lstm_lmf.text", 0, "the modality named text", _lstm_lmf_without_text_first,
         "the LSTM + LMF backbone's LSTM reads the modality named text (refused without one) "
         "instead of the first modality",
+    ),
+    DefaultChange(
+        "0.2.0", "data.vqa.answer_count", "all_answers", "multiple_choice", _is_vqa,
+        "the VQA answer vocabulary counts each training question once, for its multiple-choice answer "
+        "(the paper's and ban-vqa's rule), instead of every human answer (ten per question)",
+    ),
+    DefaultChange(
+        "0.2.0", "data.vqa.min_word_count", 1, 2, _is_vqa,
+        "VQA question words seen once in training share the <unk> row with the words outside the "
+        "vocabulary (which were padding before), so that row is trained",
+    ),
+    DefaultChange(
+        "0.2.0", "data.vqa.soft_score", "min_third", "ban_vqa", _is_vqa,
+        "VQA training targets are ban-vqa's 0.3 / 0.6 / 0.9 / 1 for answers of 1 / 2 / 3 / 4+ humans "
+        "instead of min(n / 3, 1)",
     ),
 )
 

@@ -217,11 +217,14 @@ class ModelConfig(_Section):
 
 
 class OptimConfig(_Section):
-    """AdamW and its schedule."""
+    """The optimiser (AdamW or ban-vqa's Adamax) and its per-epoch schedule; captioning trains with AdamW, no schedule."""
 
-    lr: Annotated[float, Field(ge=0.0)] = Field(1e-3, description="learning rate (AdamW)")
-    weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="AdamW weight decay")
-    scheduler: Literal["none", "cosine"] = Field("none", description="none | cosine (annealing over max_epochs)")
+    optimizer: Literal["adamw", "adamax"] = Field("adamw", description="adamw | adamax (ban-vqa's)")
+    lr: Annotated[float, Field(ge=0.0)] = Field(1e-3, description="learning rate (the base of the schedule)")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="weight decay, not on biases (AdamW: decoupled; Adamax: L2)")
+    scheduler: Literal["none", "cosine", "ban_warmup"] = Field(
+        "none", description="none | cosine (annealing over max_epochs) | ban_warmup (ban-vqa: lr x 0.5, 1, 1.5, 2 in epochs 0-3, x 0.25 at epochs 10, 12, 14, 16, 18)"
+    )
 
 
 class TrainerConfig(_Section):
@@ -292,6 +295,15 @@ class RunConfig(_Section):
                 raise ValueError("task.type captioning needs a captioning section (features, captions, splits)")
             if self.decoder is None:
                 self.decoder = DecoderConfig()
+        return self
+
+    @model_validator(mode="after")
+    def _optimizer_applies(self) -> RunConfig:
+        if self.task.type == "captioning" and (self.optim.optimizer, self.optim.scheduler) != ("adamw", "none"):
+            raise ValueError(
+                "task.type captioning trains with AdamW and no schedule; remove optim.optimizer and optim.scheduler "
+                f"(got {self.optim.optimizer!r}, {self.optim.scheduler!r})"
+            )
         return self
 
     @model_validator(mode="after")

@@ -50,7 +50,7 @@ def build_vqa_task(config: Mapping[str, Any], vocabulary: Mapping[str, Any], ima
     return VQATask(
         model, type_names=vocabulary["type_names"], lr=config["optim"]["lr"],
         weight_decay=config["optim"]["weight_decay"], scheduler=config["optim"]["scheduler"],
-        max_epochs=config["trainer"]["max_epochs"],
+        max_epochs=config["trainer"]["max_epochs"], optimizer=config["optim"]["optimizer"],
     )  # fmt: skip
 
 

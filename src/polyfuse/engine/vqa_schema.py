@@ -34,8 +34,14 @@ class VQADataConfig(_VQASection):
     test_annotations: str | None = Field(None, description="annotations JSON of the test split")
     train_features: str = Field(description="HDF5 features of the training images (polyfuse extract images)")
     test_features: str = Field(description="HDF5 features of the test images")
-    min_answer_count: Annotated[int, Field(ge=1)] = Field(9, description="answers given at least this many times form the answer vocabulary (ban-vqa: 9)")
-    min_word_count: Annotated[int, Field(ge=1)] = Field(1, description="question words seen at least this many times form the word vocabulary")
+    min_answer_count: Annotated[int, Field(ge=1)] = Field(9, description="answers counted at least this many times (answer_count) form the answer vocabulary (the paper, ban-vqa: 9)")
+    answer_count: Literal["multiple_choice", "all_answers"] = Field(
+        "multiple_choice", description="multiple_choice: count the questions whose multiple-choice answer it is (the paper, ban-vqa); all_answers: count every human answer"
+    )
+    soft_score: Literal["ban_vqa", "min_third"] = Field(
+        "ban_vqa", description="training target of an answer n humans gave: ban_vqa 0.3/0.6/0.9/1 for n = 1/2/3/4+ (ban-vqa's; the paper gives none); min_third min(n/3, 1)"
+    )
+    min_word_count: Annotated[int, Field(ge=1)] = Field(2, description="question words seen at least this many times form the word vocabulary; rarer and unseen words share one trained unknown-word row")
     max_length: SizeInt = Field(14, description="words kept per question (ban-vqa: 14)")
     feature_dim: SizeInt | None = Field(None, description="reduce image features to this many principal components of the training images (null: keep all)")
     breakdown: Literal["answer_type", "question_type"] = Field(

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from polyfuse.nn.vqa import BanVQA, FusionVQA
-from polyfuse.tasks.base import FusionTask, log_attention_modes
+from polyfuse.tasks.base import FusionTask, check_optimizer, log_attention_modes
 
 __all__ = ["VQAScore", "VQATask", "build_vqa_model", "vqa_loss"]
 
@@ -115,10 +115,13 @@ class VQATask(L.LightningModule):
         weight_decay: float = 0.0,
         scheduler: str = "none",
         max_epochs: int | None = None,
+        optimizer: str = "adamw",
     ) -> None:
         super().__init__()
+        check_optimizer(optimizer, scheduler, max_epochs)
         self.model = model
         self.lr, self.weight_decay, self.scheduler, self.max_epochs = float(lr), float(weight_decay), scheduler, max_epochs
+        self.optimizer_name = optimizer
         self.stage_metrics = nn.ModuleDict({"val": VQAScore(type_names), "test": VQAScore(type_names)})
         self.checkpoint_extras: dict[str, Any] = {}
 
@@ -162,6 +165,7 @@ class VQATask(L.LightningModule):
         score, answer = probabilities.max(dim=1)
         return {"row": batch["row"], "answer": answer, "score": score}
 
-    # The same AdamW (no decay on biases), schedule and checkpoint extras as every task.
+    # The same optimiser (AdamW or ban-vqa's Adamax, no decay on biases), schedule and
+    # checkpoint extras as every task.
     configure_optimizers = FusionTask.configure_optimizers
     on_save_checkpoint = FusionTask.on_save_checkpoint

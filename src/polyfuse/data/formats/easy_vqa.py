@@ -84,7 +84,7 @@ def easy_vqa_questions(split: str, *, limit: int | None = None) -> list[VQAQuest
     return [
         VQAQuestion(
             q["question_id"], q["image_id"], q["question"], tuple(a["answer"] for a in annotation["answers"]),
-            annotation["answer_type"], annotation["question_type"],
+            annotation["answer_type"], annotation["question_type"], annotation["multiple_choice_answer"],
         )
         for q, annotation in zip(questions, annotations, strict=True)
     ]

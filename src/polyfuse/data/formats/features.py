@@ -1,14 +1,24 @@
 """Image features in HDF5: the file ``polyfuse extract images`` writes, and bottom-up
-region features in the layout the ban-vqa code reads.
+region features in the layouts the ban-vqa code reads.
 
 polyfuse layout: ``features`` (N, O, d), ``boxes`` (N, O, 4) as (x1, y1, x2, y2) and
 ``image_ids`` (N,) in one file (the last row of an id wins).
 
-ban-vqa layout (``tools/detection_features_converter.py``): ``image_features``
-(N, O, d), ``spatials`` (N, O, 6) as (x1, y1, x2, y2, w, h) normalised by the image
-size (or ``image_bb`` in pixels), and a *pickle* mapping image id -> row. A pickle can
-run code when read, so it is never opened: give the index as JSON
-(``{"<image id>": row}``) or CSV (``image_id,row``); to convert one you trust:
+ban-vqa layouts, each with a *pickle* mapping image id -> row:
+
+- fixed (``tools/detection_features_converter.py``, ``{split}36.hdf5``): ``image_features``
+  (N, O, d), ``spatial_features`` (N, O, 6) as (x1, y1, x2, y2, w, h) normalised by the
+  image size, ``image_bb`` (N, O, 4) in pixels;
+- adaptive (``tools/adaptive_detection_features_converter.py``, ``{split}.hdf5``, the one
+  ban-vqa's VQA training reads: ``VQAFeatureDataset(adaptive=True)``): the boxes of all
+  images stacked, ``image_features`` (R, d), ``spatial_features`` (R, 6), ``image_bb``
+  (R, 4), and ``pos_boxes`` (N, 2) giving the rows [start, end) of each image's boxes
+  (10 to 100 per image); the index maps an image id to its row of ``pos_boxes``.
+
+Images with fewer boxes than the largest are padded with all-zero features and boxes,
+which the VQA models mask (:func:`polyfuse.nn.vqa.image_mask`, as ban-vqa masks its
+zero padding). A pickle can run code when read, so it is never opened: give the index as
+JSON (``{"<image id>": row}``) or CSV (``image_id,row``); to convert one you trust:
 ``python -c "import pickle, json, sys; json.dump({str(k): v for k, v in
 pickle.load(open(sys.argv[1], 'rb')).items()}, open(sys.argv[2], 'w'))" in.pkl out.json``.
 """
@@ -28,7 +38,7 @@ from torch import Tensor
 from polyfuse.data.arrays import open_h5
 from polyfuse.data.formats.jsonfile import read_json
 
-__all__ = ["ImageFeatures", "load_bottom_up_features", "load_image_features"]
+__all__ = ["BOX_DATASETS", "ImageFeatures", "load_bottom_up_features", "load_image_features"]
 
 
 @dataclass
@@ -58,14 +68,16 @@ def _dataset(handle: h5py.File, name: str, path: Path) -> np.ndarray:
     return handle[name][:]
 
 
-def _check_finite(values: np.ndarray, name: str, path: Path, row_id) -> None:
-    """Refuse NaN or Inf features (bad input, not a divergence), naming the first image."""
+def _check_finite(values: np.ndarray, name: str, path: Path, row_id, unit: str = "image") -> None:
+    """Refuse NaN or Inf features (bad input, not a divergence), naming the first image
+    (``unit``: what a row of ``values`` is, an image or a box of the adaptive layout)."""
     bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
+        where = f"(row {row})" if unit == "image" else f"({unit} row {row})"
         raise ValueError(
-            f"{path}: dataset {name!r} holds NaN or Inf at {int(bad.sum())} image(s), the first image id "
-            f"{row_id(row)} (row {row}); re-extract the features or drop those images"
+            f"{path}: dataset {name!r} holds NaN or Inf at {int(bad.sum())} {unit}(s), the first image id "
+            f"{row_id(row)} {where}; re-extract the features or drop those images"
         )
 
 
@@ -110,11 +122,61 @@ def _read_index(path: Path) -> dict[int, int]:
     )
 
 
-def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> ImageFeatures:
-    """Bottom-up region features (ban-vqa's ``{split}36.hdf5`` with an id index as JSON/CSV).
+#: Datasets that may hold the boxes of a bottom-up file, in the order they are looked for:
+#: ban-vqa's normalised ``spatial_features``, the name ``spatials`` (read before ban-vqa's
+#: was), the pixel boxes ``image_bb``.
+BOX_DATASETS = ("spatial_features", "spatials", "image_bb")
 
-    Boxes come from ``spatials`` (already normalised; first four columns) or, if only
-    ``image_bb`` is present, from the pixel boxes as stored.
+
+def _image_boxes(pos_boxes: np.ndarray, rows: dict[int, int], total: int, h5_path: Path) -> dict[int, tuple[int, int]]:
+    """[start, end) of the boxes of each ``pos_boxes`` row that the index uses, checked:
+    inside the R stacked boxes, not empty, in increasing order without overlap (as
+    ban-vqa's converter writes them)."""
+    if pos_boxes.ndim != 2 or pos_boxes.shape[1] != 2 or not np.issubdtype(pos_boxes.dtype, np.integer):
+        raise ValueError(f"{h5_path}: pos_boxes must be an (images, 2) integer array, got {pos_boxes.shape} {pos_boxes.dtype}")
+    image_of_row = {row: image_id for image_id, row in sorted(rows.items(), reverse=True)}
+    spans = {row: (int(pos_boxes[row, 0]), int(pos_boxes[row, 1])) for row in sorted(image_of_row)}
+    previous_end, previous_row = 0, None
+    for row, (start, end) in spans.items():
+        where = f"{h5_path}: pos_boxes row {row} (image id {image_of_row[row]}) is [{start}, {end})"
+        if not 0 <= start < end <= total:
+            raise ValueError(f"{where}; expected 0 <= start < end <= {total}, the rows of image_features")
+        if start < previous_end:
+            raise ValueError(
+                f"{where}, which overlaps or precedes row {previous_row} ending at {previous_end}; "
+                "the boxes of each image must follow those of the row before"
+            )
+        previous_end, previous_row = end, row
+    return spans
+
+
+def _pad_images(
+    features: np.ndarray, boxes: np.ndarray, spans: dict[int, tuple[int, int]], images: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(images, O, d) features and (images, O, 4) boxes from the stacked rows, O the
+    largest box count; missing boxes and unused rows are zero (masked by the models)."""
+    most = max(end - start for start, end in spans.values())
+    padded_features = np.zeros((images, most, features.shape[1]), dtype=np.float32)
+    padded_boxes = np.zeros((images, most, 4), dtype=np.float32)
+    for row, (start, end) in spans.items():
+        padded_features[row, : end - start] = features[start:end]
+        padded_boxes[row, : end - start] = boxes[start:end]
+    return padded_features, padded_boxes
+
+
+def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> ImageFeatures:
+    """Bottom-up region features in either ban-vqa layout (module docstring) with an id
+    index as JSON/CSV.
+
+    Boxes come from the first of :data:`BOX_DATASETS` in the file: the normalised
+    ``spatial_features`` / ``spatials`` (first four columns) or, if neither is present,
+    the pixel boxes ``image_bb`` as stored. With ``pos_boxes`` (the adaptive layout)
+    each image's boxes are padded with zeros to the largest count in the file.
+
+    Raises:
+        ValueError: a missing dataset, shapes that do not match, an index row outside
+            the images, ``pos_boxes`` spans outside the stacked boxes, empty, overlapping
+            or out of order, NaN or Inf in the features or boxes.
     """
     h5_path, index_path = Path(h5_path), Path(index_path)
     for path in (h5_path, index_path):
@@ -123,18 +185,32 @@ def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> Imag
     rows = _read_index(index_path)
     with open_h5(h5_path) as handle:
         features = _dataset(handle, "image_features", h5_path)
-        name = "spatials" if "spatials" in handle else "image_bb"
-        boxes = _dataset(handle, name, h5_path)[..., :4]
-    if features.ndim != 3 or boxes.shape[:2] != features.shape[:2]:
+        name = next((n for n in BOX_DATASETS if n in handle), BOX_DATASETS[0])
+        boxes = _dataset(handle, name, h5_path)
+        pos_boxes = _dataset(handle, "pos_boxes", h5_path) if "pos_boxes" in handle else None
+    layout, wanted = ("adaptive", 2) if pos_boxes is not None else ("fixed", 3)
+    if features.ndim != wanted or boxes.ndim != wanted or boxes.shape[:-1] != features.shape[:-1] or boxes.shape[-1] < 4:
+        expected = "(R, d) and (R, 4 or 6), R boxes" if pos_boxes is not None else "(N, O, d) and (N, O, 4 or 6)"
         raise ValueError(
-            f"{h5_path}: image_features {features.shape} and {name} {boxes.shape} do not match (N, O, ...)"
+            f"{h5_path}: image_features {features.shape} and {name} {boxes.shape} do not match the {layout} "
+            f"layout: expected {expected}"
         )
-    bad = [k for k, v in rows.items() if not 0 <= v < len(features)]
+    images = len(pos_boxes) if pos_boxes is not None else len(features)
+    bad = [k for k, v in rows.items() if not 0 <= v < images]
     if bad:
-        raise ValueError(f"{index_path}: rows of image ids {bad[:10]} lie outside [0, {len(features)})")
+        what = "rows of pos_boxes" if pos_boxes is not None else "images"
+        raise ValueError(f"{index_path}: rows of image ids {bad[:10]} lie outside [0, {images}), the {what} of {h5_path}")
+    boxes = boxes[..., :4]
     id_of_row = {v: k for k, v in rows.items()}
+    row_id = lambda row: id_of_row.get(row, "(none)")  # noqa: E731
+    if pos_boxes is not None:
+        spans = _image_boxes(pos_boxes, rows, len(features), h5_path)
+        # a box row's image: the span holding it (only asked when a value is bad)
+        row_id = lambda box: next((id_of_row[r] for r, (a, b) in spans.items() if a <= box < b), "(none)")  # noqa: E731
     for dataset, values in (("image_features", features), (name, boxes)):
-        _check_finite(values, dataset, h5_path, lambda row: id_of_row.get(row, "(none)"))
+        _check_finite(values, dataset, h5_path, row_id, "image" if pos_boxes is None else "box")
+    if pos_boxes is not None:
+        features, boxes = _pad_images(features, boxes, spans, images)
     return ImageFeatures(
         torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(h5_path)
     )
