@@ -15,7 +15,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="write a checkpoint's predictions as CSV",
         description="Predict every row of a data source (labels optional) with a .safetensors "
         "checkpoint, standardising with the training statistics stored in it. --modalities "
-        "names the arrays to use when they are named differently than in training.",
+        "names the arrays to use when they are named differently than in training. A VQA "
+        "checkpoint answers new questions about new images with --data QUESTIONS.json --images DIR "
+        "(docs/VQA.md, 'Using a trained model').",
     )
     parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by polyfuse train")
     parser.add_argument(

@@ -4,8 +4,10 @@ and how a VQA checkpoint is loaded, evaluated and applied.
 A training run is the engine's (run directory, safetensors checkpoints, resume, early
 stopping on ``val/acc``, results.json); only the data module and the task differ. A
 checkpoint stores, beside the weights and the configuration, the word and answer
-vocabularies, the type names of the breakdown and the PCA of the image features, so
-that evaluation and prediction encode questions and images as in training.
+vocabularies, the type names of the breakdown, the PCA of the image features and how
+those features were made (extractor, image size), so that evaluation and prediction,
+on new images too (:mod:`polyfuse.engine.vqa_answer`), encode questions and images as
+in training.
 """
 
 from __future__ import annotations
