@@ -191,6 +191,23 @@ def test_extracting_into_a_file_of_another_image_size_names_both_sizes(tmp_path,
         assert sorted(handle["image_ids"][:].tolist()) == [0, 1] and handle.attrs["image_size"] == 64
 
 
+def test_feature_settings_of_files_with_and_without_the_record(tmp_path):
+    """What a run records of its features: files of extract images from before the
+    attributes are recognised (1280-d square grid and sha256); others are not ours."""
+    old = tmp_path / "old.h5"
+    with h5py.File(old, "w") as handle:
+        handle["features"] = np.zeros((2, 9, 1280), dtype=np.float16)
+        handle["sha256"] = np.array([b"0" * 64] * 2)
+    assert extraction.feature_settings(old) == {"objects": 9, "feature_size": 1280, "extractor": "efficientnet-lite0", "image_size": 96}
+    with h5py.File(old, "a") as handle:
+        del handle["sha256"]  # a user's own 1280-d features
+    assert extraction.feature_settings(old) == {"objects": 9, "feature_size": 1280, "extractor": None, "image_size": None}
+    regions = tmp_path / "regions.h5"
+    with h5py.File(regions, "w") as handle:  # bottom-up, adaptive layout: no fixed object axis
+        handle["image_features"] = np.zeros((11, 2048), dtype=np.float32)
+    assert extraction.feature_settings(regions) == {"objects": None, "feature_size": 2048, "extractor": None, "image_size": None}
+
+
 def test_a_file_not_named_by_an_image_id_is_skipped_with_one_warning(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(extraction, "load_backbone", PooledColours)
     images = tmp_path / "images"

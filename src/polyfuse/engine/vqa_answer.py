@@ -77,7 +77,8 @@ def recorded_feature_settings(extras: Mapping[str, Any]) -> dict[str, Any]:
 def _describe(settings: Mapping[str, Any]) -> str:
     made = (f"{settings['extractor']} at {settings['image_size']} px, "
             if settings.get("extractor") and settings.get("image_size") else "")  # fmt: skip
-    return f"{made}{settings['objects']} objects of {settings['feature_size']} values per image"
+    objects = settings["objects"] if settings.get("objects") is not None else "a varying number of"
+    return f"{made}{objects} objects of {settings['feature_size']} values per image"
 
 
 def _check_file(path: Path, trained: Mapping[str, Any]) -> None:

@@ -243,25 +243,26 @@ def feature_settings(path: str | Path) -> dict[str, Any]:
     """How the image features of the HDF5 file ``path`` were made, as a trained run
     records them: ``objects`` and ``feature_size`` per image and, for a file of
     ``polyfuse extract images``, its ``extractor`` and ``image_size`` (None for features
-    made elsewhere). Files written before the attributes existed are recognised by
-    their ``sha256`` dataset and 1280-d square grids."""
+    made elsewhere, e.g. bottom-up regions in ``image_features``; ``objects`` None when
+    the objects are not a fixed-size axis). Files written before the attributes existed
+    are recognised by their ``sha256`` dataset and 1280-d square grids."""
     from polyfuse.data.arrays import open_h5
 
     with open_h5(Path(path)) as handle:
-        if "features" not in handle:
-            raise ValueError(f"{path}: no dataset 'features' (found {sorted(handle)})")
-        shape = tuple(handle["features"].shape)
+        name = next((n for n in ("features", "image_features") if n in handle), None)
+        if name is None:
+            raise ValueError(f"{path}: no dataset 'features' or 'image_features' (found {sorted(handle)})")
+        shape = tuple(handle[name].shape)
         attrs = {key: handle.attrs[key] for key in ("extractor", "image_size") if key in handle.attrs}
-        ours = "sha256" in handle
-    if len(shape) != 3:
-        raise ValueError(f"{path}: dataset 'features' has shape {shape}, expected (images, objects, size)")
-    settings: dict[str, Any] = {"objects": int(shape[1]), "feature_size": int(shape[2]), "extractor": None, "image_size": None}
-    side = math.isqrt(shape[1])
+        ours = name == "features" and "sha256" in handle
+    settings: dict[str, Any] = {"objects": int(shape[1]) if len(shape) == 3 else None,
+                                "feature_size": int(shape[-1]), "extractor": None, "image_size": None}  # fmt: skip
+    side = math.isqrt(shape[1]) if len(shape) == 3 else 0
     if "extractor" in attrs and "image_size" in attrs:
         extractor = attrs["extractor"]
         settings.update(extractor=extractor.decode() if isinstance(extractor, bytes) else str(extractor),
                         image_size=int(attrs["image_size"]))
-    elif ours and shape[2] == FEATURE_DIM and side * side == shape[1]:
+    elif ours and len(shape) == 3 and shape[2] == FEATURE_DIM and side * side == shape[1]:
         settings.update(extractor=EXTRACTOR, image_size=32 * side)
     return settings
 
