@@ -61,6 +61,11 @@ def test_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[st
     for key in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"):
         assert results["test"][key] == pytest.approx(expected[key], abs=1e-6)
     assert results["vocabulary"] == 4 + 4 + 5  # specials, the 4 nouns, a is here the moves
+    # the best checkpoint's epoch is the one of the log's best validation monitor (issue 28)
+    from tests.cli.test_cli_vqa_use import best_epoch_of_log
+
+    assert results["best_epoch"] == best_epoch_of_log(run, results["monitor"], results["mode"], results["epochs"])
+    assert f"(epoch {results['best_epoch']} of {results['epochs']} trained, " in capsys.readouterr().out
     checkpoint = run / results["best_checkpoint"]
     assert main(["evaluate", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "m.json")]) == 0
     evaluated = json.loads((tmp_path / "m.json").read_text())

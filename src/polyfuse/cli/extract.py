@@ -79,6 +79,8 @@ def _run_images(args: argparse.Namespace) -> int:
     )
     for path in report.skipped:
         print(f"  skipped: {path}: {report.reasons.get(path, 'cannot decode')}")
+    for path, said in report.decoder_warnings.items():
+        print(f"  kept, the decoder warned: {path}: {said}")
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
 __all__ = ["add_parser", "run"]
 
@@ -13,10 +15,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="write a checkpoint's predictions as CSV",
         description="Predict every row of a data source (labels optional) with a .safetensors "
         "checkpoint, standardising with the training statistics stored in it. --modalities "
-        "names the arrays to use when they are named differently than in training.",
+        "names the arrays to use when they are named differently than in training. A VQA "
+        "checkpoint answers new questions about new images with --data QUESTIONS.json --images DIR "
+        "(docs/VQA.md, 'Using a trained model').",
     )
     parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by polyfuse train")
-    parser.add_argument("--data", help="data source (default: the training one)")
+    parser.add_argument(
+        "--data", help="data source (default: the training one); VQA: a questions JSON about the images of --images"
+    )
+    parser.add_argument(
+        "--images", help="VQA: folder of <image id>.png|jpg (extracted as in training) or features .h5 of --data's images"
+    )
     parser.add_argument("--split", default="all", help="all (default) or train, valid, test")
     parser.add_argument(
         "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"
@@ -30,6 +39,16 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.run import predict
 
     quiet_lightning()
-    records = predict(args.checkpoint, source=args.data, split=args.split, out=args.out, modalities=args.modalities)
+    with warnings.catch_warnings():
+        # images and questions left out are said in one line each, naming them
+        warnings.showwarning = _one_line_warning
+        records = predict(
+            args.checkpoint, source=args.data, split=args.split, out=args.out, modalities=args.modalities,
+            images=args.images,
+        )  # fmt: skip
     print(f"wrote {len(records)} predictions to {args.out}")
     return 0
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"polyfuse predict: warning: {message}", file=sys.stderr)

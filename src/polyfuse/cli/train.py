@@ -7,7 +7,7 @@ from pathlib import Path
 
 from polyfuse.cli.options import add_config_arguments, config_from_args, lightning_errors
 
-__all__ = ["add_parser", "format_metrics", "run", "shown_path"]
+__all__ = ["add_parser", "epoch_words", "format_metrics", "run", "shown_path"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +33,14 @@ def shown_path(path: Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def epoch_words(result) -> str:
+    """``"epoch 3 of 5 trained"``: the epoch whose weights the best checkpoint holds, and
+    how many were trained (``"5 epochs trained"`` when the checkpoint does not say)."""
+    if result.best_epoch is None:
+        return f"{result.epochs} epochs trained"
+    return f"epoch {result.best_epoch} of {result.epochs} trained"
 
 
 def format_metrics(title: str, metrics: dict[str, float]) -> str:
@@ -61,10 +69,7 @@ def run(args: argparse.Namespace) -> int:
         result = train(config, resume=args.resume, run_dir=None if args.resume else args.out)
     if not is_worker():
         print(f"run directory: {shown_path(result.run_dir)}")
-        print(
-            f"best checkpoint: {shown_path(result.best_checkpoint)} "
-            f"({result.epochs} epochs, {result.train_seconds:.1f} s)"
-        )
+        print(f"best checkpoint: {shown_path(result.best_checkpoint)} ({epoch_words(result)}, {result.train_seconds:.1f} s)")
         print(thread_plan_for(result.config["trainer"]).describe())
         print(format_metrics("validation", result.validation))
         if result.test:

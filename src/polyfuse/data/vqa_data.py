@@ -196,11 +196,14 @@ def build_vqa_data(
     optionally ``pca_mean`` / ``pca_directions``) replaces what would be built from the
     training questions, so that a checkpoint sees its own encoding."""
     section = config["data"]["vqa"]
+    # A checkpoint's vocabulary (and PCA) replaces the training files: applied to the
+    # test split alone, it reads neither the training questions nor their features.
+    reads_training = vocabulary is None or "train" in partitions or "valid" in partitions
     train_questions, valid_questions = split_by_image(
         read_vqa_questions(section, "train"), float(config["data"]["validation_fraction"]), int(config["data"]["split_seed"])
-    )
+    ) if reads_training else ([], [])  # fmt: skip
     test_questions = read_vqa_questions(section, "test") if "test" in partitions else []
-    train_features = load_image_features(section["train_features"])
+    train_features = load_image_features(section["train_features"]) if reads_training else None
     test_features = load_image_features(section["test_features"]) if "test" in partitions else None
     breakdown = section["breakdown"]
     if vocabulary is None:
@@ -224,7 +227,8 @@ def build_vqa_data(
     for features in (train_features, test_features):
         if features is not None and pca is not None:
             features.features = project_features(features.features, *pca)
-    data = VQAData({}, words, answers, type_names, int(train_features.features.shape[-1]), pca)
+    read = train_features if train_features is not None else test_features
+    data = VQAData({}, words, answers, type_names, int(read.features.shape[-1]), pca)
     sources = {
         "train": (train_questions, train_features, "training questions"),
         "valid": (valid_questions, train_features, "validation questions"),

@@ -23,7 +23,12 @@ from lightning.pytorch.callbacks import Callback
 from polyfuse.data.captioning import CaptioningData, CaptioningDataModule, prepare_captioning
 from polyfuse.engine.build import build_trainer, monitor_of
 from polyfuse.engine.captioning_schema import variant_settings
-from polyfuse.engine.checkpoints import check_finite_state, load_state, read_checkpoint
+from polyfuse.engine.checkpoints import (
+    check_finite_state,
+    checkpoint_epoch,
+    load_state,
+    read_checkpoint,
+)
 from polyfuse.engine.config import dump_config, resolve_config
 from polyfuse.engine.errors import RunInterrupted
 from polyfuse.engine.rundir import atomic_write_text
@@ -133,7 +138,8 @@ def train_captioning(
     monitor, mode = monitor_of(config)
     summary = {
         "best_checkpoint": os.path.relpath(best, run_dir), "monitor": monitor, "mode": mode,
-        "validation": validation, "test": test, "epochs": epochs, "train_seconds": round(seconds, 3),
+        "validation": validation, "test": test, "epochs": epochs, "best_epoch": checkpoint_epoch(best),
+        "train_seconds": round(seconds, 3),
         "resumed": resume_checkpoint is not None,
         "samples": {split: len(videos) for split, videos in data.splits.items()},
         "skipped_videos": data.skipped, "vocabulary": len(data.vocabulary),
@@ -149,7 +155,7 @@ def train_captioning(
         plot_learning_curves(run_dir, run_dir / "learning_curves.png")
     except (ValueError, ImportError):  # pragma: no cover
         pass
-    return RunResult(run_dir, best, validation, test, epochs, seconds, config)
+    return RunResult(run_dir, best, validation, test, epochs, seconds, config, checkpoint_epoch(best))
 
 
 def is_captioning_checkpoint(checkpoint: str | Path) -> bool:

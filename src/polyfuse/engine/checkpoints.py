@@ -37,6 +37,7 @@ __all__ = [
     "SafetensorsModelCheckpoint",
     "check_extras",
     "check_finite_state",
+    "checkpoint_epoch",
     "decode",
     "encode",
     "load_state",
@@ -148,6 +149,17 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         return decode(content, tensors)
     except KeyError as error:
         raise ValueError(f"{path}: the checkpoint refers to a missing tensor {error}") from None
+
+
+def checkpoint_epoch(path: str | Path) -> int | None:
+    """The epoch (counted from 1) after which a training checkpoint was saved, read from
+    its metadata alone (Lightning stores the 0-based ``epoch``); None if it has none."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            epoch = json.loads((handle.metadata() or {}).get("content", "{}")).get("epoch")
+    except (SafetensorError, OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return int(epoch) + 1 if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
 class SafetensorsCheckpointIO(CheckpointIO):

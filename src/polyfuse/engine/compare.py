@@ -130,7 +130,8 @@ def compare(
             }
             records.append(record)
             shown = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items() if "/" not in k)
-            progress(f"{entry.label} seed {config['seed']}: {shown} ({result.train_seconds:.1f} s, {result.epochs} epochs)")
+            trained = f"best epoch {result.best_epoch} of {result.epochs}" if result.best_epoch else f"{result.epochs} epochs"
+            progress(f"{entry.label} seed {config['seed']}: {shown} ({result.train_seconds:.1f} s, {trained})")
             _write_csv(out_dir / "runs.csv", records)
     monitor = monitor_of(base)[0].replace("/", "_")  # val/mae -> val_mae
     summary = summarise(records, validation_key=monitor)

@@ -41,6 +41,7 @@ from polyfuse.engine.build import build_data, build_task, build_trainer, monitor
 from polyfuse.engine.checkpoints import (
     check_extras,
     check_finite_state,
+    checkpoint_epoch,
     load_state,
     read_checkpoint,
 )
@@ -91,6 +92,8 @@ class RunResult:
     epochs: int
     train_seconds: float
     config: dict[str, Any] = field(default_factory=dict)
+    #: the epoch (from 1) whose weights the best checkpoint holds; ``epochs`` were trained
+    best_epoch: int | None = None
 
 
 def is_worker() -> bool:
@@ -317,7 +320,7 @@ def _train_in(
     if samples.get("test"):
         test = prefixed_metrics(trainer.test(task, datamodule=datamodule, ckpt_path=str(best), verbose=False), "test")
     epochs = int(trainer.current_epoch)
-    result = RunResult(run_dir, best, validation, test, epochs, seconds, config)
+    result = RunResult(run_dir, best, validation, test, epochs, seconds, config, checkpoint_epoch(best))
     if trainer.is_global_zero:
         monitor, mode = monitor_of(config)
         summary = {
@@ -327,6 +330,7 @@ def _train_in(
             "validation": validation,
             "test": test,
             "epochs": epochs,
+            "best_epoch": result.best_epoch,
             "train_seconds": round(seconds, 3),
             "resumed": resume_checkpoint is not None,
             "samples": samples,
@@ -467,6 +471,7 @@ def predict(
     split: str = "all",
     out: str | Path | None = None,
     modalities: Sequence[str] | None = None,
+    images: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Predictions of a checkpoint for the rows of a data source, optionally as a CSV.
 
@@ -475,9 +480,12 @@ def predict(
     (``prediction``; ``prediction_<target>`` for traits; ``prediction`` as the class
     value and ``prob_<class>`` for classification) and ``label`` when known.
     Captioning checkpoints: records ``id`` and ``caption``, written as JSON
-    ``{video_id: caption}``.
+    ``{video_id: caption}``. VQA checkpoints: ``source`` a questions file about the
+    images of ``images`` (:func:`polyfuse.engine.vqa_run.predict_vqa`).
     """
     if _captioning(checkpoint, source, modalities):
+        if images is not None:
+            raise ValueError("--images applies to a VQA checkpoint only")
         from polyfuse.engine.captioning_runs import predict_captioning
 
         captions = predict_captioning(checkpoint, split=split, out=out)
@@ -486,7 +494,9 @@ def predict(
     if extras["config"]["task"]["type"] == "vqa":
         from polyfuse.engine.vqa_run import predict_vqa
 
-        return predict_vqa(task, extras, split=split, out=out, source=source, modalities=modalities)
+        return predict_vqa(task, extras, split=split, out=out, source=source, modalities=modalities, images=images)
+    if images is not None:
+        raise ValueError("--images applies to a VQA checkpoint only")
     data = data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
     key = partition_key(data, split)
     datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])

@@ -4,8 +4,10 @@ and how a VQA checkpoint is loaded, evaluated and applied.
 A training run is the engine's (run directory, safetensors checkpoints, resume, early
 stopping on ``val/acc``, results.json); only the data module and the task differ. A
 checkpoint stores, beside the weights and the configuration, the word and answer
-vocabularies, the type names of the breakdown and the PCA of the image features, so
-that evaluation and prediction encode questions and images as in training.
+vocabularies, the type names of the breakdown, the PCA of the image features and how
+those features were made (extractor, image size), so that evaluation and prediction,
+on new images too (:mod:`polyfuse.engine.vqa_answer`), encode questions and images as
+in training.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from polyfuse.data.vqa_data import VQAData, VQADataModule, build_vqa_data
 from polyfuse.engine.build import _fusion_options, build_trainer
 from polyfuse.engine.rundir import atomic_temp_path
+from polyfuse.extract.images import feature_settings
 from polyfuse.tasks.vqa import VQATask, build_vqa_model
 
 __all__ = [
@@ -70,6 +73,8 @@ def vqa_run_parts(config: Mapping[str, Any]) -> tuple[VQADataModule, VQATask, di
         "input_dims": [data.image_dim, len(data.words)],
         "label_info": vocabulary,
         "stats": {},
+        # how the training image features were made: new images are extracted alike
+        "image_features": feature_settings(config["data"]["vqa"]["train_features"]),
     }
     datamodule = VQADataModule(
         data, batch_size=config["data"]["batch_size"], eval_batch_size=config["data"]["eval_batch_size"],
@@ -96,7 +101,10 @@ def vqa_data_for(extras: Mapping[str, Any], partitions: Sequence[str]) -> VQADat
 
 def _partitions(split: str, source: Any, modalities: Any) -> list[str]:
     if source is not None or modalities is not None:
-        raise ValueError("--data and --modalities do not apply to a VQA checkpoint: it reads its data.vqa section")
+        raise ValueError(
+            "--data and --modalities do not apply here to a VQA checkpoint: it reads its data.vqa section "
+            "(polyfuse predict answers new questions with --data QUESTIONS.json --images DIR)"
+        )
     if split == "all":
         return ["train", "valid", "test"]
     if split not in ("train", "valid", "test"):
@@ -129,14 +137,29 @@ PREDICTION_FIELDS = ("split", "question_id", "image_id", "question", "answer", "
 
 def predict_vqa(
     task: VQATask, extras: Mapping[str, Any], *, split: str = "test", out: str | Path | None = None,
-    source: Any = None, modalities: Any = None,
+    source: Any = None, modalities: Any = None, images: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """One record per question of ``split`` (``all``: train, valid and test): the
     :data:`PREDICTION_FIELDS`, i.e. the predicted ``answer`` and its sigmoid ``score``,
     its official VQA ``accuracy`` against the human answers and the question's ``type``;
-    optionally written as CSV to ``out``."""
-    keys = _partitions(split, source, modalities)
-    data = vqa_data_for(extras, keys)
+    optionally written as CSV to ``out``.
+
+    New questions: ``source`` a VQA questions file about the images of ``images`` (a
+    folder, extracted as the run's features were, or a features file;
+    :mod:`polyfuse.engine.vqa_answer`); their records have ``split`` ``new`` and no
+    ``accuracy`` or ``type``."""
+    if source is not None or images is not None:
+        from polyfuse.engine.vqa_answer import NEW_SPLIT, new_questions_data
+
+        if source is None or images is None or modalities is not None or split not in ("all", NEW_SPLIT):
+            raise ValueError(
+                "new questions for a VQA checkpoint take --data QUESTIONS.json and --images DIR (or a features "
+                "file), without --split or --modalities"
+            )
+        keys, data = [NEW_SPLIT], new_questions_data(extras, source, images)
+    else:
+        keys = _partitions(split, source, modalities)
+        data = vqa_data_for(extras, keys)
     module = VQADataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
     trainer = _trainer(extras["config"])
     records = []
@@ -152,7 +175,8 @@ def predict_vqa(
                     "question": question.question,
                     "answer": data.answers[answer],
                     "score": round(float(score), 6),
-                    "accuracy": float(part.answer_scores[row][part.answer_ids[row] == answer].sum()),
+                    "accuracy": float(part.answer_scores[row][part.answer_ids[row] == answer].sum())
+                    if question.answers else "",  # new questions have no human answers
                     "type": data.type_names[type_index] if type_index >= 0 else "",
                 })  # fmt: skip
     if out is not None:
