@@ -158,8 +158,8 @@ def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, im
         raise ValueError(f"{images}: image features of size {image_dim}, the checkpoint expects {extras['input_dims'][0]}")
     config = extras["config"]
     data = VQAData({}, list(vocabulary["words"]), list(vocabulary["answers"]), list(vocabulary["type_names"]), image_dim, pca)
-    section = config["data"]["vqa"]
-    data.partitions[NEW_SPLIT] = _split(
-        questions, features, data, int(section["max_length"]), section["breakdown"], f"questions of {questions_path}"
-    )
+    # new questions carry no answers, so the soft-score rule never applies; a checkpoint
+    # saved before data.vqa.soft_score existed was trained with min(n/3, 1)
+    section = {"soft_score": "min_third", **config["data"]["vqa"]}
+    data.partitions[NEW_SPLIT] = _split(questions, features, data, section, f"questions of {questions_path}")
     return data
