@@ -27,7 +27,7 @@ def _round_trip(tmp_path, model, settings: dict):
 
 def test_a_man_checkpoint_saved_before_the_layer_norm_loads_as_it_was(tmp_path):
     torch.manual_seed(0)
-    old = RetrievalModel(5, [5, 6], embed_dim=4, fusion="man", hidden_dim=8, man_layer_norm=False).eval()
+    old = RetrievalModel(5, [5, 6], embed_dim=4, fusion="man", hidden_dim=8).eval()  # MAN alone: no norm
     settings = asdict(RetrievalSettings(fusion="man", embed_dim=4, hidden_dim=8))
     del settings["man_layer_norm"]  # the settings of a checkpoint of an earlier polyfuse
     assert "video.fusion.output.weight" in old.state_dict()
@@ -38,5 +38,5 @@ def test_a_new_man_checkpoint_keeps_its_layer_norm(tmp_path):
     torch.manual_seed(0)
     new = RetrievalModel(5, [5, 6], embed_dim=4, fusion="gating+man", hidden_dim=8).eval()
     settings = asdict(RetrievalSettings(fusion="gating+man", embed_dim=4, hidden_dim=8))
-    assert "video.fused_output.0.weight" in new.state_dict()  # the LayerNorm
+    assert "video.fused_output.0.weight" in new.state_dict()  # the LayerNorm, on beside CE by default
     assert _round_trip(tmp_path, new, settings).video.man_layer_norm

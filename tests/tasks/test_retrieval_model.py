@@ -224,11 +224,17 @@ def test_man_output_ignores_the_scale_of_the_fused_vector():
     features, masks, present = _batch()
     for layer_norm, moves in ((True, False), (False, True)):
         torch.manual_seed(0)
-        encoder = ExpertVideoEncoder([5, 6], 7, fusion="man", hidden_dim=8, man_layer_norm=layer_norm).eval()
+        encoder = ExpertVideoEncoder([5, 6], 7, fusion="mean+man", hidden_dim=8, man_layer_norm=layer_norm).eval()
         with torch.no_grad():
             before = encoder(features, masks, present)
             for projection in encoder.fusion.layers[0].projections:
                 projection.weight[:8] *= 10  # the value rows U'_j (the first hidden_dim outputs)
                 projection.bias[:8] *= 10
-            change = float((encoder(features, masks, present) - before).abs().max())
+            change = float((encoder(features, masks, present) - before)[:, 7:].abs().max())  # MAN's half
         assert (change > 0.1) if moves else (change < 1e-3)
+
+
+def test_man_layer_norm_by_default_only_beside_an_additive_branch():
+    for fusion, expected in (("man", False), ("gating+man", True), ("mean+man", True)):
+        assert ExpertVideoEncoder([5, 6], 7, fusion=fusion, hidden_dim=8).man_layer_norm is expected
+        assert ExpertVideoEncoder([5, 6], 7, fusion=fusion, hidden_dim=8, man_layer_norm=not expected).man_layer_norm is (not expected)

@@ -58,9 +58,9 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     man.add_argument("--man-random-features", type=_size, default=None,
                      help="random features per head of had mode (default 64; the paper: 512)")
     man.add_argument("--man-chunks", type=int, default=None, help="LSC chunks (default 4; the paper: 10)")
-    man.add_argument("--man-layer-norm", action=argparse.BooleanOptionalAction, default=True,
-                     help="layer-normalise MAN's fused vector before its output map (default; "
-                     "--no-man-layer-norm: the earlier model, docs/RETRIEVAL.md)")
+    man.add_argument("--man-layer-norm", action=argparse.BooleanOptionalAction, default=None,
+                     help="layer-normalise MAN's fused vector before its output map (default: on for "
+                     "gating+man and mean+man, off for man; docs/RETRIEVAL.md)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -85,7 +85,7 @@ class RetrievalSettings:
     fusion_options: dict = field(default_factory=dict)
     text_lr: float | None = None  # None: the text encoder is frozen; else fine-tuned at this rate
     precision: str = "32-true"  # or "bf16-mixed": training steps under CPU bfloat16 autocast
-    man_layer_norm: bool = True  # LayerNorm on MAN's fused vector before its output map (False: older checkpoints)
+    man_layer_norm: bool | None = None  # LayerNorm on MAN's fused vector; None: on for gating+man, mean+man
 
 
 def shuffle_words(captions: Sequence[str], seed: int) -> list[str]:

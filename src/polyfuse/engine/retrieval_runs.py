@@ -204,8 +204,7 @@ def load_checkpoint(path: str | Path) -> tuple[RetrievalModel, dict]:
     """The model of a ``retrieval train`` checkpoint and the checkpoint's content."""
     saved = read_retrieval_checkpoint(path)
     try:
-        # a checkpoint saved before man_layer_norm existed has MAN's output map without it
-        s = RetrievalSettings(**{"man_layer_norm": False, **saved["settings"]})
+        s = RetrievalSettings(**saved["settings"])  # without man_layer_norm (older): None, off for man
         model = RetrievalModel(saved["text_dim"], saved["expert_dims"], embed_dim=s.embed_dim, fusion=s.fusion,
                                hidden_dim=s.hidden_dim, fusion_options=dict(s.fusion_options) or None,
                                man_layer_norm=s.man_layer_norm)

@@ -131,15 +131,17 @@ class ExpertVideoEncoder(nn.Module):
         fusion: str = "man",
         hidden_dim: int = 64,
         fusion_options: dict | None = None,
-        man_layer_norm: bool = True,
+        man_layer_norm: bool | None = None,
     ) -> None:
         super().__init__()
         if fusion not in VIDEO_FUSIONS:
             raise ValueError(f"unknown video fusion {fusion!r}; available: {', '.join(VIDEO_FUSIONS)}")
         self.expert_dims = [int(d) for d in expert_dims]
         self.fusion_name = fusion
-        self.man_layer_norm = man_layer_norm
         base, _, joint = fusion.partition("+")  # "gating+man": CE's representation and MAN's
+        # None: on where MAN is a branch beside an additive one (gating+man, mean+man), off
+        # for MAN alone (measured on MSVD: docs/RETRIEVAL.md, "MAN alone on MSVD")
+        self.man_layer_norm = bool(joint) if man_layer_norm is None else man_layer_norm
         if base != "mean" and len(self.expert_dims) < 2:
             raise ValueError(f"{fusion} fuses at least 2 experts, got {len(self.expert_dims)}")
         if base == "mean":
@@ -149,7 +151,7 @@ class ExpertVideoEncoder(nn.Module):
         if base in ("man", "concat") or joint == "man":
             self.absent = nn.ParameterList(nn.Parameter(torch.zeros(d)) for d in self.expert_dims)
             name = "man" if joint else base
-            if name == "man" and man_layer_norm:
+            if name == "man" and self.man_layer_norm:
                 # MAN's multilinear value (a product over the experts of projected steps) is
                 # ~10x smaller than an output bias at initialisation: layer-normalise it
                 # first (docs/RETRIEVAL.md, "Why MAN alone was unstable").
@@ -238,7 +240,7 @@ class RetrievalModel(nn.Module):
         fusion: str = "man",
         hidden_dim: int = 64,
         fusion_options: dict | None = None,
-        man_layer_norm: bool = True,
+        man_layer_norm: bool | None = None,
     ) -> None:
         super().__init__()
         self.gating = fusion in ("gating", "gating+man")
