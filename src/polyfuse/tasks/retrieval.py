@@ -22,6 +22,12 @@ Video side (MAN section 3.3): the experts are the modalities of a fusion module.
   on the pair, not on one vector per side, so it is left out here: an absent expert
   adds 0, and all scores stay dot products of one text and one video vector (the
   chunked ranking of :mod:`polyfuse.engine.retrieval` needs that).
+* ``"gating+man"``: MAN appendix H.2, the representation of collaborative gating with
+  MAN's unit vector concatenated; on the text side MAN's vector is one more expert of
+  the mixture. ``"mean+man"``: the mean of experts and MAN, each a unit vector, weighed
+  equally. In both MAN's fused vector is layer-normalised before its output map (its
+  value, a product over the experts, is otherwise ~10x smaller than the map's bias at
+  initialisation and every video starts with the same direction).
 
 A video that lacks expert j (``present[:, j]`` False): its steps of expert j are masked,
 never read. MAN's joint attention is undefined over an empty modality (it refuses it),
