@@ -164,3 +164,20 @@ def test_unknown_training_precision_is_refused():
 
     with pytest.raises(ValueError, match=r"unknown precision '16-mixed'; expected one of 32-true, bf16-mixed"):
         training_autocast("16-mixed")
+
+
+def test_paper_man_options_reach_the_saved_model(tmp_path, capsys):
+    """--fusion gating+man with MAN's sizes: the checkpoint rebuilds a MAN of 2 heads and
+    3 LSC chunks beside CE's gating, with its layer norm (on by default there)."""
+    from polyfuse.engine.retrieval_runs import load_checkpoint
+
+    _, common = _files(tmp_path)
+    out = tmp_path / "joint"
+    assert main(["retrieval", "train", *common, "--fusion", "gating+man", "--hidden-dim", "8", "--man-heads", "2",
+                 "--man-chunks", "3", "--man-random-features", "5", "--embed-dim", "4", "--seeds", "0",
+                 "--epochs", "1", "--out", str(out)]) == 0
+    model, saved = load_checkpoint(out / "seed0.safetensors")
+    assert saved["settings"]["fusion_options"] == {"heads": 2, "num_random_features": 5, "chunks": 3}
+    layer = model.video.fusion.layers[0]
+    assert (layer.heads, layer.chunks, layer.random_matrix.shape[1]) == (2, 3, 5)
+    assert model.video.man_layer_norm and hasattr(model.video, "gating")

@@ -8,6 +8,7 @@ import torch
 from polyfuse.metrics.retrieval import (
     chance_recall,
     query_targets,
+    ranks_from_scores,
     retrieval_metrics,
     retrieval_ranks,
 )
@@ -90,3 +91,53 @@ def test_bad_input_names_the_id():
         query_targets(["a"], ["a", ""])
     with pytest.raises(ValueError, match="queries is empty"):
         retrieval_ranks(torch.zeros(0, 3), torch.ones(2, 3), torch.zeros(0, 2, dtype=torch.bool))
+
+
+def _three_by_three_scores(value: float, row: int, column: int) -> torch.Tensor:
+    scores = torch.tensor([[0.9, 0.1, 0.2], [0.3, 0.8, 0.1], [0.2, 0.4, 0.7]])
+    scores[row, column] = value
+    return scores
+
+
+@pytest.mark.parametrize(
+    ("value", "row", "column"),
+    [
+        (float("nan"), 1, 1),  # at the correct item: ranked 1 (a hit) before the check
+        (float("nan"), 2, 0),  # at a wrong item: silently not counted above the correct one
+        (float("inf"), 0, 2),
+    ],
+)
+def test_ranks_from_scores_refuses_non_finite_scores_naming_where(value, row, column):
+    scores = _three_by_three_scores(value, row, column)
+    expected = rf"1 non-finite value \(NaN or Inf\) in the scores; the first is {value} at query {row}, item {column}"
+    with pytest.raises(ValueError, match=expected):
+        ranks_from_scores(scores, torch.eye(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=expected):
+        ranks_from_scores(scores, torch.arange(3))
+
+
+def test_ranks_from_scores_counts_every_non_finite_score_and_names_the_first():
+    scores = _three_by_three_scores(float("nan"), 2, 2)
+    scores[1, 2] = float("-inf")
+    with pytest.raises(ValueError, match=r"^2 non-finite values .* the first is -inf at query 1, item 2$"):
+        ranks_from_scores(scores, torch.eye(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize(("side", "row"), [("queries", 1), ("gallery", 1), ("gallery", 2)])
+def test_retrieval_ranks_refuses_nan_embeddings_naming_where(side, row):
+    # query 1's correct item is gallery item 1 (a NaN there was rank 1); gallery 2 is a wrong item
+    queries, gallery = torch.eye(3), torch.eye(3)
+    {"queries": queries, "gallery": gallery}[side][row, 0] = float("nan")
+    with pytest.raises(ValueError, match=rf"^1 non-finite value \(NaN or Inf\) in {side}; the first is nan at row {row}, column 0$"):
+        retrieval_ranks(queries, gallery, torch.eye(3, dtype=torch.bool))
+
+
+def test_retrieval_ranks_refuses_scores_that_overflow_to_inf_across_chunks():
+    # finite embeddings whose inner products overflow float32 (1e20 * 1e20 = 1e40 > 3.4e38)
+    queries = torch.tensor([[1.0, 0.0], [0.0, 1e20], [0.0, -1e20]])
+    gallery = torch.tensor([[1.0, 0.0], [0.0, 1e20]])
+    targets = torch.tensor([0, 1, 1])
+    expected = r"^2 non-finite values \(NaN or Inf\) in the scores; the first is inf at query 1, item 1$"
+    for chunk in (1, 2, 3):  # the count covers the later chunks too
+        with pytest.raises(ValueError, match=expected):
+            retrieval_ranks(queries, gallery, targets, chunk_size=chunk)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 # polyfuse.tasks.retrieval.VIDEO_FUSIONS and polyfuse.engine.retrieval.LOOP_PRECISIONS,
 # written out: the parser must not import torch
-FUSIONS = ("man", "concat", "mean", "gating")
+FUSIONS = ("man", "concat", "mean", "gating", "gating+man", "mean+man")
 PRECISIONS = ("32-true", "bf16-mixed")
 _PRECISION_HELP = "32-true (default) or bf16-mixed: training steps under CPU bfloat16 autocast"
 
@@ -53,6 +53,14 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fine-tune the text encoder (MiniLM or word vectors) at this learning rate "
                         "(default: frozen)")
     parser.add_argument("--precision", choices=PRECISIONS, default="32-true", help=_PRECISION_HELP)
+    man = parser.add_argument_group("MAN (fusions man, gating+man, mean+man)")
+    man.add_argument("--man-heads", type=_size, default=None, help="heads (default 4; the paper's retrieval: 8)")
+    man.add_argument("--man-random-features", type=_size, default=None,
+                     help="random features per head of had mode (default 64; the paper: 512)")
+    man.add_argument("--man-chunks", type=int, default=None, help="LSC chunks (default 4; the paper: 10)")
+    man.add_argument("--man-layer-norm", action=argparse.BooleanOptionalAction, default=None,
+                     help="layer-normalise MAN's fused vector before its output map (default: on for "
+                     "gating+man and mean+man, off for man; docs/RETRIEVAL.md)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -110,9 +118,14 @@ def _corpus(args: argparse.Namespace):
 def _settings(args: argparse.Namespace, fusion: str):
     from polyfuse.engine.retrieval import RetrievalSettings
 
+    man_options = {"heads": args.man_heads, "num_random_features": args.man_random_features,
+                   "chunks": args.man_chunks}
     return RetrievalSettings(fusion=fusion, embed_dim=args.embed_dim, hidden_dim=args.hidden_dim,
                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
-                             margin=args.margin, text_lr=args.text_lr, precision=args.precision)
+                             margin=args.margin, text_lr=args.text_lr, precision=args.precision,
+                             man_layer_norm=args.man_layer_norm,
+                             fusion_options={k: v for k, v in man_options.items()
+                                             if v is not None and "man" in fusion.split("+")})
 
 
 def _references(args: argparse.Namespace, corpus, split) -> dict | None:

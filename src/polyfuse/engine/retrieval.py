@@ -85,6 +85,7 @@ class RetrievalSettings:
     fusion_options: dict = field(default_factory=dict)
     text_lr: float | None = None  # None: the text encoder is frozen; else fine-tuned at this rate
     precision: str = "32-true"  # or "bf16-mixed": training steps under CPU bfloat16 autocast
+    man_layer_norm: bool | None = None  # LayerNorm on MAN's fused vector; None: on for gating+man, mean+man
 
 
 def shuffle_words(captions: Sequence[str], seed: int) -> list[str]:
@@ -240,11 +241,11 @@ def train_retrieval(
     seed_everything(seed)
     expert_dims = [e.dim for e in train.experts.values()]
     options = dict(settings.fusion_options)
-    if settings.fusion == "man":
+    if "man" in settings.fusion.split("+"):
         options.setdefault("seed", seed)
     model = RetrievalModel(
         train_text.shape[1], expert_dims, embed_dim=settings.embed_dim, fusion=settings.fusion,
-        hidden_dim=settings.hidden_dim, fusion_options=options,
+        hidden_dim=settings.hidden_dim, fusion_options=options, man_layer_norm=settings.man_layer_norm,
     )
     optimizer = torch.optim.AdamW(parameter_groups(model, encoder, settings.text_lr), lr=settings.lr,
                                   weight_decay=settings.weight_decay)

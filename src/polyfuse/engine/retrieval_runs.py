@@ -204,9 +204,10 @@ def load_checkpoint(path: str | Path) -> tuple[RetrievalModel, dict]:
     """The model of a ``retrieval train`` checkpoint and the checkpoint's content."""
     saved = read_retrieval_checkpoint(path)
     try:
-        s = RetrievalSettings(**saved["settings"])
+        s = RetrievalSettings(**saved["settings"])  # without man_layer_norm (older): None, off for man
         model = RetrievalModel(saved["text_dim"], saved["expert_dims"], embed_dim=s.embed_dim, fusion=s.fusion,
-                               hidden_dim=s.hidden_dim, fusion_options=dict(s.fusion_options) or None)
+                               hidden_dim=s.hidden_dim, fusion_options=dict(s.fusion_options) or None,
+                               man_layer_norm=s.man_layer_norm)
         model.load_state_dict(saved["state"])
     except (TypeError, RuntimeError) as error:
         raise ValueError(f"{path}: the checkpoint does not rebuild its model: {error}") from None

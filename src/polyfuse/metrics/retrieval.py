@@ -11,6 +11,9 @@ Ties are broken **pessimistically**: a wrong item whose score equals the best
 correct score is counted as ranked above it, so a model that gives every item the
 same score gets rank G - (number of correct items) + 1, never a lucky rank 1.
 
+A non-finite score (NaN or Inf) is refused with a ValueError naming its query and
+item and the count, never ranked: a NaN at the correct item would otherwise be rank 1.
+
 The similarity matrix is never held whole: :func:`retrieval_ranks` walks the
 queries in chunks of ``chunk_size`` rows, so its peak extra memory is
 ``chunk_size x G`` scores (4 bytes each in float32), linear in the chunk.
@@ -44,13 +47,37 @@ def _check_embeddings(queries: object, gallery: object) -> tuple[Tensor, Tensor]
             raise ValueError(f"{name} must be a (N, d) float tensor")
         if value.shape[0] == 0:
             raise ValueError(f"{name} is empty")
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{name} has non-finite values")
+        _check_finite(value, where=name, row_name="row", column_name="column")
     if queries.shape[1] != gallery.shape[1]:
         raise ValueError(
             f"queries have size {queries.shape[1]} but gallery items have {gallery.shape[1]}"
         )
     return queries, gallery
+
+
+def _check_finite(
+    values: Tensor,
+    *,
+    where: str = "the scores",
+    row_name: str = "query",
+    column_name: str = "item",
+    row_offset: int = 0,
+    more_bad: int = 0,
+) -> None:
+    """Raise a ValueError naming the first non-finite (NaN or +-Inf) entry of a 2-d
+    tensor (its row, counted from ``row_offset``, and column) and how many there are
+    (``more_bad`` are counted elsewhere, e.g. in later chunks). A NaN score would
+    otherwise rank silently: ``NaN >= x`` is False, so a NaN at the correct item
+    counts no wrong item above it and becomes rank 1."""
+    bad = ~torch.isfinite(values)
+    if not bool(bad.any()):
+        return
+    row, column = (int(i) for i in bad.nonzero()[0])  # first in row-major order
+    count = int(bad.sum()) + more_bad
+    raise ValueError(
+        f"{count} non-finite value{'s' if count != 1 else ''} (NaN or Inf) in {where}; the first is "
+        f"{float(values[row, column])} at {row_name} {row + row_offset}, {column_name} {column}"
+    )
 
 
 def chunked_similarity(queries: Tensor, gallery: Tensor, *, chunk_size: int = 1024):
@@ -125,7 +152,11 @@ def retrieval_ranks(
         if missing.numel():
             raise ValueError(f"queries {missing[:10].tolist()} have no correct gallery item")
     ranks = torch.empty(queries.shape[0], dtype=torch.long)
-    for start, scores in chunked_similarity(queries, gallery, chunk_size=chunk_size):
+    blocks = chunked_similarity(queries, gallery, chunk_size=chunk_size)
+    for start, scores in blocks:
+        if not bool(torch.isfinite(scores).all()):  # finite embeddings can still overflow
+            later = sum(int((~torch.isfinite(block)).sum()) for _, block in blocks)
+            _check_finite(scores, row_offset=start, more_bad=later)
         ranks[start : start + scores.shape[0]] = ranks_from_scores(scores, targets[start : start + scores.shape[0]])
     return ranks
 
@@ -133,7 +164,11 @@ def retrieval_ranks(
 def ranks_from_scores(scores: Tensor, targets: Tensor) -> Tensor:
     """Ranks (Q,) from a (Q, G) block of scores (any scorer, e.g. a cross-encoder) and
     its (Q, G) bool targets, or (Q,) int64 indices of the one correct item per query;
-    pessimistic ties as in :func:`retrieval_ranks`."""
+    pessimistic ties as in :func:`retrieval_ranks`. Raises a ValueError naming the
+    query (row) and item (column) of the first non-finite score and their count."""
+    if not isinstance(scores, Tensor) or not scores.is_floating_point() or scores.dim() != 2:
+        raise ValueError("scores must be a (Q, G) float tensor")
+    _check_finite(scores)
     if targets.dtype == torch.long:  # one correct item: no (Q, G) target matrix
         best = scores.gather(1, targets.to(scores.device).view(-1, 1))
         return (scores >= best).sum(dim=1).cpu()  # the item itself + the wrong items tied or above

@@ -22,6 +22,12 @@ Video side (MAN section 3.3): the experts are the modalities of a fusion module.
   on the pair, not on one vector per side, so it is left out here: an absent expert
   adds 0, and all scores stay dot products of one text and one video vector (the
   chunked ranking of :mod:`polyfuse.engine.retrieval` needs that).
+* ``"gating+man"``: MAN appendix H.2, the representation of collaborative gating with
+  MAN's unit vector concatenated; on the text side MAN's vector is one more expert of
+  the mixture. ``"mean+man"``: the mean of experts and MAN, each a unit vector, weighed
+  equally. In both MAN's fused vector is layer-normalised before its output map (its
+  value, a product over the experts, is otherwise ~10x smaller than the map's bias at
+  initialisation and every video starts with the same direction).
 
 A video that lacks expert j (``present[:, j]`` False): its steps of expert j are masked,
 never read. MAN's joint attention is undefined over an empty modality (it refuses it),
@@ -38,6 +44,7 @@ matching choice. Both embeddings are L2-normalised: scores are cosines.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -51,7 +58,7 @@ __all__ = [
     "RetrievalModel",
 ]
 
-VIDEO_FUSIONS = ("man", "concat", "mean", "gating")
+VIDEO_FUSIONS = ("man", "concat", "mean", "gating", "gating+man", "mean+man")
 
 
 class GatedEmbeddingUnit(nn.Module):
@@ -130,31 +137,49 @@ class ExpertVideoEncoder(nn.Module):
         fusion: str = "man",
         hidden_dim: int = 64,
         fusion_options: dict | None = None,
+        man_layer_norm: bool | None = None,
     ) -> None:
         super().__init__()
         if fusion not in VIDEO_FUSIONS:
             raise ValueError(f"unknown video fusion {fusion!r}; available: {', '.join(VIDEO_FUSIONS)}")
         self.expert_dims = [int(d) for d in expert_dims]
         self.fusion_name = fusion
-        if fusion == "mean":
+        base, _, joint = fusion.partition("+")  # "gating+man": CE's representation and MAN's
+        # None: on where MAN is a branch beside an additive one (gating+man, mean+man), off
+        # for MAN alone (measured on MSVD: docs/RETRIEVAL.md, "MAN alone on MSVD")
+        self.man_layer_norm = bool(joint) if man_layer_norm is None else man_layer_norm
+        if base != "mean" and len(self.expert_dims) < 2:
+            raise ValueError(f"{fusion} fuses at least 2 experts, got {len(self.expert_dims)}")
+        if base == "mean":
             self.projections = nn.ModuleList(nn.Linear(d, embed_dim) for d in self.expert_dims)
-        elif fusion == "gating":
-            if len(self.expert_dims) < 2:
-                raise ValueError(f"gating needs at least 2 experts, got {len(self.expert_dims)}")
+        elif base == "gating":
             self.gating = CollaborativeGating(self.expert_dims, embed_dim)
-        else:
-            if len(self.expert_dims) < 2:
-                raise ValueError(f"{fusion} fuses at least 2 experts, got {len(self.expert_dims)}")
+        if base in ("man", "concat") or joint == "man":
             self.absent = nn.ParameterList(nn.Parameter(torch.zeros(d)) for d in self.expert_dims)
-            self.fusion = pnn.create(
-                fusion, input_dims=self.expert_dims, out_dim=embed_dim, hidden_dim=hidden_dim,
-                **(fusion_options or {}),
-            )
+            name = "man" if joint else base
+            if name == "man" and self.man_layer_norm:
+                # MAN's multilinear value (a product over the experts of projected steps) is
+                # ~10x smaller than an output bias at initialisation: layer-normalise it
+                # first (docs/RETRIEVAL.md, "Why MAN alone was unstable").
+                self.fusion = pnn.create(
+                    name, input_dims=self.expert_dims, out_dim=hidden_dim, hidden_dim=hidden_dim,
+                    **(fusion_options or {}),
+                )
+                self.fused_output = nn.Sequential(nn.LayerNorm(hidden_dim), nn.Linear(hidden_dim, embed_dim))
+            else:
+                self.fusion = pnn.create(
+                    name, input_dims=self.expert_dims, out_dim=embed_dim, hidden_dim=hidden_dim,
+                    **(fusion_options or {}),
+                )
+                self.fused_output = nn.Identity()
 
     def forward(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
         """Args: ``features`` m tensors (B, T_j, d_j); ``masks`` m (B, T_j) bool;
         ``present`` (B, m) bool. Returns (B, D), L2-normalised; for ``gating``
-        (B, m * D), one unit vector per expert the video has (zeros for the others)."""
+        (B, m * D), one unit vector per expert the video has (zeros for the others);
+        for ``gating+man`` (B, (m + 1) * D), those and MAN's unit vector; for
+        ``mean+man`` (B, 2 D), the unit vectors of the mean of experts and of MAN, each
+        divided by sqrt(2) (a unit vector in all)."""
         if len(features) != len(self.expert_dims) or len(masks) != len(features):
             raise ValueError(f"expected {len(self.expert_dims)} experts, got {len(features)}")
         if present.shape != (features[0].shape[0], len(features)):
@@ -162,25 +187,40 @@ class ExpertVideoEncoder(nn.Module):
         if not bool(present.any(dim=1).all()):
             raise ValueError("a video of the batch has no expert at all")
         if self.fusion_name == "gating":
-            masks = [m & present[:, j].unsqueeze(1) for j, m in enumerate(masks)]  # an absent expert is never read
-            return self.gating(features, masks, present)
+            return self._gating(features, masks, present)
         if self.fusion_name == "mean":
-            pooled = torch.stack(
-                [proj(masked_mean(x, m)) for proj, x, m in zip(self.projections, features, masks, strict=True)],
-                dim=1,
-            )  # (B, m, D)
-            weights = present.to(pooled.dtype).unsqueeze(-1)
-            fused = (pooled * weights).sum(1) / weights.sum(1)
-        else:
-            inputs, input_masks = [], []
-            for j, (x, m) in enumerate(zip(features, masks, strict=True)):
-                here = present[:, j]
-                m = m & here.unsqueeze(1)  # an absent expert's steps are never read
-                absent_step = self.absent[j].to(x.dtype).expand(x.shape[0], 1, -1)
-                inputs.append(torch.cat((absent_step, x), dim=1))
-                input_masks.append(torch.cat(((~here).unsqueeze(1), m), dim=1))
-            fused = self.fusion(inputs, input_masks)
-        return nn.functional.normalize(fused, dim=-1)
+            return nn.functional.normalize(self._mean(features, masks, present), dim=-1)
+        if self.fusion_name == "gating+man":  # MAN appendix H.2: concatenated with CE's
+            return torch.cat((self._gating(features, masks, present), self._joint(features, masks, present)), -1)
+        if self.fusion_name == "mean+man":
+            both = (nn.functional.normalize(self._mean(features, masks, present), dim=-1),
+                    self._joint(features, masks, present))
+            return torch.cat(both, -1) / math.sqrt(2)
+        return self._joint(features, masks, present)
+
+    def _gating(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
+        masks = [m & present[:, j].unsqueeze(1) for j, m in enumerate(masks)]  # an absent expert is never read
+        return self.gating(features, masks, present)
+
+    def _mean(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
+        pooled = torch.stack(
+            [proj(masked_mean(x, m)) for proj, x, m in zip(self.projections, features, masks, strict=True)],
+            dim=1,
+        )  # (B, m, D)
+        weights = present.to(pooled.dtype).unsqueeze(-1)
+        return (pooled * weights).sum(1) / weights.sum(1)
+
+    def _joint(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
+        """MAN or Concat over all experts, an absent expert as its learned absent step:
+        (B, D) unit vectors."""
+        inputs, input_masks = [], []
+        for j, (x, m) in enumerate(zip(features, masks, strict=True)):
+            here = present[:, j]
+            m = m & here.unsqueeze(1)  # an absent expert's steps are never read
+            absent_step = self.absent[j].to(x.dtype).expand(x.shape[0], 1, -1)
+            inputs.append(torch.cat((absent_step, x), dim=1))
+            input_masks.append(torch.cat(((~here).unsqueeze(1), m), dim=1))
+        return nn.functional.normalize(self.fused_output(self.fusion(inputs, input_masks)), dim=-1)
 
 
 class RetrievalModel(nn.Module):
@@ -188,7 +228,13 @@ class RetrievalModel(nn.Module):
 
     Args:
         text_dim: d_t of the sentence vectors. expert_dims, embed_dim, fusion,
-        hidden_dim, fusion_options: of :class:`ExpertVideoEncoder`.
+        hidden_dim, fusion_options, man_layer_norm: of :class:`ExpertVideoEncoder`.
+
+    Text side: ``gating`` has CE's expert text head over the m experts, ``gating+man``
+    over m + 1 (MAN's vector is one more expert, with its own gated embedding unit and
+    mixture weight), ``mean+man`` two linear maps, each to a unit vector, concatenated
+    and divided by sqrt(2) (the score is the mean of the two cosines: MAN appendix H.2
+    weighs the branches equally); the others one linear map to a unit vector.
     """
 
     def __init__(
@@ -200,22 +246,29 @@ class RetrievalModel(nn.Module):
         fusion: str = "man",
         hidden_dim: int = 64,
         fusion_options: dict | None = None,
+        man_layer_norm: bool | None = None,
     ) -> None:
         super().__init__()
-        self.gating = fusion == "gating"
+        self.gating = fusion in ("gating", "gating+man")
+        self.branches = 2 if fusion == "mean+man" else 1
         self.text_head = (
-            ExpertTextHead(text_dim, len(expert_dims), embed_dim) if self.gating else nn.Linear(text_dim, embed_dim)
+            ExpertTextHead(text_dim, len(expert_dims) + (fusion == "gating+man"), embed_dim)
+            if self.gating
+            else nn.Linear(text_dim, self.branches * embed_dim)
         )
         self.video = ExpertVideoEncoder(
-            expert_dims, embed_dim, fusion=fusion, hidden_dim=hidden_dim, fusion_options=fusion_options
+            expert_dims, embed_dim, fusion=fusion, hidden_dim=hidden_dim, fusion_options=fusion_options,
+            man_layer_norm=man_layer_norm,
         )
 
     def embed_texts(self, sentence_vectors: Tensor) -> Tensor:
         """(B, d_t) -> (B, D) unit vectors; for ``gating`` (B, m * D), the mixture-weighted
-        per-expert unit vectors, so that a dot product with a video is CE's score."""
+        per-expert unit vectors, so that a dot product with a video is CE's score
+        (``gating+man``: (B, (m + 1) D)); for ``mean+man`` (B, 2 D)."""
         if self.gating:
             return self.text_head(sentence_vectors)
-        return nn.functional.normalize(self.text_head(sentence_vectors), dim=-1)
+        branches = self.text_head(sentence_vectors).unflatten(-1, (self.branches, -1))
+        return nn.functional.normalize(branches, dim=-1).flatten(-2) / math.sqrt(self.branches)
 
     def embed_videos(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
         return self.video(features, masks, present)
