@@ -65,6 +65,7 @@ def build_captioning_task(
         model, vocabulary, lr=config["optim"]["lr"], weight_decay=config["optim"]["weight_decay"],
         label_smoothing=config["task"]["label_smoothing"], beam_size=section["beam_size"],
         max_length=section["max_length"], length_penalty=section["length_penalty"], meteor=section["meteor"],
+        allow_unknown=section["allow_unknown"],
     )
 
 

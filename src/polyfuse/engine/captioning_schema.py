@@ -61,6 +61,9 @@ class CaptioningConfig(_Section):
     length_penalty: Annotated[float, Field(ge=0.0)] = Field(
         1.0, description="length normalisation: score / length ** length_penalty (0: none)"
     )
+    allow_unknown: bool = Field(
+        False, description="let beam search generate <unk> (default: never; the softmax is over the other words)"
+    )
     meteor: bool = Field(True, description="score METEOR at test time (needs Java)")
 
     @field_validator("features")

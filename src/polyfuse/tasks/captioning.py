@@ -7,7 +7,8 @@ attention orders, exact or low-rank HOCA, or the mean-pooled baseline).
 :class:`CaptioningTask`: teacher-forced cross-entropy per token (HOCA Eq. 24, label
 smoothing optional; the paper uses neither label smoothing nor scheduled sampling,
 so teacher forcing is all there is), Adam(W); validation logs the teacher-forced
-loss; test decodes every test video with beam search and logs BLEU-1..4, METEOR,
+loss; test decodes every test video with beam search (``<unk>`` never generated
+unless ``allow_unknown``) and logs BLEU-1..4, METEOR,
 ROUGE-L and CIDEr-D (pycocoevalcap) and the loss. Logged keys: ``train/loss``,
 ``val/loss``, ``test/loss``, ``test/BLEU-4``, ...
 """
@@ -21,7 +22,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from polyfuse.data.formats.captioning import Vocabulary
+from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary
 from polyfuse.metrics.captioning import caption_metrics
 from polyfuse.nn.beam_search import Generated, beam_search
 from polyfuse.nn.decoding import CaptionDecoder, caption_cross_entropy
@@ -82,11 +83,12 @@ class CaptioningTask(L.LightningModule):
     def __init__(
         self, model: VideoCaptioner, vocabulary: Vocabulary, *, lr: float = 1e-3, weight_decay: float = 0.0,
         label_smoothing: float = 0.0, beam_size: int = 5, max_length: int = 20, length_penalty: float = 1.0,
-        meteor: bool = True,
+        meteor: bool = True, allow_unknown: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
         self.vocabulary = vocabulary
+        self.allow_unknown = bool(allow_unknown)
         self.lr, self.weight_decay, self.label_smoothing = float(lr), float(weight_decay), float(label_smoothing)
         self.beam_size, self.max_length, self.length_penalty = int(beam_size), int(max_length), float(length_penalty)
         self.meteor = bool(meteor)
@@ -112,12 +114,18 @@ class CaptioningTask(L.LightningModule):
     # ---- generation ---------------------------------------------------------------
     @torch.no_grad()
     def generate(self, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> Generated:
-        """Beam search (``beam_size``, ``max_length``, ``length_penalty``) for a batch of videos."""
+        """Beam search (``beam_size``, ``max_length``, ``length_penalty``) for a batch of videos;
+        ``<unk>`` is never generated unless ``allow_unknown``."""
         return beam_search(
             self.model.decoder, self.model.encode(inputs, masks), masks,
             begin_index=self.vocabulary.begin, end_index=self.vocabulary.end, beam_size=self.beam_size,
-            max_length=self.max_length, length_penalty=self.length_penalty,
+            max_length=self.max_length, length_penalty=self.length_penalty, banned_tokens=self.banned_tokens,
         )
+
+    @property
+    def banned_tokens(self) -> list[int]:
+        """Ids never generated besides padding and begin: ``<unk>`` unless ``allow_unknown``."""
+        return [] if self.allow_unknown else [self.vocabulary.index[UNKNOWN]]
 
     def _decode_batch(self, batch: Mapping[str, Any]) -> dict[str, str]:
         generated = self.generate(batch["inputs"], batch["masks"])
