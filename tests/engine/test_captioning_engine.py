@@ -128,3 +128,30 @@ def test_trains_in_bf16_mixed(tmp_path: Path, training_witness) -> None:
     result = train(config, run_dir=tmp_path / "run", callbacks=[training_witness])
     training_witness.assert_trained()
     assert all(np.isfinite(value) for value in result.test.values())
+
+
+def test_a_checkpoint_from_before_the_bilstm_encoder_still_loads(tmp_path: Path, caplog) -> None:
+    """A 0.2.0 checkpoint (tanh(linear) encoders, no decoder.encoder key) is built with the
+    linear encoder it was trained with, and the changed defaults are named in warnings."""
+    import logging
+
+    from polyfuse.engine.captioning_runs import evaluate_captioning
+    from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
+
+    _write_data(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(_config(tmp_path)), "--out", str(run), "--set", "trainer.max_epochs=1",
+                 "--set", "decoder.encoder=linear"]) == 0
+    new = run / json.loads((run / "results.json").read_text())["best_checkpoint"]
+    checkpoint = read_checkpoint(new)
+    assert "model.encoders.0.0.weight" in checkpoint["state_dict"]
+    config = checkpoint["polyfuse"]["config"]
+    del config["decoder"]["encoder"], config["captioning"]["allow_unknown"]
+    config["polyfuse_version"] = "0.2.0"
+    old = tmp_path / "old.safetensors"
+    write_checkpoint(checkpoint, old)
+    with caplog.at_level(logging.WARNING, logger="polyfuse.engine.compat"):
+        scores = evaluate_captioning(old)
+    keys = sorted(r.getMessage().split("default of ")[1].split(",")[0] for r in caplog.records)
+    assert keys == ["captioning.allow_unknown", "decoder.encoder"]
+    assert scores == pytest.approx(evaluate_captioning(new), abs=1e-9)

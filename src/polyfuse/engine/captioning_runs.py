@@ -24,6 +24,7 @@ from polyfuse.data.captioning import CaptioningData, CaptioningDataModule, prepa
 from polyfuse.engine.build import build_trainer, monitor_of
 from polyfuse.engine.captioning_schema import variant_settings
 from polyfuse.engine.checkpoints import check_finite_state, load_state, read_checkpoint
+from polyfuse.engine.compat import defaults_then, warn_default_changes
 from polyfuse.engine.config import dump_config, resolve_config
 from polyfuse.engine.errors import RunInterrupted
 from polyfuse.engine.rundir import atomic_write_text
@@ -59,7 +60,7 @@ def build_captioning_task(
         input_dims, len(vocabulary), orders=orders, low_rank=low_rank, max_lengths=max_lengths,
         feature_dim=decoder["feature_dim"], embed_dim=decoder["embed_dim"], hidden_dim=decoder["hidden_dim"],
         attention_dim=decoder["attention_dim"], rank=decoder["rank"], combination=decoder["combination"],
-        dropout=decoder["dropout"],
+        dropout=decoder["dropout"], encoder=decoder["encoder"],
     )
     return CaptioningTask(
         model, vocabulary, lr=config["optim"]["lr"], weight_decay=config["optim"]["weight_decay"],
@@ -80,7 +81,7 @@ def _extras(config: Mapping[str, Any], data: CaptioningData) -> dict[str, Any]:
 def _check_resume(path: Path, task: CaptioningTask, config: Mapping[str, Any]) -> None:
     checkpoint = read_checkpoint(path)
     extras = checkpoint.get("polyfuse") or {}
-    saved = resolve_config(extras.get("config") or {})
+    saved = resolve_config(defaults_then(extras.get("config") or {}))
     if saved.get("decoder") != config["decoder"]:
         raise ValueError(f"cannot resume from {path}: it was trained with another decoder configuration")
     state = checkpoint.get("state_dict") or {}
@@ -163,7 +164,9 @@ def load_captioning_model(checkpoint: str | Path) -> tuple[CaptioningTask, dict[
     from polyfuse.data.formats.captioning import Vocabulary
 
     state, extras = load_state(checkpoint)
-    config = resolve_config(extras["config"])
+    # An older checkpoint is built as its version built it (e.g. decoder.encoder: linear before 0.3.0).
+    warn_default_changes(extras["config"], origin=str(checkpoint))
+    config = resolve_config(defaults_then(extras["config"]))
     info = extras["label_info"]
     task = build_captioning_task(config, extras["input_dims"], info["max_lengths"], Vocabulary(info["vocabulary"]))
     try:

@@ -80,8 +80,11 @@ class DecoderConfig(_Section):
     variant: Literal[tuple(VARIANTS)] = Field(  # type: ignore[valid-type]
         "HOCA-UBT", description="mean-pool | HOCA-U | HOCA-B | L-HOCA-B | HOCA-T | L-HOCA-T | HOCA-UB | L-HOCA-UB | HOCA-UBT | L-HOCA-UBT"
     )
+    encoder: Literal["bilstm", "linear"] = Field(
+        "bilstm", description="per-modality encoder: bilstm (the paper's Bi-LSTM, both directions concatenated) | linear (tanh(linear))"
+    )
     feature_dim: SizeInt | None = Field(
-        128, description="per-modality tanh(linear) encoder output (null: raw features)"
+        128, description="encoder size: bilstm hidden size per direction (output 2x), linear output size (null: raw features; paper: 512)"
     )
     embed_dim: SizeInt = Field(128, description="word embedding size (paper: 300)")
     hidden_dim: SizeInt = Field(256, description="LSTM hidden size (paper: 512)")
