@@ -7,7 +7,12 @@ import pytest
 import yaml
 
 from polyfuse import __version__
-from polyfuse.engine.compat import DEFAULT_CHANGES, default_change_warnings, defaults_then, parse_version
+from polyfuse.engine.compat import (
+    DEFAULT_CHANGES,
+    default_change_warnings,
+    defaults_then,
+    parse_version,
+)
 from polyfuse.engine.config import resolve_config
 from polyfuse.engine.run import load_model, train
 
