@@ -35,9 +35,11 @@ __all__ = [
     "build_captioning_data",
     "build_captioning_task",
     "evaluate_captioning",
+    "initialise_word_embeddings",
     "is_captioning_checkpoint",
     "load_captioning_model",
     "predict_captioning",
+    "reference_oov",
     "train_captioning",
 ]
 
@@ -113,8 +115,11 @@ def train_captioning(
     task = build_captioning_task(config, data.input_dims, data.max_lengths, data.vocabulary)
     task.checkpoint_extras = _extras(config, data)
     task.references = data.captions
+    word_vectors = None
     if resume_checkpoint is not None:
         _check_resume(resume_checkpoint, task, config)
+    elif config["decoder"]["word_vectors"]:
+        word_vectors = initialise_word_embeddings(task, config["decoder"], int(config["seed"]))
     steps = -(-len(datamodule._pairs["train"]) // config["data"]["batch_size"])
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
     atomic_write_text(run_dir / "config.yaml", dump_config(config))
@@ -139,6 +144,7 @@ def train_captioning(
         "resumed": resume_checkpoint is not None,
         "samples": {split: len(videos) for split, videos in data.splits.items()},
         "skipped_videos": data.skipped, "vocabulary": len(data.vocabulary),
+        "test_reference_oov": reference_oov(data, "test"), "word_vectors": word_vectors,
         "metric_details": {k: v for k, v in task.test_details.items() if not isinstance(v, float)},
     }
     atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
@@ -152,6 +158,31 @@ def train_captioning(
     except (ValueError, ImportError):  # pragma: no cover
         pass
     return RunResult(run_dir, best, validation, test, epochs, seconds, config)
+
+
+def initialise_word_embeddings(task: CaptioningTask, decoder: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """Set the decoder's word embeddings to pre-trained vectors (HOCA section 5.2: words
+    without one are drawn at random; :mod:`polyfuse.data.formats.word_vectors`)."""
+    from polyfuse.data.formats.word_vectors import caption_word_vectors, initial_word_embedding
+
+    words = task.vocabulary.words
+    vectors, found = caption_word_vectors(
+        words, decoder["word_vectors"], file=decoder["word_vectors_file"], dim=decoder["embed_dim"]
+    )
+    table, count = initial_word_embedding(vectors, found, generator=torch.Generator().manual_seed(seed))
+    embedding = task.model.decoder.embedding.weight
+    with torch.no_grad():
+        embedding.copy_(table.to(embedding.dtype))
+    return {"source": decoder["word_vectors"], "found": count, "words": len(words) - 4}
+
+
+def reference_oov(data: CaptioningData, split: str) -> dict[str, Any]:
+    """Word tokens of ``split``'s reference captions outside the vocabulary (PTB tokens)."""
+    from polyfuse.data.formats.captioning import ptb_tokenize
+
+    tokens = [w for v in data.splits.get(split, []) for c in data.captions[v] for w in ptb_tokenize(c)]
+    unknown = sum(w not in data.vocabulary.index for w in tokens)
+    return {"tokens": len(tokens), "unknown": unknown, "rate": round(unknown / len(tokens), 4) if tokens else None}
 
 
 def is_captioning_checkpoint(checkpoint: str | Path) -> bool:

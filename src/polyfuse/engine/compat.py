@@ -119,6 +119,10 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "0.3.0", "captioning.allow_unknown", True, False, _captioning,
         "beam search never generates <unk>",
     ),
+    DefaultChange(
+        "0.3.0", "captioning.min_count", 2, 1, _captioning,
+        "the caption vocabulary holds every training-caption word, as the paper's (HOCA section 5.2)",
+    ),
 )
 
 
