@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from polyfuse.cli.main import main
@@ -133,3 +134,60 @@ def test_trains_in_bf16_mixed(tmp_path: Path, training_witness) -> None:
     result = train(config, run_dir=tmp_path / "run", callbacks=[training_witness])
     training_witness.assert_trained()
     assert all(np.isfinite(value) for value in result.test.values())
+
+
+def test_a_checkpoint_from_before_the_bilstm_encoder_still_loads(tmp_path: Path, caplog) -> None:
+    """A 0.2.0 checkpoint (tanh(linear) encoders, no decoder.encoder key) is built with the
+    linear encoder it was trained with, and the changed defaults are named in warnings."""
+    import logging
+
+    from polyfuse.engine.captioning_runs import evaluate_captioning
+    from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
+
+    _write_data(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(_config(tmp_path)), "--out", str(run), "--set", "trainer.max_epochs=1",
+                 "--set", "decoder.encoder=linear"]) == 0
+    new = run / json.loads((run / "results.json").read_text())["best_checkpoint"]
+    checkpoint = read_checkpoint(new)
+    assert "model.encoders.0.0.weight" in checkpoint["state_dict"]
+    config = checkpoint["polyfuse"]["config"]
+    del config["decoder"]["encoder"], config["captioning"]["allow_unknown"]
+    config["polyfuse_version"] = "0.2.0"
+    old = tmp_path / "old.safetensors"
+    write_checkpoint(checkpoint, old)
+    with caplog.at_level(logging.WARNING, logger="polyfuse.engine.compat"):
+        scores = evaluate_captioning(old)
+    keys = sorted(r.getMessage().split("default of ")[1].split(",")[0] for r in caplog.records)
+    assert keys == ["captioning.allow_unknown", "decoder.encoder"]
+    assert scores == pytest.approx(evaluate_captioning(new), abs=1e-9)
+
+
+def test_word_vectors_initialise_the_embedding_and_the_reference_oov_is_counted(tmp_path: Path) -> None:
+    from polyfuse.engine import load_config, resolve_config
+    from polyfuse.engine.captioning_runs import (
+        build_captioning_data,
+        build_captioning_task,
+        initialise_word_embeddings,
+    )
+
+    _write_data(tmp_path)
+    (tmp_path / "vectors.txt").write_text("dog " + " ".join(["0.5"] * 8) + "\nman " + " ".join(["-1"] * 8) + "\n")
+    config = _config(tmp_path)
+    content = yaml.safe_load(config.read_text())
+    content["decoder"].update(word_vectors="glove", word_vectors_file="vectors.txt")  # relative to the file
+    config.write_text(yaml.safe_dump(content))
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(run), "--set", "trainer.max_epochs=1"]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["word_vectors"] == {"source": "glove", "found": 2, "words": 9}
+    # test videos 10 and 11: "A car is here." and "the car moves", "A man ..." -> 14 tokens, all known
+    assert results["test_reference_oov"] == {"tokens": 14, "unknown": 0, "rate": 0.0}
+    # Before training, the rows of the two words are their vectors.
+    resolved = resolve_config(load_config(config))
+    data = build_captioning_data(resolved)
+    task = build_captioning_task(resolved, data.input_dims, data.max_lengths, data.vocabulary)
+    initialise_word_embeddings(task, resolved["decoder"], 0)
+    weight = task.model.decoder.embedding.weight
+    assert torch.equal(weight[data.vocabulary.index["dog"]], torch.full((8,), 0.5))
+    assert torch.equal(weight[data.vocabulary.index["man"]], torch.full((8,), -1.0)) and not weight[0].any()

@@ -7,7 +7,12 @@ import pytest
 import yaml
 
 from polyfuse import __version__
-from polyfuse.engine.compat import DEFAULT_CHANGES, default_change_warnings, parse_version
+from polyfuse.engine.compat import (
+    DEFAULT_CHANGES,
+    default_change_warnings,
+    defaults_then,
+    parse_version,
+)
 from polyfuse.engine.config import resolve_config
 from polyfuse.engine.run import load_model, train
 
@@ -67,3 +72,17 @@ def test_a_run_records_its_version_and_an_unversioned_run_warns_on_resume_and_lo
     assert keys == sorted(["model.options.man.estimator", "model.options.man.stacking", "model.options.man.mode",
                            "model.options.man.exact_lsc"])
     assert all(r.getMessage().startswith(f"{run / 'config.yaml'} (no polyfuse version recorded") for r in caplog.records)
+
+
+def test_defaults_then_builds_an_old_layout_and_leaves_the_rest():
+    old = {"task": {"type": "captioning"}, "decoder": {"variant": "HOCA-B"}, "polyfuse_version": "0.2.0"}
+    then = defaults_then(old)
+    # the layout change is set back; the generation default (allow_unknown) only warns
+    assert then["decoder"] == {"variant": "HOCA-B", "encoder": "linear"} and "captioning" not in then
+    assert old["decoder"] == {"variant": "HOCA-B"}  # the argument is left as it was
+    assert defaults_then({**old, "polyfuse_version": "0.3.0"})["decoder"] == {"variant": "HOCA-B"}
+    assert defaults_then({**old, "decoder": {"encoder": "bilstm"}})["decoder"] == {"encoder": "bilstm"}
+    assert defaults_then({**old, "decoder": {"feature_dim": None}})["decoder"] == {"feature_dim": None}
+    assert defaults_then(lmf()) == lmf()  # no layout change of its own is marked
+    unversioned = defaults_then({"task": {"type": "captioning"}})
+    assert unversioned["decoder"]["encoder"] == "linear"

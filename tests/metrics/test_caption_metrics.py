@@ -55,3 +55,38 @@ def test_bad_input_is_named() -> None:
         caption_metrics({"a": []}, {"a": "a cat"}, java=False)
     with pytest.raises(ValueError, match="no generated captions"):
         caption_metrics(REFERENCES, {}, java=False)
+
+
+def _pycocoevalcap_directly(references: dict, hypotheses: dict, meteor) -> dict[str, float]:
+    """The MS COCO evaluation as its users call it: PTBTokenizer, then each scorer."""
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    tokenizer = PTBTokenizer()
+    gts = tokenizer.tokenize({v: [{"caption": c} for c in refs] for v, refs in references.items()})
+    res = tokenizer.tokenize({v: [{"caption": c}] for v, c in hypotheses.items()})
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    scores = {f"BLEU-{n + 1}": value for n, value in enumerate(bleu)}
+    scores["METEOR"] = meteor.compute_score(gts, res)[0]
+    scores["ROUGE-L"] = Rouge().compute_score(gts, res)[0]
+    scores["CIDEr-D"] = Cider().compute_score(gts, res)[0]
+    return scores
+
+
+@pytest.mark.skipif(not java_available(), reason="the PTB tokeniser and METEOR need Java")
+def test_a_caption_that_tokenises_to_nothing_is_scored_as_pycocoevalcap_scores_it(monkeypatch) -> None:
+    import pycocoevalcap.meteor.meteor as meteor_module
+
+    references = {**REFERENCES, "c": ["a dog runs in the park", "the dog is running"]}
+    hypotheses = {**HYPOTHESES, "c": " . "}  # punctuation only: no token after PTB
+    meteor = meteor_module.Meteor()  # one Java process (seconds to start) for both scorings
+    monkeypatch.setattr(meteor_module, "Meteor", lambda: meteor)
+    expected = _pycocoevalcap_directly(references, hypotheses, meteor)
+    scores = caption_metrics(references, hypotheses)
+    for name, value in expected.items():
+        assert scores[name] == pytest.approx(value, abs=1e-12), name
+    # By hand: 3 + 6 + 0 of 4 + 6 + 0 generated words match; the closest reference lengths
+    # are 4, 6 and 4 (the shorter of 4 and 6 from 0), so BLEU's brevity penalty is exp(1 - 14 / 10).
+    assert scores["BLEU-1"] == pytest.approx(9 / 10 * math.exp(1 - 14 / 10), abs=1e-6)

@@ -32,8 +32,9 @@ def _decoder(seed: int, vocab: int = 6, orders="UB") -> tuple[CaptionDecoder, li
     return decoder.eval(), inputs
 
 
-def _oracle_log_prob(decoder: CaptionDecoder, inputs, caption: list[int]) -> list[float]:
-    """sum_t log p_t(y_t) per video, by a separate teacher-forced loop written here."""
+def _oracle_log_prob(decoder: CaptionDecoder, inputs, caption: list[int], banned=()) -> list[float]:
+    """sum_t log p_t(y_t) per video, by a separate teacher-forced loop written here (softmax
+    over every token but padding, begin and ``banned``)."""
     sequences, masks = decoder.prepare(inputs)
     state = decoder.initial_state(sequences, masks)
     batch = sequences[0].shape[0]
@@ -42,7 +43,7 @@ def _oracle_log_prob(decoder: CaptionDecoder, inputs, caption: list[int]) -> lis
     for word in caption:
         output = decoder.step(words, state, sequences, masks)
         logits = output.logits.clone()
-        logits[:, [PAD, BOS]] = -math.inf
+        logits[:, [PAD, BOS, *banned]] = -math.inf
         total += torch.log_softmax(logits, -1)[:, word]
         state, words = output.state, torch.full((batch,), word)
     return total.tolist()
@@ -87,21 +88,63 @@ def _all_captions(words: list[int], max_length: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("penalty", [0.0, 1.0, 0.6])
-def test_wide_beam_finds_the_enumerated_optimum(seed: int, penalty: float) -> None:
-    vocab, max_length = 5, 3  # words 3, 4 and <eos>: 1 + 2 + 4 + 8 ending in <eos>, 8 cut
+@pytest.mark.parametrize("banned", [(), (5,)])
+def test_wide_beam_finds_the_enumerated_optimum(seed: int, penalty: float, banned: tuple[int, ...]) -> None:
+    # words 3, 4 and <eos> (5 banned, or absent): 1 + 2 + 4 + 8 ending in <eos>, 8 cut
+    vocab, max_length = 5 + len(banned), 3
     decoder, inputs = _decoder(seed, vocab=vocab)
+    if banned:  # the banned word would be the most probable one everywhere
+        with torch.no_grad():
+            decoder.state_output.bias[5] += 50.0
     captions = _all_captions([3, 4], max_length)
-    table = torch.tensor([_oracle_log_prob(decoder, inputs, c) for c in captions])  # (N, B)
+    table = torch.tensor([_oracle_log_prob(decoder, inputs, c, banned) for c in captions])  # (N, B)
     lengths = torch.tensor([float(len(c)) for c in captions]).unsqueeze(1)
     normalised = table / lengths**penalty
     # Beam width >= the unfinished prefixes of any step (2 ** 2): exhaustive.
     beam = beam_search(decoder, inputs, begin_index=BOS, end_index=EOS, beam_size=9,
-                       max_length=max_length, length_penalty=penalty, keep_greedy=False)
+                       max_length=max_length, length_penalty=penalty, keep_greedy=False, banned_tokens=banned)
     for b in range(3):
         best = int(normalised[:, b].argmax())
         found = [int(t) for t in beam.tokens[b] if int(t) != PAD]
         assert beam.scores[b].item() == pytest.approx(normalised[best, b].item(), abs=1e-5)
         assert found == captions[best]
+
+
+UNK = 3
+
+
+def _unknown_favoured(seed: int) -> tuple[CaptionDecoder, list[torch.Tensor]]:
+    """A decoder whose most probable word is <unk> (id 3) at every step."""
+    decoder, inputs = _decoder(seed, vocab=7)
+    with torch.no_grad():
+        decoder.state_output.bias[UNK] += 50.0
+    return decoder, inputs
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_banned_unknown_is_never_generated(seed: int) -> None:
+    decoder, inputs = _unknown_favoured(seed)
+    options = {"begin_index": BOS, "end_index": EOS, "max_length": 5, "length_penalty": 1.0}
+    allowed = beam_search(decoder, inputs, beam_size=3, **options)
+    greedy_allowed, _ = decoder.greedy(inputs, begin_index=BOS, end_index=EOS, max_length=5)
+    assert (allowed.tokens == UNK).any(dim=1).all() and (greedy_allowed == UNK).any(dim=1).all()
+    banned = beam_search(decoder, inputs, beam_size=3, banned_tokens=[UNK], **options)
+    greedy_banned = greedy_search(decoder, inputs, banned_tokens=[UNK], **options)
+    for tokens in (banned.tokens, greedy_banned.tokens):
+        assert not (tokens == UNK).any() and (tokens != PAD).any()
+    # The greedy caption with the ban is the argmax over the allowed words, step by step.
+    ids = [[int(t) for t in row if int(t) != PAD] for row in greedy_banned.tokens]
+    for b in range(3):
+        assert greedy_banned.log_probs[b].item() == pytest.approx(
+            _oracle_log_prob(decoder, inputs, ids[b], (UNK,))[b], abs=1e-5)
+
+
+def test_the_end_token_and_ids_outside_the_vocabulary_cannot_be_banned() -> None:
+    decoder, inputs = _decoder(0)
+    with pytest.raises(ValueError, match="end token cannot be banned"):
+        beam_search(decoder, inputs, begin_index=BOS, end_index=EOS, banned_tokens=[EOS])
+    with pytest.raises(ValueError, match="banned token 6 is not a token id"):
+        decoder.greedy(inputs, begin_index=BOS, end_index=EOS, banned_tokens=[6])
 
 
 def test_score_captions_matches_the_oracle_loop() -> None:

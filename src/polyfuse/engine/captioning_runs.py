@@ -29,6 +29,7 @@ from polyfuse.engine.checkpoints import (
     load_state,
     read_checkpoint,
 )
+from polyfuse.engine.compat import defaults_then, warn_default_changes
 from polyfuse.engine.config import dump_config, resolve_config
 from polyfuse.engine.errors import RunInterrupted
 from polyfuse.engine.rundir import atomic_write_text
@@ -39,9 +40,11 @@ __all__ = [
     "build_captioning_data",
     "build_captioning_task",
     "evaluate_captioning",
+    "initialise_word_embeddings",
     "is_captioning_checkpoint",
     "load_captioning_model",
     "predict_captioning",
+    "reference_oov",
     "train_captioning",
 ]
 
@@ -64,12 +67,13 @@ def build_captioning_task(
         input_dims, len(vocabulary), orders=orders, low_rank=low_rank, max_lengths=max_lengths,
         feature_dim=decoder["feature_dim"], embed_dim=decoder["embed_dim"], hidden_dim=decoder["hidden_dim"],
         attention_dim=decoder["attention_dim"], rank=decoder["rank"], combination=decoder["combination"],
-        dropout=decoder["dropout"],
+        dropout=decoder["dropout"], encoder=decoder["encoder"],
     )
     return CaptioningTask(
         model, vocabulary, lr=config["optim"]["lr"], weight_decay=config["optim"]["weight_decay"],
         label_smoothing=config["task"]["label_smoothing"], beam_size=section["beam_size"],
         max_length=section["max_length"], length_penalty=section["length_penalty"], meteor=section["meteor"],
+        allow_unknown=section["allow_unknown"],
     )
 
 
@@ -84,7 +88,7 @@ def _extras(config: Mapping[str, Any], data: CaptioningData) -> dict[str, Any]:
 def _check_resume(path: Path, task: CaptioningTask, config: Mapping[str, Any]) -> None:
     checkpoint = read_checkpoint(path)
     extras = checkpoint.get("polyfuse") or {}
-    saved = resolve_config(extras.get("config") or {})
+    saved = resolve_config(defaults_then(extras.get("config") or {}))
     if saved.get("decoder") != config["decoder"]:
         raise ValueError(f"cannot resume from {path}: it was trained with another decoder configuration")
     state = checkpoint.get("state_dict") or {}
@@ -116,8 +120,11 @@ def train_captioning(
     task = build_captioning_task(config, data.input_dims, data.max_lengths, data.vocabulary)
     task.checkpoint_extras = _extras(config, data)
     task.references = data.captions
+    word_vectors = None
     if resume_checkpoint is not None:
         _check_resume(resume_checkpoint, task, config)
+    elif config["decoder"]["word_vectors"]:
+        word_vectors = initialise_word_embeddings(task, config["decoder"], int(config["seed"]))
     steps = -(-len(datamodule._pairs["train"]) // config["data"]["batch_size"])
     trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
     atomic_write_text(run_dir / "config.yaml", dump_config(config))
@@ -143,6 +150,7 @@ def train_captioning(
         "resumed": resume_checkpoint is not None,
         "samples": {split: len(videos) for split, videos in data.splits.items()},
         "skipped_videos": data.skipped, "vocabulary": len(data.vocabulary),
+        "test_reference_oov": reference_oov(data, "test"), "word_vectors": word_vectors,
         "metric_details": {k: v for k, v in task.test_details.items() if not isinstance(v, float)},
     }
     atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
@@ -158,6 +166,31 @@ def train_captioning(
     return RunResult(run_dir, best, validation, test, epochs, seconds, config, checkpoint_epoch(best))
 
 
+def initialise_word_embeddings(task: CaptioningTask, decoder: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """Set the decoder's word embeddings to pre-trained vectors (HOCA section 5.2: words
+    without one are drawn at random; :mod:`polyfuse.data.formats.word_vectors`)."""
+    from polyfuse.data.formats.word_vectors import caption_word_vectors, initial_word_embedding
+
+    words = task.vocabulary.words
+    vectors, found = caption_word_vectors(
+        words, decoder["word_vectors"], file=decoder["word_vectors_file"], dim=decoder["embed_dim"]
+    )
+    table, count = initial_word_embedding(vectors, found, generator=torch.Generator().manual_seed(seed))
+    embedding = task.model.decoder.embedding.weight
+    with torch.no_grad():
+        embedding.copy_(table.to(embedding.dtype))
+    return {"source": decoder["word_vectors"], "found": count, "words": len(words) - 4}
+
+
+def reference_oov(data: CaptioningData, split: str) -> dict[str, Any]:
+    """Word tokens of ``split``'s reference captions outside the vocabulary (PTB tokens)."""
+    from polyfuse.data.formats.captioning import ptb_tokenize
+
+    tokens = [w for v in data.splits.get(split, []) for c in data.captions[v] for w in ptb_tokenize(c)]
+    unknown = sum(w not in data.vocabulary.index for w in tokens)
+    return {"tokens": len(tokens), "unknown": unknown, "rate": round(unknown / len(tokens), 4) if tokens else None}
+
+
 def is_captioning_checkpoint(checkpoint: str | Path) -> bool:
     _, extras = load_state(checkpoint)
     return (extras.get("config") or {}).get("task", {}).get("type") == "captioning"
@@ -168,7 +201,9 @@ def load_captioning_model(checkpoint: str | Path) -> tuple[CaptioningTask, dict[
     from polyfuse.data.formats.captioning import Vocabulary
 
     state, extras = load_state(checkpoint)
-    config = resolve_config(extras["config"])
+    # An older checkpoint is built as its version built it (e.g. decoder.encoder: linear before 0.3.0).
+    warn_default_changes(extras["config"], origin=str(checkpoint))
+    config = resolve_config(defaults_then(extras["config"]))
     info = extras["label_info"]
     task = build_captioning_task(config, extras["input_dims"], info["max_lengths"], Vocabulary(info["vocabulary"]))
     try:

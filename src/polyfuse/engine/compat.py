@@ -6,7 +6,10 @@ state the version it was written for the same way. :data:`DEFAULT_CHANGES` lists
 defaults a configuration can see change, each with the version that changed it.
 :func:`default_change_warnings` gives one message per change that a configuration
 recorded before that version relies on (it uses the module and leaves the key to
-the default); :func:`warn_default_changes` logs them as warnings (the run log). A
+the default); :func:`warn_default_changes` logs them as warnings (the run log).
+A change marked ``layout`` changes the weights a configuration builds:
+:func:`defaults_then` sets such a key back to its old value for a saved run or
+checkpoint that relies on it, so that its weights still load. A
 saved run or checkpoint without ``polyfuse_version`` predates the record and counts
 as version 0.1.0; a configuration file without it is taken as written for this
 version (nothing to say). CHANGELOG.md lists every change, these included.
@@ -14,6 +17,7 @@ version (nothing to say). CHANGELOG.md lists every change, these included.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ __all__ = [
     "UNRECORDED_VERSION",
     "DefaultChange",
     "default_change_warnings",
+    "defaults_then",
     "parse_version",
     "warn_default_changes",
 ]
@@ -47,14 +52,23 @@ class DefaultChange:
     new: Any
     uses: Callable[[Mapping[str, Any]], bool]
     what: str
+    layout: bool = False  #: the weights' layout changed: old checkpoints load with the old value
 
 
 def _fusion_is(name: str) -> Callable[[Mapping[str, Any]], bool]:
     return lambda config: (config.get("model") or {}).get("fusion", "man") == name
 
 
-def _is_vqa(config: Mapping[str, Any]) -> bool:
+def _vqa(config: Mapping[str, Any]) -> bool:
     return (config.get("task") or {}).get("type") == "vqa"
+
+
+def _captioning(config: Mapping[str, Any]) -> bool:
+    return (config.get("task") or {}).get("type") == "captioning"
+
+
+def _captioning_with_encoder(config: Mapping[str, Any]) -> bool:
+    return _captioning(config) and (config.get("decoder") or {}).get("feature_dim", 128) is not None
 
 
 def _lstm_lmf_without_text_first(config: Mapping[str, Any]) -> bool:
@@ -100,17 +114,31 @@ DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
         "instead of the first modality",
     ),
     DefaultChange(
-        "0.2.0", "data.vqa.answer_count", "all_answers", "multiple_choice", _is_vqa,
+        "0.3.0", "decoder.encoder", "linear", "bilstm", _captioning_with_encoder,
+        "the captioning model encodes each modality with the paper's bidirectional LSTM (HOCA section 3.1; "
+        "both directions concatenated, 2 x feature_dim features) instead of tanh(linear)",
+        layout=True,
+    ),
+    DefaultChange(
+        "0.3.0", "captioning.allow_unknown", True, False, _captioning,
+        "beam search never generates <unk>",
+    ),
+    DefaultChange(
+        "0.3.0", "captioning.min_count", 2, 1, _captioning,
+        "the caption vocabulary holds every training-caption word, as the paper's (HOCA section 5.2)",
+    ),
+    DefaultChange(
+        "0.3.0", "data.vqa.answer_count", "all_answers", "multiple_choice", _vqa,
         "the VQA answer vocabulary counts each training question once, for its multiple-choice answer "
         "(the paper's and ban-vqa's rule), instead of every human answer (ten per question)",
     ),
     DefaultChange(
-        "0.2.0", "data.vqa.min_word_count", 1, 2, _is_vqa,
+        "0.3.0", "data.vqa.min_word_count", 1, 2, _vqa,
         "VQA question words seen once in training share the <unk> row with the words outside the "
         "vocabulary (which were padding before), so that row is trained",
     ),
     DefaultChange(
-        "0.2.0", "data.vqa.soft_score", "min_third", "ban_vqa", _is_vqa,
+        "0.3.0", "data.vqa.soft_score", "min_third", "ban_vqa", _vqa,
         "VQA training targets are ban-vqa's 0.3 / 0.6 / 0.9 / 1 for answers of 1 / 2 / 3 / 4+ humans "
         "instead of min(n / 3, 1)",
     ),
@@ -151,24 +179,47 @@ def default_change_warnings(
     counts as :data:`UNRECORDED_VERSION` for a saved run or checkpoint (``saved``), and
     as this version for a configuration file (no message).
     """
-    recorded = recorded if recorded is not None else config.get("polyfuse_version")
-    if recorded is None:
-        if not saved:
-            return []
-        recorded_text, recorded = f"no polyfuse version recorded (before {_first_change()})", UNRECORDED_VERSION
-    else:
-        recorded_text = f"polyfuse {recorded}"
-    then = parse_version(recorded)
+    recorded_text, changes = _relied_on(config, recorded, saved)
     messages = []
-    for change in DEFAULT_CHANGES:
-        if parse_version(change.version) <= then or _is_set(config, change.key) or not change.uses(config):
-            continue
+    for change in changes:
         messages.append(
             f"{origin} ({recorded_text}) relies on the default of {change.key}, which changed in "
             f"{change.version} from {change.old!r} to {change.new!r}: {change.what}; set "
             f"{change.key}: {change.old} to build what it built then (see CHANGELOG.md)"
         )
     return messages
+
+
+def _relied_on(config: Mapping[str, Any], recorded: Any, saved: bool) -> tuple[str, list[DefaultChange]]:
+    """(how the recorded version reads, the changes ``config`` relies on)."""
+    recorded = recorded if recorded is not None else config.get("polyfuse_version")
+    if recorded is None:
+        if not saved:
+            return "", []
+        recorded_text, recorded = f"no polyfuse version recorded (before {_first_change()})", UNRECORDED_VERSION
+    else:
+        recorded_text = f"polyfuse {recorded}"
+    then = parse_version(recorded)
+    return recorded_text, [
+        change for change in DEFAULT_CHANGES
+        if parse_version(change.version) > then and not _is_set(config, change.key) and change.uses(config)
+    ]
+
+
+def defaults_then(config: Mapping[str, Any], *, recorded: Any = None) -> dict[str, Any]:
+    """A saved run's or checkpoint's configuration (as saved, before defaults are filled in)
+    with every ``layout`` change it relies on set back to the old value: the model its
+    weights belong to. No version recorded counts as :data:`UNRECORDED_VERSION`."""
+    result = copy.deepcopy(dict(config))
+    for change in _relied_on(config, recorded, True)[1]:
+        if not change.layout:
+            continue
+        *sections, last = change.key.split(".")
+        node = result
+        for part in sections:
+            node = node.setdefault(part, {})
+        node[last] = change.old
+    return result
 
 
 def _first_change() -> str:

@@ -43,7 +43,7 @@ _PATH_KEYS = (
     ("model", "vqa", "glove"),
 )
 # Captioning: caption and split files, and a mapping modality -> feature file (each value a path).
-_PATH_KEYS += (("captioning", "captions"), ("captioning", "splits"))
+_PATH_KEYS += (("captioning", "captions"), ("captioning", "splits"), ("decoder", "word_vectors_file"))
 _PATH_MAPPINGS = (("captioning", "features"),)
 
 

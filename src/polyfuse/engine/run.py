@@ -45,7 +45,7 @@ from polyfuse.engine.checkpoints import (
     load_state,
     read_checkpoint,
 )
-from polyfuse.engine.compat import warn_default_changes
+from polyfuse.engine.compat import defaults_then, warn_default_changes
 from polyfuse.engine.config import data_files, dump_config, load_config, resolve_config
 from polyfuse.engine.divergence import divergence_message
 from polyfuse.engine.errors import DivergenceError, RunInterrupted
@@ -193,10 +193,12 @@ def _train(
         # Only how the run is displayed may differ from the saved configuration.
         display = {k: v for k, v in saved.get("trainer", {}).items() if k in DISPLAY_KEYS}
         config = {**config, "trainer": {**config.get("trainer", {}), **display}}
-    config = resolve_config(config)
-    if resume is not None:  # the saved run keeps the version it recorded (none: an older run)
+        # The saved run keeps the version it recorded (none: an older run); the keys it saved
+        # tell which defaults it relies on, and a changed weight layout is built as it was then.
         warn_default_changes(config, origin=f"{Path(run_dir) / 'config.yaml'}")
-    else:  # a configuration file that states an older version; the run records this one
+        config = defaults_then(config)
+    config = resolve_config(config)
+    if resume is None:  # a configuration file that states an older version; the run records this one
         name = config.get("name")
         warn_default_changes(config, origin=f"configuration {name!r}" if name else "the configuration", saved=False)
         config["polyfuse_version"] = __version__

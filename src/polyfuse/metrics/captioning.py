@@ -7,7 +7,9 @@ Without Java the PTB tokenisation falls back to its Python twin
 not scored: its value is None and ``errors["METEOR"]`` says why; the other metrics
 are scored all the same. pycocoevalcap's ``Cider`` is CIDEr-D (clipped n-gram
 counts, Gaussian length penalty, sigma 6, times 10), with document frequencies
-from the references scored.
+from the references scored. A generated caption that tokenises to nothing (empty, or
+punctuation only) is scored as it is, as pycocoevalcap called directly scores it: no
+n-gram matches, and length 0 in BLEU's brevity penalty.
 """
 
 from __future__ import annotations
@@ -83,8 +85,7 @@ def caption_metrics(
     _check(references, hypotheses)
     java = java_available() if java is None else bool(java)
     gts, res = _tokenize(references, hypotheses, java)
-    # pycocoevalcap asserts at least one word per hypothesis: an empty one scores as "<unk>"-free word.
-    res = {video: [caption[0] if caption[0].strip() else "<empty>"] for video, caption in res.items()}
+    # A caption that tokenises to nothing is scored as it is (pycocoevalcap 1.2 accepts it).
     result: dict[str, Any] = {}
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     result.update({f"BLEU-{n + 1}": float(value) for n, value in enumerate(bleu)})

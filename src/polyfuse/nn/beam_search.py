@@ -10,7 +10,8 @@ log-probabilities ``sum_t log p_t(y_t | y_<t, V)`` (HOCA Eq. 22, 24; the softmax
 taken over the tokens that may be generated) divided by
 ``S ** length_penalty`` (length normalisation; ``length_penalty = 0``: the plain
 sum, ``1``: the mean log-probability per word). The padding and begin tokens are
-never generated. The paper decodes with beam width 5 (section 5.2) and does not
+never generated, nor the ``banned_tokens`` a caller names (the captioning task bans
+``<unk>`` unless configured otherwise): the softmax is taken over the other tokens. The paper decodes with beam width 5 (section 5.2) and does not
 say how it normalises lengths.
 
 :func:`beam_search` keeps the ``k`` best unfinished captions per video at every
@@ -82,6 +83,7 @@ def score_captions(
     begin_index: int,
     end_index: int,
     length_penalty: float = 1.0,
+    banned_tokens: Sequence[int] = (),
 ) -> tuple[Generated, list[DecoderStep]]:
     """The model score of given captions, and the decoder's records at each of their steps.
 
@@ -100,7 +102,7 @@ def score_captions(
     words = torch.full((batch,), begin_index, dtype=torch.long, device=sequences[0].device)
     total = torch.zeros(batch)
     steps = []
-    banned = [decoder.padding_index, begin_index]
+    banned = decoder.banned_ids(begin_index, end_index, banned_tokens)
     for t in range(tokens.shape[1]):
         output = decoder.step(words, state, sequences, full_masks)
         log_probs = _log_probs(output.logits, banned)
@@ -123,15 +125,17 @@ def greedy_search(
     end_index: int,
     max_length: int = 20,
     length_penalty: float = 1.0,
+    banned_tokens: Sequence[int] = (),
 ) -> Generated:
     """Greedy decoding (:meth:`CaptionDecoder.greedy`) with the model scores of its captions."""
     _check(decoder, begin_index, end_index, max_length)
     tokens, _ = decoder.greedy(
-        inputs, masks, begin_index=begin_index, end_index=end_index, max_length=max_length
+        inputs, masks, begin_index=begin_index, end_index=end_index, max_length=max_length,
+        banned_tokens=banned_tokens,
     )
     generated, _ = score_captions(
         decoder, inputs, masks, tokens, begin_index=begin_index, end_index=end_index,
-        length_penalty=length_penalty,
+        length_penalty=length_penalty, banned_tokens=banned_tokens,
     )
     return generated
 
@@ -148,6 +152,7 @@ def beam_search(
     max_length: int = 20,
     length_penalty: float = 1.0,
     keep_greedy: bool = True,
+    banned_tokens: Sequence[int] = (),
 ) -> Generated:
     """Batched beam search (see the module docstring): the best caption per video.
 
@@ -157,14 +162,15 @@ def beam_search(
         max_length: most generated tokens, end token included.
         length_penalty: exponent of the length normalisation.
         keep_greedy: also decode greedily and keep the greedy caption where it scores higher.
+        banned_tokens: ids never generated besides padding and begin (e.g. ``<unk>``).
     """
     _check(decoder, begin_index, end_index, max_length)
     if beam_size < 1:
         raise ValueError(f"beam_search: beam_size must be >= 1, got {beam_size}")
+    banned = decoder.banned_ids(begin_index, end_index, banned_tokens)
     sequences, full_masks = decoder.prepare(inputs, masks)
     batch, k, vocab = sequences[0].shape[0], int(beam_size), decoder.vocab_size
     device = sequences[0].device
-    banned = [decoder.padding_index, begin_index]
     beams = [x.repeat_interleave(k, dim=0) for x in sequences]  # (B k, T_i, d_i)
     beam_masks = [m.repeat_interleave(k, dim=0) for m in full_masks]
     state = decoder.initial_state(sequences, full_masks)
@@ -233,7 +239,7 @@ def beam_search(
     if keep_greedy:
         greedy = greedy_search(
             decoder, inputs, masks, begin_index=begin_index, end_index=end_index,
-            max_length=max_length, length_penalty=length_penalty,
+            max_length=max_length, length_penalty=length_penalty, banned_tokens=banned_tokens,
         )
         result = _better(result, greedy, decoder.padding_index)
     return result

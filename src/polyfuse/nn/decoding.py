@@ -198,6 +198,19 @@ class CaptionDecoder(nn.Module):
                 f"(min {int(tokens.min())}, max {int(tokens.max())})"
             )
 
+    def banned_ids(self, begin_index: int, end_index: int, banned_tokens: Sequence[int] = ()) -> list[int]:
+        """The ids never generated: padding, begin and ``banned_tokens`` (checked: token
+        ids other than the end token)."""
+        extra = [int(t) for t in banned_tokens]
+        for token in extra:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(
+                    f"CaptionDecoder: banned token {token} is not a token id in [0, {self.vocab_size - 1}]"
+                )
+            if token == end_index:
+                raise ValueError("CaptionDecoder: the end token cannot be banned (no caption could end)")
+        return sorted({self.padding_index, int(begin_index), *extra})
+
     # -- one step -----------------------------------------------------------
 
     def step(
@@ -261,8 +274,11 @@ class CaptionDecoder(nn.Module):
         begin_index: int,
         end_index: int,
         max_length: int = 20,
+        banned_tokens: Sequence[int] = (),
     ) -> tuple[Tensor, list[DecoderStep]]:
         """Greedy decoding: the most probable word at every step (never padding or begin).
+
+        ``banned_tokens``: further ids never generated (e.g. ``<unk>``).
 
         Returns:
             ``(tokens, steps)``: (B, S) generated ids, S <= max_length, with
@@ -274,16 +290,17 @@ class CaptionDecoder(nn.Module):
         for name, index in (("begin_index", begin_index), ("end_index", end_index)):
             if not 0 <= index < self.vocab_size:
                 raise ValueError(f"CaptionDecoder: {name} {index} is not a token id")
+        banned_ids = self.banned_ids(begin_index, end_index, banned_tokens)
         sequences, full_masks = self.prepare(inputs, masks)
         batch = sequences[0].shape[0]
         state = self.initial_state(sequences, full_masks)
         words = torch.full((batch,), begin_index, dtype=torch.long, device=sequences[0].device)
         finished = torch.zeros(batch, dtype=torch.bool, device=words.device)
-        banned = torch.tensor([self.padding_index, begin_index], device=words.device)
+        banned = torch.tensor(banned_ids, device=words.device)
         tokens, steps = [], []
         for _ in range(max_length):
             output = self.step(words, state, sequences, full_masks)
-            # The padding and begin tokens are never generated.
+            # The padding, begin and banned tokens are never generated.
             words = output.logits.index_fill(-1, banned, float("-inf")).argmax(dim=-1)
             tokens.append(words.masked_fill(finished, self.padding_index))
             steps.append(output)

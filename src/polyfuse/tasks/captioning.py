@@ -1,13 +1,15 @@
 """Video captioning (HOCA section 4.4): the encoder-decoder and its Lightning task.
 
-:class:`VideoCaptioner`: a ``tanh(linear)`` encoder per modality (optional) and the
-:class:`~polyfuse.nn.decoding.CaptionDecoder` (LSTM + MAF with the variant's
+:class:`VideoCaptioner`: an encoder per modality (the paper's bidirectional LSTM,
+section 3.1, :class:`~polyfuse.nn.bilstm.BiLSTMEncoder`; or ``tanh(linear)``; or none)
+and the :class:`~polyfuse.nn.decoding.CaptionDecoder` (LSTM + MAF with the variant's
 attention orders, exact or low-rank HOCA, or the mean-pooled baseline).
 
 :class:`CaptioningTask`: teacher-forced cross-entropy per token (HOCA Eq. 24, label
 smoothing optional; the paper uses neither label smoothing nor scheduled sampling,
 so teacher forcing is all there is), Adam(W); validation logs the teacher-forced
-loss; test decodes every test video with beam search and logs BLEU-1..4, METEOR,
+loss; test decodes every test video with beam search (``<unk>`` never generated
+unless ``allow_unknown``) and logs BLEU-1..4, METEOR,
 ROUGE-L and CIDEr-D (pycocoevalcap) and the loss. Logged keys: ``train/loss``,
 ``val/loss``, ``test/loss``, ``test/BLEU-4``, ...
 """
@@ -21,12 +23,16 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from polyfuse.data.formats.captioning import Vocabulary
+from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary
 from polyfuse.metrics.captioning import caption_metrics
 from polyfuse.nn.beam_search import Generated, beam_search
+from polyfuse.nn.bilstm import BiLSTMEncoder
 from polyfuse.nn.decoding import CaptionDecoder, caption_cross_entropy
 
-__all__ = ["CaptioningTask", "VideoCaptioner"]
+__all__ = ["ENCODERS", "CaptioningTask", "VideoCaptioner"]
+
+#: the per-modality encoders of :class:`VideoCaptioner`
+ENCODERS = ("bilstm", "linear")
 
 
 class VideoCaptioner(nn.Module):
@@ -38,7 +44,12 @@ class VideoCaptioner(nn.Module):
         orders: MAF orders (``"UBT"`` ...) or None for the mean-pooled baseline.
         low_rank: Low-Rank HOCA instead of HOCA.
         max_lengths: the longest sequence per modality (sizes exact HOCA's weights).
-        feature_dim: encoder output size, or None to feed the raw features.
+        feature_dim: the encoder's size (``bilstm``: hidden size per direction, the output
+            has ``2 * feature_dim`` features; ``linear``: the output size), or None to
+            feed the raw features.
+        encoder: ``"bilstm"`` (HOCA section 3.1: a bidirectional LSTM per modality over
+            its real steps, both directions concatenated) or ``"linear"``
+            (``tanh(linear)`` per step, the layout of checkpoints before 0.3.0).
         embed_dim, hidden_dim, attention_dim, rank, combination, dropout: see
             :class:`~polyfuse.nn.decoding.CaptionDecoder`.
     """
@@ -47,12 +58,19 @@ class VideoCaptioner(nn.Module):
         self, input_dims: Sequence[int], vocab_size: int, *, orders: str | None, low_rank: bool,
         max_lengths: Sequence[int], feature_dim: int | None = 128, embed_dim: int = 128,
         hidden_dim: int = 256, attention_dim: int = 64, rank: int = 1, combination: str = "log",
-        dropout: float = 0.5,
+        dropout: float = 0.5, encoder: str = "bilstm",
     ) -> None:
         super().__init__()
+        if encoder not in ENCODERS:
+            raise ValueError(f"VideoCaptioner: unknown encoder {encoder!r}; expected one of {', '.join(ENCODERS)}")
+        self.encoder = encoder if feature_dim is not None else "none"
+        self.encoders: nn.ModuleList
         if feature_dim is None:
             self.encoders = nn.ModuleList(nn.Identity() for _ in input_dims)
             dims = list(input_dims)
+        elif encoder == "bilstm":
+            self.encoders = nn.ModuleList(BiLSTMEncoder(int(d), feature_dim, dropout=dropout) for d in input_dims)
+            dims = [2 * feature_dim] * len(input_dims)
         else:
             self.encoders = nn.ModuleList(
                 nn.Sequential(nn.Linear(int(d), feature_dim), nn.Tanh(), nn.Dropout(dropout)) for d in input_dims
@@ -65,7 +83,9 @@ class VideoCaptioner(nn.Module):
         )
 
     def encode(self, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> list[Tensor]:
-        """Encoded modalities, zero at padded steps."""
+        """Encoded modalities (B, T_i, d'), zero at padded steps."""
+        if self.encoder == "bilstm":
+            return [enc(x, m.bool()) for enc, x, m in zip(self.encoders, inputs, masks, strict=True)]
         return [enc(x) * m.unsqueeze(-1) for enc, x, m in zip(self.encoders, inputs, masks, strict=True)]
 
     def forward(self, captions: Tensor, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> Tensor:
@@ -82,11 +102,12 @@ class CaptioningTask(L.LightningModule):
     def __init__(
         self, model: VideoCaptioner, vocabulary: Vocabulary, *, lr: float = 1e-3, weight_decay: float = 0.0,
         label_smoothing: float = 0.0, beam_size: int = 5, max_length: int = 20, length_penalty: float = 1.0,
-        meteor: bool = True,
+        meteor: bool = True, allow_unknown: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
         self.vocabulary = vocabulary
+        self.allow_unknown = bool(allow_unknown)
         self.lr, self.weight_decay, self.label_smoothing = float(lr), float(weight_decay), float(label_smoothing)
         self.beam_size, self.max_length, self.length_penalty = int(beam_size), int(max_length), float(length_penalty)
         self.meteor = bool(meteor)
@@ -112,12 +133,18 @@ class CaptioningTask(L.LightningModule):
     # ---- generation ---------------------------------------------------------------
     @torch.no_grad()
     def generate(self, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> Generated:
-        """Beam search (``beam_size``, ``max_length``, ``length_penalty``) for a batch of videos."""
+        """Beam search (``beam_size``, ``max_length``, ``length_penalty``) for a batch of videos;
+        ``<unk>`` is never generated unless ``allow_unknown``."""
         return beam_search(
             self.model.decoder, self.model.encode(inputs, masks), masks,
             begin_index=self.vocabulary.begin, end_index=self.vocabulary.end, beam_size=self.beam_size,
-            max_length=self.max_length, length_penalty=self.length_penalty,
+            max_length=self.max_length, length_penalty=self.length_penalty, banned_tokens=self.banned_tokens,
         )
+
+    @property
+    def banned_tokens(self) -> list[int]:
+        """Ids never generated besides padding and begin: ``<unk>`` unless ``allow_unknown``."""
+        return [] if self.allow_unknown else [self.vocabulary.index[UNKNOWN]]
 
     def _decode_batch(self, batch: Mapping[str, Any]) -> dict[str, str]:
         generated = self.generate(batch["inputs"], batch["masks"])
