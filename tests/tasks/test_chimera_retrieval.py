@@ -184,7 +184,7 @@ def test_topic_lm_loss_equals_eq3_by_hand_in_float64():
             likelihood = likelihood + prior[z] * words[ids[b, n]]
         total.append(-torch.log(likelihood))
     expected = torch.stack(total).mean()
-    assert abs(float(loss) - float(expected)) < 1e-5
+    assert abs(loss.item() - expected.item()) < 1e-5
     loss.backward()  # L_T trains the topic prior and the topic transforms, not the frozen embeddings' owner
     assert layer.topic_prior.weight.grad.abs().sum() > 0 and layer.topic_weights.grad.abs().sum() > 0
 
