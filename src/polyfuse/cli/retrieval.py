@@ -78,10 +78,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("--out", required=True, help="parent directory; one run directory per fusion")
     chimera = actions.add_parser("chimera", help="Chimera ablation rows (Table 4) on MiniLM + video; EX1 and EX2")
     _data_arguments(chimera)
-    chimera.add_argument("--rows", nargs="+", default=None, help="ablation rows (default: all)")
+    chimera.add_argument("--rows", nargs="+", default=None,
+                         help="ablation rows (default: the ten of Table 4; Z20-af-N20-HLM-LD-noLT is the first without L_T)")
     chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
-    chimera.add_argument("--epochs", type=int, default=10)
+    chimera.add_argument("--epochs", type=int, default=10, help="most epochs per model (default 10)")
+    chimera.add_argument("--patience", type=int, default=None,
+                         help="stop after this many epochs without a better validation recall sum (default: none)")
     chimera.add_argument("--batch-size", type=_size, default=16)
+    chimera.add_argument("--lr", type=float, default=1e-3)
+    chimera.add_argument("--scalar-lr", type=float, default=None,
+                         help="learning rate of the scalars omega_t, omega_v, beta, c (default: --lr)")
+    chimera.add_argument("--tlm-temperature", type=float, default=1.0,
+                         help="divisor of L_TLM's inner products (default 1, the paper's)")
+    chimera.add_argument("--mask-rate", type=float, default=0.2,
+                         help="share of word pieces ([MASK], the targets of L_T) and of video steps (dropped) "
+                         "masked in each training step, Table 4's protocol (default 0.2; 0: no masking, no L_T)")
     chimera.add_argument("--chimera-expert", default=None,
                          help="the video expert Chimera reads (default: the first, MSVD's vgg_appearance)")
     chimera.add_argument("--text-lr", type=float, default=None,
@@ -148,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         results = {}
         for path in args.results:
             data = read_json(path)
+            if isinstance(data, dict) and "settings" not in data:  # Chimera's: rows and the LM head's report
+                data = {k: v for k, v in data.items() if k != "lm_head"}
             if not isinstance(data, dict) or not all(isinstance(v, dict) and "runs" in v for v in
                                                      ([data] if "settings" in data else data.values())):
                 raise ValueError(f"{path}: not a results.json of `polyfuse retrieval train` or `chimera`")
@@ -164,12 +177,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {Path(args.out) / 'results.json'}")
         return 0
     if args.action == "chimera":
-        from polyfuse.engine.chimera_retrieval import ABLATION_ROWS
+        from polyfuse.engine.chimera_retrieval import TABLE4_ROWS
         from polyfuse.engine.retrieval_runs import run_chimera_ablation
 
-        results = run_chimera_ablation(corpus, split, args.rows or list(ABLATION_ROWS), args.seeds, args.out,
+        results = run_chimera_ablation(corpus, split, args.rows or TABLE4_ROWS, args.seeds, args.out,
                                        epochs=args.epochs, batch_size=args.batch_size, text_lr=args.text_lr,
-                                       expert=args.chimera_expert, precision=args.precision)
+                                       expert=args.chimera_expert, precision=args.precision,
+                                       mask_rate=args.mask_rate, patience=args.patience, lr=args.lr,
+                                       scalar_lr=args.scalar_lr, tlm_temperature=args.tlm_temperature)
         print("EX1 (captions as written)\n" + metrics_table(results))
         print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
         return 0

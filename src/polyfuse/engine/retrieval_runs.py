@@ -253,13 +253,23 @@ def run_chimera_ablation(
     text_lr: float | None = None,
     expert: str | None = None,
     precision: str = "32-true",
+    mask_rate: float = 0.2,
+    patience: int | None = None,
+    lr: float = 1e-3,
+    scalar_lr: float | None = None,
+    tlm_temperature: float = 1.0,
 ) -> dict:
     """Chimera on MiniLM token states + one video expert (``expert``, default the corpus's
     first: MSVD's ``vgg_appearance``), one entry per Table 4 row; test with captions as
     written (EX1) and with their words shuffled (EX2). With ``text_lr`` MiniLM is fine-tuned
     with each model (every row and seed starting from the pre-trained weights). Each model
-    is saved as ``<out>/<row>/seed<N>.safetensors`` for ``polyfuse retrieval evaluate``. ``precision``:
-    of :func:`~polyfuse.engine.chimera_retrieval.train_chimera`."""
+    is saved as ``<out>/<row>/seed<N>.safetensors`` for ``polyfuse retrieval evaluate``.
+    ``precision``, ``mask_rate`` (Table 4's 20% of words and regions), ``patience``, ``lr``,
+    ``scalar_lr``, ``tlm_temperature``:
+    of :func:`~polyfuse.engine.chimera_retrieval.train_chimera`. With masking, L_T's
+    masked-LM head is trained once on the training captions (or read from
+    ``<out parent>/.cache``, :func:`~polyfuse.engine.chimera_lm.lm_head_for`); its report
+    is ``results["lm_head"]``."""
     from polyfuse.engine.chimera_retrieval import (
         ABLATION_ROWS,
         encode_tokens,
@@ -268,6 +278,8 @@ def run_chimera_ablation(
     )
     from polyfuse.nn.sentence_encoder import MiniLMEncoder
 
+    if not 0.0 <= mask_rate < 1.0:
+        raise ValueError(f"mask_rate must lie in [0, 1), got {mask_rate}")
     unknown = [r for r in rows if r not in ABLATION_ROWS]
     if unknown:
         raise ValueError(f"unknown ablation row {unknown[0]!r}; available: {', '.join(ABLATION_ROWS)}")
@@ -281,6 +293,12 @@ def run_chimera_ablation(
     initial_text = copy.deepcopy(encoder.state_dict()) if text_lr is not None else None
     tokens = {name: encode_tokens(encoder, p.captions) for name, p in parts.items()}
     shuffled = encode_tokens(encoder, shuffle_words(parts["test"].captions, 0))
+    lm_head, lm_report = None, None
+    if mask_rate > 0 and any(ABLATION_ROWS[r].topic_lm and ABLATION_ROWS[r].num_topics > 0 for r in rows):
+        from polyfuse.engine.chimera_lm import lm_head_for
+
+        lm_head, lm_report = lm_head_for(encoder, parts["train"].captions, parts["val"].captions,
+                                         out.parent / ".cache")
     results = {}
     for name in rows:
         runs = []
@@ -291,7 +309,9 @@ def run_chimera_ablation(
             model, history = train_chimera(parts["train"], tokens["train"], parts["val"], tokens["val"],
                                            ABLATION_ROWS[name], seed, epochs=epochs, batch_size=batch_size,
                                            encoder=encoder, text_lr=text_lr, expert=expert,
-                                           precision=precision)
+                                           precision=precision, mask_rate=mask_rate, lm_head=lm_head,
+                                           patience=patience, lr=lr, scalar_lr=scalar_lr,
+                                           tlm_temperature=tlm_temperature)
             seconds = time.perf_counter() - start
             test_tokens, test_shuffled = tokens["test"], shuffled
             if text_lr is not None:  # through the fine-tuned encoder
@@ -308,6 +328,8 @@ def run_chimera_ablation(
                               **({"text_state": encoder.state_dict()} if text_lr is not None else {})},
                              out / name / f"seed{seed}{CHECKPOINT_SUFFIX}")
         results[name] = {"row": asdict(ABLATION_ROWS[name]), "text_lr": text_lr, "precision": precision,
-                         "runs": runs}
-        atomic_write_text(out / "results.json", json.dumps(results, indent=1))
+                         "mask_rate": mask_rate, "patience": patience, "lr": lr, "scalar_lr": scalar_lr,
+                         "tlm_temperature": tlm_temperature, "epochs": epochs, "runs": runs}
+        written = {**results, "lm_head": lm_report} if lm_report is not None else results
+        atomic_write_text(out / "results.json", json.dumps(written, indent=1))
     return results

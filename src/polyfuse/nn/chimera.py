@@ -37,6 +37,7 @@ __all__ = [
     "HyperbolicLayer",
     "HyperbolicLayerOutput",
     "MatchingLayer",
+    "TiedMaskedLMHead",
     "TopicLayer",
     "TopicLayerOutput",
 ]
@@ -219,6 +220,52 @@ class TopicLayer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, num_topics={self.num_topics}, variant={self.variant!r}"
+
+
+class TiedMaskedLMHead(nn.Module):
+    """BERT's masked-LM head with the decoder tied to the word embeddings: W_{V|Z} of Eq. 5.
+
+        logits(h) = LayerNorm(GELU(h W_1 + b_1)) E^T + b_V          (B, ..., d) -> (B, ..., V)
+
+    ``E`` is the encoder's (V, d) word-embedding matrix itself (the same Parameter, no
+    copy: ``decoder_weight is word_embeddings``), so the head adds only W_1, b_1, the
+    LayerNorm and b_V (d^2 + 3d + V parameters: 0.18 M for MiniLM's d = 384, V = 30,522).
+    Apply it only to the states of masked tokens: over a whole batch the (..., V) logits
+    are large (V = 30,522 floats per position and topic).
+
+    Args:
+        word_embeddings: the (V, d) embedding Parameter to tie to.
+        layer_norm_eps: eps of the LayerNorm (BERT's 1e-12).
+    """
+
+    def __init__(self, word_embeddings: nn.Parameter, *, layer_norm_eps: float = 1e-12) -> None:
+        super().__init__()
+        if not isinstance(word_embeddings, nn.Parameter) or word_embeddings.dim() != 2:
+            raise ValueError("word_embeddings must be a (V, d) nn.Parameter (the encoder's own, to tie to)")
+        vocab_size, hidden_size = word_embeddings.shape
+        self.hidden_size, self.vocab_size = int(hidden_size), int(vocab_size)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.decoder_weight = word_embeddings  # tied: registered here, owned by the encoder
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def own_state(self) -> dict[str, Tensor]:
+        """The head's own tensors (everything but the tied embedding), for a cache file."""
+        return {k: v for k, v in self.state_dict().items() if k != "decoder_weight"}
+
+    def own_parameters(self) -> list[nn.Parameter]:
+        """The parameters the head adds (not the tied embedding)."""
+        return [p for name, p in self.named_parameters() if name != "decoder_weight"]
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """(..., d) hidden states -> (..., V) word logits."""
+        if not isinstance(hidden, Tensor) or hidden.shape[-1:] != (self.hidden_size,):
+            raise ValueError(f"hidden must be a (..., {self.hidden_size}) tensor")
+        transformed = self.norm(nn.functional.gelu(self.dense(hidden)))
+        return nn.functional.linear(transformed, self.decoder_weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}, tied"
 
 
 # ---------------------------------------------------------------------- hyperbolic

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from polyfuse.functional.chimera_losses import topic_lm_loss
 from polyfuse.functional.lorentz import clip_radius, lorentz_expmap0
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.nn.chimera import HyperbolicLayer, MatchingLayer, TopicLayer
@@ -44,7 +45,8 @@ __all__ = ["ChimeraRetrievalModel", "ChimeraSides"]
 class ChimeraSides(NamedTuple):
     """Per-modality results: topic-layer states (B, N, d) and mean topic distribution
     (B, Z) (None without topics); word/region points (B, N, n + 1) and tangents (B, N, n)
-    (None without the hyperbolic layer); the inputs H_L (B, N, d) and masks."""
+    (None without the hyperbolic layer); the inputs H_L (B, N, d) and masks; the
+    per-token topic prior logits (B, N, Z) of Eq. 4 (None without topics)."""
 
     hidden: Tensor
     mask: Tensor
@@ -52,6 +54,7 @@ class ChimeraSides(NamedTuple):
     topics: Tensor | None
     points: Tensor | None
     tangents: Tensor | None
+    topic_logits: Tensor | None = None
 
 
 class ChimeraRetrievalModel(nn.Module):
@@ -85,17 +88,18 @@ class ChimeraRetrievalModel(nn.Module):
         self.score_head = nn.Linear(text_dim, 1)
 
     def _side(self, hidden: Tensor, mask: Tensor, topic: str) -> ChimeraSides:
-        topics = None
+        topics = topic_logits = None
         topic_hidden = hidden
         if self.use_topics:
             out = getattr(self, topic)(hidden, mask)
             topic_hidden, topics = out.hidden, masked_mean(out.topic_probs, mask)
+            topic_logits = out.topic_logits
         points = tangents = None
         if self.use_hyperbolic:
             tangents = clip_radius(self.hyperbolic.value(hidden), self.hyperbolic.max_radius)
             tangents = tangents.masked_fill(~mask.unsqueeze(-1), 0.0)
             points = lorentz_expmap0(tangents, max_radius=self.hyperbolic.max_radius)
-        return ChimeraSides(hidden, mask, topic_hidden, topics, points, tangents)
+        return ChimeraSides(hidden, mask, topic_hidden, topics, points, tangents, topic_logits)
 
     def texts(self, tokens: Tensor, mask: Tensor) -> ChimeraSides:
         """(B_t, N_t, d) encoder states and (B_t, N_t) mask -> the text side."""
@@ -105,6 +109,43 @@ class ChimeraRetrievalModel(nn.Module):
         """(B_v, N_v, d_v) video steps and (B_v, N_v) mask -> the image side."""
         hidden = self.video_projection(steps).masked_fill(~mask.unsqueeze(-1), 0.0)
         return self._side(hidden, mask, "image_topic")
+
+    def topic_lm_loss(self, text: ChimeraSides, token_ids: Tensor, masked: Tensor, lm_head: nn.Module) -> Tensor:
+        """L_T (Eq. 3) of the text topic layer at the masked word pieces, mean over them.
+
+        The encoder read the caption with the word pieces at ``masked`` replaced by
+        [MASK], so its state h_{L,t} there sees x_\\t only. At each masked position t,
+
+            L_T = - log sum_z P(x_t | x_\\t, z) P(z | x_\\t)
+            P(z | x_\\t) = softmax_z(LayerNorm(h_{L,t}) W_Z)              (Eq. 4)
+            P(. | x_\\t, z) = softmax(W_{V|Z} T_z(h_{L,t}))                 (Eq. 5)
+
+        with T_z the topic transforms (T_0 the identity) and W_{V|Z} = ``lm_head``. Word
+        logits are computed for the M masked positions only: (M, Z, V), never (B, N, Z, V).
+
+        Args:
+            text: the text side of :meth:`texts` (of the masked captions).
+            token_ids: (B, N) int64, the original word-piece ids (the targets).
+            masked: (B, N) bool, True at the masked word pieces (all real tokens).
+            lm_head: (..., d) -> (..., V), e.g. :class:`polyfuse.nn.chimera.TiedMaskedLMHead`.
+
+        Returns:
+            Scalar loss (0 with a zero gradient when nothing is masked).
+        """
+        if not self.use_topics:
+            raise ValueError("topic_lm_loss needs the topic layers (num_topics > 0)")
+        if not isinstance(masked, Tensor) or masked.dtype != torch.bool or masked.shape != text.mask.shape:
+            raise ValueError(f"masked must be a bool tensor of shape {tuple(text.mask.shape)}")
+        if bool((masked & ~text.mask).any()):
+            raise ValueError("masked marks a padded position; only real tokens can be masked")
+        if not isinstance(token_ids, Tensor) or token_ids.shape != masked.shape:
+            raise ValueError(f"token_ids must be a tensor of shape {tuple(masked.shape)}")
+        if not bool(masked.any()):
+            return text.topic_hidden.sum() * 0.0
+        hidden = text.hidden[masked]  # h_{L,t} at the masked positions, (M, d)
+        states = self.text_topic.topic_states(hidden.unsqueeze(0)).squeeze(0)  # T_z(h), (M, Z, d)
+        word_logits = lm_head(states)  # W_{V|Z} T_z(h), (M, Z, V)
+        return topic_lm_loss(word_logits, text.topic_logits[masked], token_ids[masked].long())  # Eq. 3
 
     def pair_scores(self, text: ChimeraSides, video: ChimeraSides, pairs: Tensor) -> Tensor:
         """Scores of the (caption, video) index pairs ``pairs`` (P, 2) -> (P,)."""

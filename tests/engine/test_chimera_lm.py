@@ -1,0 +1,90 @@
+"""L_T's masked-LM head (trained once, cached by content) and Chimera training under Table 4's masking,
+on a tiny BERT saved as a MiniLM folder (nothing downloads)."""
+
+import pytest
+import torch
+
+WORDS = ["dog", "cat", "car", "man", "runs", "sits", "a"]
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from polyfuse.nn.sentence_encoder import MiniLMEncoder
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocabulary = {word: i for i, word in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    BertTokenizerFast(vocab=vocabulary).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=16)
+    BertModel(config).save_pretrained(folder)
+    return MiniLMEncoder(folder)
+
+
+def _captions(count, offset=0):
+    return [f"a {WORDS[(i + offset) % 4]} {WORDS[4 + i % 2]} {WORDS[(i + 1) % 4]}" for i in range(count)]
+
+
+def test_lm_head_is_cached_by_content_and_tied(tiny_encoder, tmp_path):
+    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
+
+    settings = LMHeadSettings(epochs=2, batch_size=8)
+    train, held_out = _captions(24), _captions(8, 1)
+    head, report = lm_head_for(tiny_encoder, train, held_out, tmp_path, settings)
+    files = list(tmp_path.glob("lm_head_*.safetensors"))
+    assert report["cached"] is None and len(files) == 1 and len(report["history"]) == 2
+    assert report["held_out_nll"] <= report["held_out_nll_initial"]  # the best epoch is kept
+    assert head.decoder_weight is tiny_encoder.model.embeddings.word_embeddings.weight
+    again, cached = lm_head_for(tiny_encoder, train, held_out, tmp_path, settings)
+    assert cached["cached"] == str(files[0]) and cached["held_out_nll"] == report["held_out_nll"]
+    for name, tensor in head.own_state().items():
+        assert torch.equal(tensor, again.own_state()[name])
+    assert again.decoder_weight is tiny_encoder.model.embeddings.word_embeddings.weight
+    lm_head_for(tiny_encoder, train[:-1], held_out, tmp_path, settings)  # other captions: another file
+    assert len(list(tmp_path.glob("lm_head_*.safetensors"))) == 2
+    files[0].write_bytes(files[0].read_bytes()[:40])  # a truncated file is retrained, never trusted
+    with pytest.warns(UserWarning, match="broken masked-LM head cache"):
+        rebuilt, rebuilt_report = lm_head_for(tiny_encoder, train, held_out, tmp_path, settings)
+    assert rebuilt_report["cached"] is None
+    for name, tensor in head.own_state().items():
+        assert torch.equal(tensor, rebuilt.own_state()[name])  # deterministic: the same head again
+
+
+def _corpus(tmp_path):
+    from polyfuse.data.formats.experts import ExpertFeatures, RetrievalCorpus
+
+    g = torch.Generator().manual_seed(1)
+    ids = [f"v{i}" for i in range(8)]
+    expert = ExpertFeatures("app", ids, torch.randn(8, 5, 6, generator=g), torch.ones(8, 5, dtype=torch.bool),
+                            torch.ones(8, dtype=torch.bool))
+    captions = {v: _captions(2, i) for i, v in enumerate(ids)}
+    corpus = RetrievalCorpus.build({"app": expert}, captions, ids)
+    return corpus.subset(ids[:6]), corpus.subset(ids[6:])
+
+
+def test_train_chimera_masked_trains_lt_scalars_and_stops_early(tiny_encoder, tmp_path):
+    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
+    from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, train_chimera
+
+    train, val = _corpus(tmp_path)
+    head, _ = lm_head_for(tiny_encoder, train.captions, val.captions, None, LMHeadSettings(epochs=1))
+    tokens = {n: encode_tokens(tiny_encoder, p.captions) for n, p in (("train", train), ("val", val))}
+    row = ChimeraRow(num_topics=3, hyperbolic_dim=3)
+    common = {"batch_size": 3, "expert": "app", "encoder": tiny_encoder, "mask_rate": 0.2, "lm_head": head}
+    _, history = train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=3, scalar_lr=0.1, **common)
+    assert all(torch.isfinite(torch.tensor(h["topic_lm"])) for h in history)
+    # 6 steps at lr 1e-3 move a logit by at most ~6e-3 (omega by 1.5e-3); at scalar_lr 0.1 they move
+    assert abs(history[-1]["omega_t"] - 0.5) > 0.02 and abs(history[-1]["beta"] - 1.0) > 0.02
+    embedding = tiny_encoder.model.embeddings.word_embeddings.weight
+    assert not embedding.requires_grad  # the frozen encoder stays frozen
+    _, without = train_chimera(train, tokens["train"], val, tokens["val"], ChimeraRow(num_topics=3, hyperbolic_dim=3,
+                               topic_lm=False), 0, epochs=1, **common)
+    assert "topic_lm" not in without[0] and "topic_matching" in without[0]
+    # lr 0: the validation recall sum never improves after epoch 0, so patience 1 stops after epoch 1
+    _, stopped = train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=5, lr=0.0, patience=1,
+                               **common)
+    assert [h["epoch"] for h in stopped] == [0, 1]
+    with pytest.raises(ValueError, match="needs the text encoder"):
+        train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=1, expert="app", mask_rate=0.2)
