@@ -78,8 +78,14 @@ def test_process_steps_apart():
         ("t-shirt", ["t shirt"] * 10, 0.0),
         ("2", ["Two"] * 10, 0.0),
         ("Two", ["Two"] * 10, 1.0),
-        # ... after whitespace cleaning: " yes\n" and "yes" are the same string.
+        # ... after whitespace cleaning: " yes\n" and "yes" are the same string, and so are
+        # "red\nwhite", "red\twhite" and "red white" (newline and tab become a space).
         ("yes\t", [" yes\n"] + ["yes"] * 9, 1.0),
+        ("red white", ["red\nwhite"] * 10, 1.0),
+        ("red white", ["red\twhite"] * 10, 1.0),
+        ("red\nwhite", ["red white"] * 10, 1.0),
+        ("red\twhite", ["red white"] * 10, 1.0),
+        ("red  white", ["red white"] * 10, 0.0),  # inner spaces are not collapsed
         # Humans differ: prediction and humans normalised. 9 matches: every leave-one-out >= 3.
         ("yes!", ["yes"] * 9 + ["no"], 1.0),
         # "t-shirt" -> "t shirt": 5 matches, every leave-one-out >= 4.
@@ -122,7 +128,7 @@ def test_accuracy_hand_computed():
 
 def test_soft_score():
     assert [soft_score(n) for n in range(5)] == pytest.approx([0, 1 / 3, 2 / 3, 1, 1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^soft_score: count must be >= 0, got -1$"):
         soft_score(-1)
 
 
@@ -142,8 +148,21 @@ def test_per_type_breakdown():
     assert result["per_question_type"]["is there"] == pytest.approx(95.0)
 
 
+def test_without_types_only_overall():
+    metric = VQAAccuracy()
+    metric.update(["yes", "no"], [["yes"] * 10, ["yes"] * 10])
+    assert metric.compute() == {"overall": pytest.approx(50.0), "per_answer_type": {}, "per_question_type": {}}
+    metric.reset()
+    with pytest.raises(ValueError, match=r"^VQAAccuracy.compute: no question was added$"):
+        metric.compute()
+
+
 def test_bad_input():
-    with pytest.raises(ValueError, match="no human answers"):
+    with pytest.raises(ValueError, match=r"^vqa_accuracy: the question has no human answers$"):
         vqa_accuracy("yes", [])
-    with pytest.raises(ValueError, match="2 predictions but 1"):
+    with pytest.raises(ValueError, match=r"^VQAAccuracy.update: 2 predictions but 1 answer lists$"):
         VQAAccuracy().update(["a", "b"], [["a"]])
+    for name in ["answer_types", "question_types"]:
+        for types in (["x"], ["x", "y", "z"]):  # too few, too many
+            with pytest.raises(ValueError, match=rf"^VQAAccuracy.update: {name} has {len(types)} entries, expected 2$"):
+                VQAAccuracy().update(["a", "b"], [["a"], ["b"]], **{name: types})
