@@ -297,7 +297,9 @@ def _ban_from_state(
 
     weights: dict[str, Tensor] = {}
 
-    def put(name: str, layer: tuple[Tensor, Tensor, Tensor | None]) -> None:  # bias None: none in BAN
+    def put(name: str, layer: tuple[Tensor, Tensor, Tensor | None]) -> None:
+        """(g, v, bias) -> a weight-normed linear layer of the BAN; bias None for the
+        glimpse vectors p_g, which have none."""
         g, v, bias = layer
         weights[f"{name}.parametrizations.weight.original0"] = g
         weights[f"{name}.parametrizations.weight.original1"] = v
