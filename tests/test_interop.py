@@ -385,7 +385,103 @@ def test_unused_counter_functions_may_be_absent_and_extra_keys_are_named():
     del state["q_prj.0.main.2.bias"]
     with pytest.raises(ValueError, match=r"no part of BanVQA uses: \['w_emb\.emb2\.weight'\]"):
         load_whole_ban_vqa(state)
+
+
+def _logits(model, batch=None):
+    q, v, boxes = batch or _vqa_batch()
+    with torch.no_grad():
+        return model.eval()(q, v.to(next(model.parameters()).dtype), boxes)[0]
+
+
+def _fcnet_stems(state):
+    return sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".weight_v") and not k.startswith("classifier.")})
+
+
+def test_other_weight_forms_give_the_same_model():
+    """The same weights stored as a plain ``weight`` (no weight norm), as parametrization
+    keys, or with a weight norm per row (old ``weight_norm(dim=0)``: g (out, 1)) load to
+    the same logits; the attention's p_g also as a plain ``h_mat``."""
     state = _ban_vqa_state()
-    state["w_emb.emb_.weight"] = torch.zeros(WORDS, EMBEDDING_DIM)
-    with pytest.raises(ValueError, match=r"w_emb\.emb_\.weight has shape \(9, 4\)"):
+    expected = _logits(load_whole_ban_vqa(state))
+
+    def effective(g, v):  # weight = g v / ||v||_F
+        return g * v / v.norm()
+
+    plain, parametrized, per_row = dict(state), dict(state), dict(state)
+    for stem in [*_fcnet_stems(state), "classifier.main.0", "classifier.main.3"]:
+        g, v = state[f"{stem}.weight_g"], state[f"{stem}.weight_v"]
+        for form in (plain, parametrized, per_row):
+            del form[f"{stem}.weight_g"], form[f"{stem}.weight_v"]
+        plain[f"{stem}.weight"] = effective(g, v)
+        if stem.startswith("classifier."):  # the classifier takes weight_g/v or weight only
+            parametrized[f"{stem}.weight"] = per_row[f"{stem}.weight"] = effective(g, v)
+            continue
+        parametrized[f"{stem}.parametrizations.weight.original0"] = g
+        parametrized[f"{stem}.parametrizations.weight.original1"] = v
+        # rows of norm g_i: g_i = ||row_i|| of the effective weight, v any multiple of it
+        weight = effective(g, v)
+        per_row[f"{stem}.weight_g"] = weight.norm(dim=1, keepdim=True)
+        per_row[f"{stem}.weight_v"] = 3.0 * weight
+    plain["v_att.logits.h_mat"] = effective(plain.pop("v_att.logits.h_mat_g"), plain.pop("v_att.logits.h_mat_v"))
+    for form in (plain, parametrized, per_row):
+        torch.testing.assert_close(_logits(load_whole_ban_vqa(form)), expected)
+
+
+def test_without_counter_and_with_one_glimpse():
+    """No counter. and c_prj. keys: BAN without counter, whose logits are the full
+    model's with its counter switched off; half of the counter is an error naming the rest."""
+    state = _ban_vqa_state()
+    full = load_whole_ban_vqa(state)
+    full.counter = None  # forward then skips the counter and the count projections
+    expected = _logits(full)
+    bare = {k: t for k, t in state.items() if not k.startswith(("counter.", "c_prj."))}
+    model = load_whole_ban_vqa(bare)
+    assert model.counter is None and model.count_projections is None
+    torch.testing.assert_close(_logits(model), expected)
+    with pytest.raises(ValueError, match=r"missing keys c_prj\.0\.main\.<i>"):
+        load_whole_ban_vqa({k: t for k, t in state.items() if not k.startswith("c_prj.")})
+    with pytest.raises(ValueError, match=r"missing key counter\.f\.0\.weight"):
+        load_whole_ban_vqa({k: t for k, t in state.items() if not k.startswith("counter.")})
+    one = load_whole_ban_vqa(_ban_vqa_state(glimpses=1))
+    assert one.glimpses == 1 and one.counter is not None and len(one.count_projections) == 1
+
+
+def test_float64_prefix_and_classifier_width():
+    state = _ban_vqa_state()
+    expected = _logits(load_whole_ban_vqa(state)).double()
+    double = load_whole_ban_vqa({f"net.{k}": t.double() for k, t in state.items()}, prefix="net.")
+    assert next(double.parameters()).dtype == torch.float64
+    torch.testing.assert_close(_logits(double), expected)
+    # a classifier of width 3H instead of 2H: oracle from the stored tensors
+    wide = dict(state)
+    wide["classifier.main.0.weight_v"] = torch.randn(3 * HIDDEN, HIDDEN)
+    wide["classifier.main.0.bias"] = torch.randn(3 * HIDDEN)
+    wide["classifier.main.3.weight_v"] = torch.randn(ANSWERS, 3 * HIDDEN)
+    model = load_whole_ban_vqa(wide).eval()
+    x = torch.randn(4, HIDDEN)
+
+    def layer(index, inputs):
+        g, v, b = (wide[f"classifier.main.{index}.{name}"] for name in ("weight_g", "weight_v", "bias"))
+        return inputs @ (g * v / v.norm()).T + b
+
+    with torch.no_grad():
+        torch.testing.assert_close(model.classifier(x), layer(3, torch.relu(layer(0, x))))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("v_att.logits.h_bias", torch.zeros(1, 3, 1, 1), r"v_att\.logits\.h_bias has shape \(1, 3, 1, 1\), expected \(1, 2, 1, 1\)"),
+        ("q_emb.rnn.bias_hh_l0", torch.zeros(5), r"q_emb\.rnn\.bias_hh_l0 has shape \(5,\), expected \(18,\) \(question GRU\)"),
+        ("q_emb.rnn.weight_ih_l0", torch.zeros(18, 4), r"q_emb\.rnn\.weight_ih_l0 has shape \(18, 4\), expected \(18, 8\)"),
+        ("classifier.main.3.bias", torch.zeros(4), r"classifier\.main\.3\.bias has shape \(4,\), expected \(5,\) \(the answer classifier\)"),
+        ("classifier.main.0.weight_v", torch.zeros(12, 5), r"classifier\.main\.0 is \(12, 5\) and classifier\.main\.3 is \(5, 12\) for hidden size 6"),
+        ("classifier.main.3.weight_v", torch.zeros(5, 11), r"classifier\.main\.0 is \(12, 6\) and classifier\.main\.3 is \(5, 11\) for hidden size 6"),
+        ("w_emb.emb_.weight", torch.zeros(WORDS, 4), r"w_emb\.emb_\.weight has shape \(9, 4\); expected \(10, E2\)"),
+    ],
+)
+def test_inconsistent_shapes_of_the_whole_model(key, value, message):
+    state = _ban_vqa_state()
+    state[key] = value
+    with pytest.raises(ValueError, match=message):
         load_whole_ban_vqa(state)
