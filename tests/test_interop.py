@@ -478,6 +478,8 @@ def test_float64_prefix_and_classifier_width():
         ("classifier.main.0.weight_v", torch.zeros(12, 5), r"classifier\.main\.0 is \(12, 5\) and classifier\.main\.3 is \(5, 12\) for hidden size 6"),
         ("classifier.main.3.weight_v", torch.zeros(5, 11), r"classifier\.main\.0 is \(12, 6\) and classifier\.main\.3 is \(5, 11\) for hidden size 6"),
         ("w_emb.emb_.weight", torch.zeros(WORDS, 4), r"w_emb\.emb_\.weight has shape \(9, 4\); expected \(10, E2\)"),
+        ("q_prj.1.main.1.weight_v", torch.ones(6, 6, 1), r"q_prj\.1\.main\.1\.weight_v has shape \(6, 6, 1\); expected 2-d \(P of glimpse 1\)"),
+        ("q_prj.1.main.1.weight_g", torch.ones(4, 1), r"q_prj\.1\.main\.1\.weight_g has shape \(4, 1\), which does not fit weight_v of shape \(6, 6\)"),
     ],
 )
 def test_inconsistent_shapes_of_the_whole_model(key, value, message):

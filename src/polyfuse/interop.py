@@ -117,7 +117,7 @@ def _linear_weight(state: Mapping[str, Tensor], stem: str, what: str) -> tuple[T
         g, v = weight.norm(), weight
     if v.dim() != 2:
         raise ValueError(
-            f"{_OWNER}: {base} weight has shape {tuple(v.shape)}; expected 2-d ({what})"
+            f"{_OWNER}: {base}weight_v has shape {tuple(v.shape)}; expected 2-d ({what})"
         )
     if g.numel() != 1:  # a weight norm over rows (dim=0): store the effective weight
         try:
