@@ -10,6 +10,7 @@ the dropout layers, ``h_mat``/``h_bias`` of shape (1, G, 1, K') and (1, G, 1, 1)
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from polyfuse.interop import load_ban_fusion as load_ban_vqa
+from polyfuse.interop import load_ban_vqa as load_whole_ban_vqa
 
 
 def _old_weight_norm(module: nn.Module, name: str = "weight") -> nn.Module:
@@ -181,8 +183,16 @@ def test_missing_keys_are_reported():
         load_ban_vqa(state)
     state = _oracle(2).state_dict()
     del state["v_att.logits.h_mat_v"]
-    with pytest.raises(ValueError, match=r"missing keys v_att\.logits\.h_mat_g/h_mat_v"):
+    with pytest.raises(ValueError, match=r"missing key v_att\.logits\.h_mat_v"):
         load_ban_vqa(state)
+    del state["v_att.logits.h_mat_g"]
+    with pytest.raises(ValueError, match=r"missing keys v_att\.logits\.h_mat_g and v_att\.logits\.h_mat_v"):
+        load_ban_vqa(state)
+    for key in ["q_prj.1.main.1.bias", "v_att.logits.q_net.main.1.bias", "b_net.0.v_net.main.1.weight_v"]:
+        state = _oracle(2).state_dict()  # a bias is no longer taken as zero when absent
+        del state[key]
+        with pytest.raises(ValueError, match=rf"missing key {re.escape(key)}"):
+            load_ban_vqa(state)
     state = _oracle(2).state_dict()
     del state["q_prj.0.main.1.weight_g"]
     with pytest.raises(ValueError, match=r"missing key q_prj\.0\.main\.1\.weight_g"):
@@ -236,3 +246,244 @@ def test_training_dropout_sits_where_the_reference_puts_it(fc_dropout, attention
         without = ban.eval()([v, q_emb], masks=[v_mask, None])
     torch.testing.assert_close(actual, expected)
     assert not torch.allclose(actual, without)  # the dropout really changed the output
+
+
+# ---------------------------------------------------------------------------------------
+# load_ban_vqa: a whole BanModel state dict, built here with the keys and shapes that
+# ban-vqa's build_ban(dataset, num_hid, op, gamma) gives (checked against the reference
+# code itself in tests/nn/test_ban_vqa_reference.py when its mirror is present).
+
+WORDS, HIDDEN, ANSWERS, IMAGE_DIM, EMBEDDING_DIM = 9, 6, 5, 7, 4
+
+
+def _ban_vqa_state(*, op_c: bool = True, glimpses: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random tensors in the layout of ban-vqa's BanModel for task vqa: FCNets with
+    dropout have their linear layer at ``main.1``, those without (c_prj) at ``main.0``;
+    old weight norm over the whole matrix (a 0-d ``weight_g``); the counter of 10 objects
+    with 16 functions of 17 values, f.8 to f.15 at their initial [0, 1, ..., 1]; with
+    ``op_c`` the second embedding ``w_emb.emb_`` and a GRU of 2 E inputs."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return 0.5 * torch.randn(shape, generator=generator)
+
+    def norm_scale() -> torch.Tensor:
+        return torch.rand((), generator=generator) + 0.5
+
+    state = {"w_emb.emb.weight": rand(WORDS + 1, EMBEDDING_DIM)}
+    if op_c:
+        state["w_emb.emb_.weight"] = rand(WORDS + 1, EMBEDDING_DIM)
+    gru_inputs = EMBEDDING_DIM * (2 if op_c else 1)
+    state["q_emb.rnn.weight_ih_l0"] = rand(3 * HIDDEN, gru_inputs)
+    state["q_emb.rnn.weight_hh_l0"] = rand(3 * HIDDEN, HIDDEN)
+    state["q_emb.rnn.bias_ih_l0"] = rand(3 * HIDDEN)
+    state["q_emb.rnn.bias_hh_l0"] = rand(3 * HIDDEN)
+
+    def linear(stem: str, out_dim: int, in_dim: int) -> None:
+        state[f"{stem}.bias"] = rand(out_dim)
+        state[f"{stem}.weight_g"] = norm_scale()
+        state[f"{stem}.weight_v"] = rand(out_dim, in_dim)
+
+    state["v_att.logits.h_bias"] = rand(1, glimpses, 1, 1)
+    state["v_att.logits.h_mat_g"] = norm_scale()
+    state["v_att.logits.h_mat_v"] = rand(1, glimpses, 1, 3 * HIDDEN)
+    linear("v_att.logits.v_net.main.1", 3 * HIDDEN, IMAGE_DIM)
+    linear("v_att.logits.q_net.main.1", 3 * HIDDEN, HIDDEN)
+    for g in range(glimpses):
+        linear(f"b_net.{g}.v_net.main.1", HIDDEN, IMAGE_DIM)
+        linear(f"b_net.{g}.q_net.main.1", HIDDEN, HIDDEN)
+    for g in range(glimpses):
+        linear(f"q_prj.{g}.main.1", HIDDEN, HIDDEN)
+    for g in range(glimpses):
+        linear(f"c_prj.{g}.main.0", HIDDEN, 11)
+    linear("classifier.main.0", 2 * HIDDEN, HIDDEN)
+    linear("classifier.main.3", ANSWERS, 2 * HIDDEN)
+    for k in range(16):
+        function = torch.ones(17) if k >= 8 else torch.rand(17, generator=generator) + 0.1
+        function[0] = 0.0
+        state[f"counter.f.{k}.weight"] = function
+    return state
+
+
+def _vqa_batch(seed: int = 3):
+    generator = torch.Generator().manual_seed(seed)
+    v = torch.randn(2, 12, IMAGE_DIM, generator=generator)
+    v[1, -3:] = 0.0  # padding objects
+    corners = torch.rand(2, 12, 2, generator=generator)
+    boxes = torch.cat([corners, corners + 0.05 + 0.4 * torch.rand(2, 12, 2, generator=generator)], dim=-1)
+    q = torch.randint(0, WORDS + 1, (2, 6), generator=generator)  # index WORDS is padding
+    q[0, -2:] = WORDS
+    return q, v, boxes
+
+
+def test_op_c_layout_loads_with_both_embeddings():
+    """ban-vqa's default --op c: the GRU reads cat(emb(x), emb_(x)) (language_model.py,
+    WordEmbedding.forward). Oracle 1: nn.GRU run on that concatenation, built from the
+    stored tensors. Oracle 2, whole model: the same file with the two embeddings joined
+    into one (V + 1, 2E) table, loaded through the single-embedding path (itself checked
+    against the reference code), gives the same logits and attention."""
+    state = _ban_vqa_state(op_c=True)
+    model = load_whole_ban_vqa(state).eval()
+    assert model.question.second_embedding is not None
+    assert model.question.gru.input_size == 2 * EMBEDDING_DIM
+    q, v, boxes = _vqa_batch()
+    gru = nn.GRU(2 * EMBEDDING_DIM, HIDDEN, batch_first=True)
+    gru.load_state_dict({k.removeprefix("q_emb.rnn."): t for k, t in state.items() if k.startswith("q_emb.rnn.")})
+    words = torch.cat([state["w_emb.emb.weight"][q], state["w_emb.emb_.weight"][q]], dim=-1)
+    with torch.no_grad():
+        torch.testing.assert_close(model.question(q), gru(words)[0])
+        logits, attention = model(q, v, boxes)
+
+    joined = dict(state)
+    joined["w_emb.emb.weight"] = torch.cat([joined.pop("w_emb.emb.weight"), joined.pop("w_emb.emb_.weight")], dim=1)
+    single = load_whole_ban_vqa(joined).eval()
+    assert single.question.second_embedding is None
+    with torch.no_grad():
+        expected_logits, expected_attention = single(q, v, boxes)
+    torch.testing.assert_close(attention, expected_attention)
+    torch.testing.assert_close(logits, expected_logits)
+    # the second embedding matters: zeroing it changes the answer logits
+    with torch.no_grad():
+        model.question.second_embedding.weight.zero_()
+        assert (model(q, v, boxes)[0] - expected_logits).abs().max() > 1e-3
+
+
+def test_single_embedding_layout_still_loads():
+    model = load_whole_ban_vqa(_ban_vqa_state(op_c=False))
+    assert model.question.second_embedding is None
+    assert "question.second_embedding.weight" not in model.state_dict()
+    assert model.question.gru.input_size == EMBEDDING_DIM
+
+
+_NEEDED_KEYS = [
+    (op_c, key)
+    for op_c in (True, False)
+    for key in _ban_vqa_state(op_c=op_c)
+    if not re.fullmatch(r"counter\.f\.(8|9|1\d)\.weight", key)
+]
+
+
+@pytest.mark.parametrize(("op_c", "key"), _NEEDED_KEYS)
+def test_each_missing_key_is_named(op_c, key):
+    """Every key the model needs, removed in turn, fails the load with its name (a missing
+    FCNet bias used to load as zeros, and a missing emb_ gave only a GRU shape error)."""
+    state = _ban_vqa_state(op_c=op_c)
+    del state[key]
+    with pytest.raises(ValueError, match=rf"missing key.*{re.escape(key)}"):
+        load_whole_ban_vqa(state)
+
+
+def test_unused_counter_functions_may_be_absent_and_extra_keys_are_named():
+    state = _ban_vqa_state()
+    for k in range(8, 16):  # built by the reference, never used by its forward
+        del state[f"counter.f.{k}.weight"]
+    load_whole_ban_vqa(state)
+    state["w_emb.emb2.weight"] = torch.zeros(WORDS + 1, 3)
+    state["q_prj.0.main.2.bias"] = torch.zeros(HIDDEN)
+    with pytest.raises(ValueError, match=r"q_prj\.0\.main"):  # a second layer under q_prj.0
+        load_whole_ban_vqa(state)
+    del state["q_prj.0.main.2.bias"]
+    with pytest.raises(ValueError, match=r"no part of BanVQA uses: \['w_emb\.emb2\.weight'\]"):
+        load_whole_ban_vqa(state)
+
+
+def _logits(model, batch=None):
+    q, v, boxes = batch or _vqa_batch()
+    with torch.no_grad():
+        return model.eval()(q, v.to(next(model.parameters()).dtype), boxes)[0]
+
+
+def _fcnet_stems(state):
+    return sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".weight_v") and not k.startswith("classifier.")})
+
+
+def test_other_weight_forms_give_the_same_model():
+    """The same weights stored as a plain ``weight`` (no weight norm), as parametrization
+    keys, or with a weight norm per row (old ``weight_norm(dim=0)``: g (out, 1)) load to
+    the same logits; the attention's p_g also as a plain ``h_mat``."""
+    state = _ban_vqa_state()
+    expected = _logits(load_whole_ban_vqa(state))
+
+    def effective(g, v):  # weight = g v / ||v||_F
+        return g * v / v.norm()
+
+    plain, parametrized, per_row = dict(state), dict(state), dict(state)
+    for stem in [*_fcnet_stems(state), "classifier.main.0", "classifier.main.3"]:
+        g, v = state[f"{stem}.weight_g"], state[f"{stem}.weight_v"]
+        for form in (plain, parametrized, per_row):
+            del form[f"{stem}.weight_g"], form[f"{stem}.weight_v"]
+        plain[f"{stem}.weight"] = effective(g, v)
+        if stem.startswith("classifier."):  # the classifier takes weight_g/v or weight only
+            parametrized[f"{stem}.weight"] = per_row[f"{stem}.weight"] = effective(g, v)
+            continue
+        parametrized[f"{stem}.parametrizations.weight.original0"] = g
+        parametrized[f"{stem}.parametrizations.weight.original1"] = v
+        # rows of norm g_i: g_i = ||row_i|| of the effective weight, v any multiple of it
+        weight = effective(g, v)
+        per_row[f"{stem}.weight_g"] = weight.norm(dim=1, keepdim=True)
+        per_row[f"{stem}.weight_v"] = 3.0 * weight
+    plain["v_att.logits.h_mat"] = effective(plain.pop("v_att.logits.h_mat_g"), plain.pop("v_att.logits.h_mat_v"))
+    for form in (plain, parametrized, per_row):
+        torch.testing.assert_close(_logits(load_whole_ban_vqa(form)), expected)
+
+
+def test_without_counter_and_with_one_glimpse():
+    """No counter. and c_prj. keys: BAN without counter, whose logits are the full
+    model's with its counter switched off; half of the counter is an error naming the rest."""
+    state = _ban_vqa_state()
+    full = load_whole_ban_vqa(state)
+    full.counter = None  # forward then skips the counter and the count projections
+    expected = _logits(full)
+    bare = {k: t for k, t in state.items() if not k.startswith(("counter.", "c_prj."))}
+    model = load_whole_ban_vqa(bare)
+    assert model.counter is None and model.count_projections is None
+    torch.testing.assert_close(_logits(model), expected)
+    with pytest.raises(ValueError, match=r"missing keys c_prj\.0\.main\.<i>"):
+        load_whole_ban_vqa({k: t for k, t in state.items() if not k.startswith("c_prj.")})
+    with pytest.raises(ValueError, match=r"missing key counter\.f\.0\.weight"):
+        load_whole_ban_vqa({k: t for k, t in state.items() if not k.startswith("counter.")})
+    one = load_whole_ban_vqa(_ban_vqa_state(glimpses=1))
+    assert one.glimpses == 1 and one.counter is not None and len(one.count_projections) == 1
+
+
+def test_float64_prefix_and_classifier_width():
+    state = _ban_vqa_state()
+    expected = _logits(load_whole_ban_vqa(state)).double()
+    double = load_whole_ban_vqa({f"net.{k}": t.double() for k, t in state.items()}, prefix="net.")
+    assert next(double.parameters()).dtype == torch.float64
+    torch.testing.assert_close(_logits(double), expected)
+    # a classifier of width 3H instead of 2H: oracle from the stored tensors
+    wide = dict(state)
+    wide["classifier.main.0.weight_v"] = torch.randn(3 * HIDDEN, HIDDEN)
+    wide["classifier.main.0.bias"] = torch.randn(3 * HIDDEN)
+    wide["classifier.main.3.weight_v"] = torch.randn(ANSWERS, 3 * HIDDEN)
+    model = load_whole_ban_vqa(wide).eval()
+    x = torch.randn(4, HIDDEN)
+
+    def layer(index, inputs):
+        g, v, b = (wide[f"classifier.main.{index}.{name}"] for name in ("weight_g", "weight_v", "bias"))
+        return inputs @ (g * v / v.norm()).T + b
+
+    with torch.no_grad():
+        torch.testing.assert_close(model.classifier(x), layer(3, torch.relu(layer(0, x))))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("v_att.logits.h_bias", torch.zeros(1, 3, 1, 1), r"v_att\.logits\.h_bias has shape \(1, 3, 1, 1\), expected \(1, 2, 1, 1\)"),
+        ("q_emb.rnn.bias_hh_l0", torch.zeros(5), r"q_emb\.rnn\.bias_hh_l0 has shape \(5,\), expected \(18,\) \(question GRU\)"),
+        ("q_emb.rnn.weight_ih_l0", torch.zeros(18, 4), r"q_emb\.rnn\.weight_ih_l0 has shape \(18, 4\), expected \(18, 8\)"),
+        ("classifier.main.3.bias", torch.zeros(4), r"classifier\.main\.3\.bias has shape \(4,\), expected \(5,\) \(the answer classifier\)"),
+        ("classifier.main.0.weight_v", torch.zeros(12, 5), r"classifier\.main\.0 is \(12, 5\) and classifier\.main\.3 is \(5, 12\) for hidden size 6"),
+        ("classifier.main.3.weight_v", torch.zeros(5, 11), r"classifier\.main\.0 is \(12, 6\) and classifier\.main\.3 is \(5, 11\) for hidden size 6"),
+        ("w_emb.emb_.weight", torch.zeros(WORDS, 4), r"w_emb\.emb_\.weight has shape \(9, 4\); expected \(10, E2\)"),
+        ("q_prj.1.main.1.weight_v", torch.ones(6, 6, 1), r"q_prj\.1\.main\.1\.weight_v has shape \(6, 6, 1\); expected 2-d \(P of glimpse 1\)"),
+        ("q_prj.1.main.1.weight_g", torch.ones(4, 1), r"q_prj\.1\.main\.1\.weight_g has shape \(4, 1\), which does not fit weight_v of shape \(6, 6\)"),
+    ],
+)
+def test_inconsistent_shapes_of_the_whole_model(key, value, message):
+    state = _ban_vqa_state()
+    state[key] = value
+    with pytest.raises(ValueError, match=message):
+        load_whole_ban_vqa(state)

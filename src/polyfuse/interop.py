@@ -2,9 +2,11 @@
 
 :func:`load_ban_vqa` reads a whole state dict of ``BanModel`` from the authors' BAN
 code (github.com/jnhwkim/ban-vqa) into a :class:`polyfuse.nn.vqa.BanVQA`: word
-embedding, question GRU, attention, bilinear residual blocks, projections, counter,
-count projections and classifier. Every key of the file must be used; a key left
-over is an error that lists it. :func:`load_ban_fusion` takes the fusion path only
+embedding (one, or two concatenated as ban-vqa's default ``--op c``), question GRU,
+attention, bilinear residual blocks, projections, counter, count projections and
+classifier. Every key the model needs must be in the file (a missing one is an error
+that names it) and every key of the file must be used (a key left over is an error
+that lists it). :func:`load_ban_fusion` takes the fusion path only
 (attention ``v_att``, glimpse loop over ``b_net`` and ``q_prj``) as a
 :class:`polyfuse.nn.BAN`, for a state dict that holds nothing else or with
 ``ignore`` naming the parts to leave out.
@@ -13,7 +15,11 @@ Key layout of the reference (``<i>`` is 1 when the ``FCNet`` has dropout, 0 if n
 its linear layers use the old ``torch.nn.utils.weight_norm`` with ``dim=None``):
 
 - ``w_emb.emb.weight`` (V + 1, 300): word embedding, the last row padding
+- ``w_emb.emb_.weight`` (V + 1, 300), only with ``--op c`` (ban-vqa's default): a second
+  embedding (tf-idf-weighted GloVe at the start, trained), concatenated after the first,
+  so the GRU has 600 inputs
 - ``q_emb.rnn.{weight_ih_l0,weight_hh_l0,bias_ih_l0,bias_hh_l0}``: the question GRU
+  (``weight_ih_l0`` (3H, 300) or, with ``--op c``, (3H, 600))
 - ``v_att.logits.v_net.main.<i>.{weight_g,weight_v,bias}``: U of BAN Eq. 13, (K', d_v)
 - ``v_att.logits.q_net.main.<i>.{...}``: V of BAN Eq. 13, (K', H)
 - ``v_att.logits.h_mat_g`` (scalar), ``v_att.logits.h_mat_v`` (1, G, 1, K'): the p_g of
@@ -65,14 +71,23 @@ class _TrackedState(dict):
         return sorted(set(self) - self.used)
 
 
-def _linear_weight(
-    state: Mapping[str, Tensor], stem: str, what: str
-) -> tuple[Tensor, Tensor, Tensor | None]:
+def _tensor(state: Mapping[str, Tensor], key: str, what: str, shape: tuple[int, ...] | None = None) -> Tensor:
+    if key not in state:
+        raise ValueError(f"{_OWNER}: missing key {key} ({what})")
+    value = state[key]
+    if shape is not None and tuple(value.shape) != shape:
+        raise ValueError(f"{_OWNER}: {key} has shape {tuple(value.shape)}, expected {shape} ({what})")
+    return value
+
+
+def _linear_weight(state: Mapping[str, Tensor], stem: str, what: str) -> tuple[Tensor, Tensor, Tensor]:
     """``(g, v, bias)`` of the single linear layer of an ``FCNet`` under ``stem``.
 
     ``g`` is a scalar and ``v`` the direction, ``weight = g * v / ||v||_F`` (weight
     norm with ``dim=None``). A layer stored with another weight norm (old or
-    parametrization keys) or without one is brought to this form.
+    parametrization keys) or without one is brought to this form. Every ``FCNet`` of
+    the reference has a bias: a missing one is an error, as is a missing half of a
+    weight norm.
     """
     pattern = re.compile(re.escape(stem) + r"main\.(\d+)\.")
     indices = sorted({int(m.group(1)) for key in state if (m := pattern.match(key))})
@@ -81,34 +96,28 @@ def _linear_weight(
             f"{_OWNER}: missing keys {stem}main.<i>.weight_g/weight_v/bias ({what}); "
             "is this a state dict of ban-vqa's BanModel?"
         )
-    layers = [
-        i
-        for i in indices
-        if any(
-            f"{stem}main.{i}.{name}" in state
-            for name in ("weight_v", "weight", "parametrizations.weight.original1")
-        )
-    ]
-    if len(layers) != 1:
+    if len(indices) != 1:
         raise ValueError(
-            f"{_OWNER}: expected one linear layer under {stem}main ({what}), found {len(layers)}"
+            f"{_OWNER}: expected one linear layer under {stem}main ({what}), found keys of "
+            f"{len(indices)}: main.{indices}"
         )
-    base = f"{stem}main.{layers[0]}."
+    base = f"{stem}main.{indices[0]}."
     for g_key, v_key in [
         ("weight_g", "weight_v"),
         ("parametrizations.weight.original0", "parametrizations.weight.original1"),
     ]:
-        if base + v_key in state:
-            if base + g_key not in state:
-                raise ValueError(f"{_OWNER}: missing key {base + g_key} ({what})")
-            g, v = state[base + g_key], state[base + v_key]
+        if base + g_key in state or base + v_key in state:
+            g = _tensor(state, base + g_key, what)
+            v = _tensor(state, base + v_key, what)
             break
     else:
+        if base + "weight" not in state:
+            raise ValueError(f"{_OWNER}: missing keys {base}weight_g and {base}weight_v ({what})")
         weight = state[base + "weight"]
         g, v = weight.norm(), weight
     if v.dim() != 2:
         raise ValueError(
-            f"{_OWNER}: {base} weight has shape {tuple(v.shape)}; expected 2-d ({what})"
+            f"{_OWNER}: {base}weight_v has shape {tuple(v.shape)}; expected 2-d ({what})"
         )
     if g.numel() != 1:  # a weight norm over rows (dim=0): store the effective weight
         try:
@@ -119,20 +128,15 @@ def _linear_weight(
                 f"weight_v of shape {tuple(v.shape)} ({what})"
             ) from None
         g, v = weight.norm(), weight
-    bias = state.get(base + "bias")
-    if bias is not None and tuple(bias.shape) != (v.shape[0],):
-        raise ValueError(
-            f"{_OWNER}: {base}bias has shape {tuple(bias.shape)}, expected ({v.shape[0]},) ({what})"
-        )
+    bias = _tensor(state, base + "bias", what, (v.shape[0],))
     return g.reshape(()), v, bias
 
 
 def _glimpse_vectors(state: Mapping[str, Tensor], stem: str) -> tuple[Tensor, Tensor]:
     """``(g, v)`` of the attention's ``h_mat``, with v reshaped to (G, K')."""
-    if stem + "h_mat_v" in state:
-        if stem + "h_mat_g" not in state:
-            raise ValueError(f"{_OWNER}: missing key {stem}h_mat_g (weight norm of p_g)")
-        g, v = state[stem + "h_mat_g"], state[stem + "h_mat_v"]
+    if stem + "h_mat_v" in state or stem + "h_mat_g" in state:
+        what = "the weight-normed glimpse vectors p_g of the attention, BAN Eq. 10"
+        g, v = _tensor(state, stem + "h_mat_g", what), _tensor(state, stem + "h_mat_v", what)
         if g.numel() != 1:
             raise ValueError(
                 f"{_OWNER}: {stem}h_mat_g has shape {tuple(g.shape)}; the reference "
@@ -143,8 +147,8 @@ def _glimpse_vectors(state: Mapping[str, Tensor], stem: str) -> tuple[Tensor, Te
         g = v.norm()
     else:
         raise ValueError(
-            f"{_OWNER}: missing keys {stem}h_mat_g/h_mat_v (the glimpse vectors p_g of the "
-            "attention, BAN Eq. 10)"
+            f"{_OWNER}: missing keys {stem}h_mat_g and {stem}h_mat_v (the glimpse vectors p_g "
+            "of the attention, BAN Eq. 10)"
         )
     if v.dim() != 4 or v.shape[0] != 1 or v.shape[2] != 1:
         raise ValueError(
@@ -294,52 +298,42 @@ def _ban_from_state(
     weights: dict[str, Tensor] = {}
 
     def put(name: str, layer: tuple[Tensor, Tensor, Tensor | None]) -> None:
+        """(g, v, bias) -> a weight-normed linear layer of the BAN; bias None for the
+        glimpse vectors p_g, which have none."""
         g, v, bias = layer
         weights[f"{name}.parametrizations.weight.original0"] = g
         weights[f"{name}.parametrizations.weight.original1"] = v
         if bias is not None:
             weights[f"{name}.bias"] = bias
 
-    def put_stacked(name: str, layers: list[tuple[Tensor, Tensor, Tensor | None]]) -> None:
+    def put_stacked(name: str, layers: list[tuple[Tensor, Tensor, Tensor]]) -> None:
         """One (g, v, bias) per glimpse -> the stacked parameters of a GlimpseLinears."""
         weights[f"{name}.weight_g"] = torch.stack([g.reshape(1, 1) for g, _, _ in layers])
         weights[f"{name}.weight_v"] = torch.stack([v for _, v, _ in layers])
-        weights[f"{name}.bias"] = torch.stack([
-            torch.zeros_like(v[:, 0]) if bias is None else bias for _, v, bias in layers
-        ])
+        weights[f"{name}.bias"] = torch.stack([bias for _, _, bias in layers])
 
     put("attention_x", (att_g_x, att_v_x, att_bias_x))
     put("attention_y", (att_g_y, att_v_y, att_bias_y))
-    put("attention_glimpses", (glimpse_g, glimpse_v, None))
+    put("attention_glimpses", (glimpse_g, glimpse_v, None))  # h_bias is apart (h_mat has none)
     for index, name in enumerate(("joint_x", "joint_y", "joint_projections")):
         put_stacked(name, [layers[index] for layers in joint_layers])
-    for key, value in ban.state_dict().items():
-        if key.endswith(".bias") and key not in weights:  # a layer stored without a bias
-            weights[key] = torch.zeros_like(value)
     ban.load_state_dict(weights, strict=True)
     return ban, stored_glimpses
-
-
-def _tensor(state: _TrackedState, key: str, what: str, shape: tuple[int, ...] | None = None) -> Tensor:
-    if key not in state:
-        raise ValueError(f"{_OWNER}: missing key {key} ({what})")
-    value = state[key]
-    if shape is not None and tuple(value.shape) != shape:
-        raise ValueError(f"{_OWNER}: {key} has shape {tuple(value.shape)}, expected {shape} ({what})")
-    return value
 
 
 def _classifier_layer(state: _TrackedState, index: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(g, v, bias)`` of ``classifier.main.<index>`` (a weight-normed linear layer)."""
     base = f"classifier.main.{index}."
     what = "the answer classifier"
-    if base + "weight_v" in state:
-        g, v = _tensor(state, base + "weight_g", what), state[base + "weight_v"]
+    if base + "weight_v" in state or base + "weight_g" in state:
+        g, v = _tensor(state, base + "weight_g", what), _tensor(state, base + "weight_v", what)
         if g.numel() != 1:
             raise ValueError(f"{_OWNER}: {base}weight_g has shape {tuple(g.shape)}; expected a scalar (dim=None)")
-    else:
-        v = _tensor(state, base + "weight", what)
+    elif base + "weight" in state:
+        v = state[base + "weight"]
         g = v.norm()
+    else:
+        raise ValueError(f"{_OWNER}: missing keys {base}weight_g and {base}weight_v ({what})")
     return g.reshape(()), v, _tensor(state, base + "bias", what, (v.shape[0],))
 
 
@@ -356,12 +350,18 @@ def load_ban_vqa(
     Sizes come from the tensors: vocabulary V and embedding size, GRU hidden size H,
     image feature size, attention rank, glimpses G, the counter's objects and pieces,
     and the number of answers. In eval mode ``model(q, v, b[:, :, :4])`` returns the
-    reference's ``(logits, att)`` for its inputs ``(v, b, q)``. A state dict without
-    ``counter.`` and ``c_prj.`` keys gives BAN without counter.
+    reference's ``(logits, att)`` for its inputs ``(v, b, q)``. A state dict with
+    ``w_emb.emb_.weight`` (ban-vqa's default ``--op c``, the released BAN-Glove-Counter)
+    gives a question encoder with a second embedding concatenated after the first; one
+    without ``counter.`` and ``c_prj.`` keys gives BAN without counter.
+
+    Every key the model needs must be present: a missing one (a bias, a half of a weight
+    norm, a counter function f.0 to f.7, ...) is an error that names it. The counter
+    functions f.8 to f.15, which the reference builds but never uses, may be absent.
 
     Raises:
-        ValueError: a missing key, inconsistent shapes, or keys left over after all
-            parts are loaded (listed), including counter functions f.8 to f.15 that
+        ValueError: a missing key (named), inconsistent shapes, or keys left over after
+            all parts are loaded (listed), including counter functions f.8 to f.15 that
             are not at their initial value.
     """
     state = _strip_prefix(state_dict, prefix)
@@ -371,10 +371,28 @@ def load_ban_vqa(
     if embedding.dim() != 2 or embedding.shape[0] < 2:
         raise ValueError(f"{_OWNER}: w_emb.emb.weight has shape {tuple(embedding.shape)}; expected (V + 1, E)")
     num_words, embedding_dim = embedding.shape[0] - 1, embedding.shape[1]
+    second_embedding = None  # ban-vqa's --op c: a second embedding concatenated after the first
+    second_embedding_dim = 0
+    if "w_emb.emb_.weight" in state:
+        second_embedding = state["w_emb.emb_.weight"]
+        if second_embedding.dim() != 2 or second_embedding.shape[0] != num_words + 1:
+            raise ValueError(
+                f"{_OWNER}: w_emb.emb_.weight has shape {tuple(second_embedding.shape)}; "
+                f"expected ({num_words + 1}, E2), the rows of w_emb.emb.weight"
+            )
+        second_embedding_dim = second_embedding.shape[1]
+    gru_inputs = embedding_dim + second_embedding_dim
+    input_weight = _tensor(state, "q_emb.rnn.weight_ih_l0", "question GRU")
+    if second_embedding is None and input_weight.dim() == 2 and input_weight.shape[1] > embedding_dim:
+        raise ValueError(
+            f"{_OWNER}: q_emb.rnn.weight_ih_l0 has shape {tuple(input_weight.shape)}, so the GRU reads "
+            f"{input_weight.shape[1]} features per word, but w_emb.emb.weight gives {embedding_dim}: "
+            "missing key w_emb.emb_.weight (the second embedding of ban-vqa's --op c)"
+        )
     gru = {
         name: _tensor(state, f"q_emb.rnn.{name}", "question GRU", shape)
         for name, shape in [
-            ("weight_ih_l0", (3 * hidden_dim, embedding_dim)),
+            ("weight_ih_l0", (3 * hidden_dim, gru_inputs)),
             ("weight_hh_l0", (3 * hidden_dim, hidden_dim)),
             ("bias_ih_l0", (3 * hidden_dim,)),
             ("bias_hh_l0", (3 * hidden_dim,)),
@@ -417,6 +435,7 @@ def load_ban_vqa(
         glimpses=glimpses,
         counter_objects=objects,
         embedding_dim=embedding_dim,
+        second_embedding_dim=second_embedding_dim or None,
         dropout=dropout,
         attention_dropout=attention_dropout,
         classifier_dropout=classifier_dropout,
@@ -432,6 +451,8 @@ def load_ban_vqa(
     model = model.to(dtype=embedding.dtype)
     weights = {f"ban.{k}": v for k, v in ban.state_dict().items()}
     weights["question.embedding.weight"] = embedding
+    if second_embedding is not None:
+        weights["question.second_embedding.weight"] = second_embedding
     weights.update({f"question.gru.{k}": v for k, v in gru.items()})
     weights["attention_bias"] = attention_bias.reshape(glimpses)
     for index, (g, v, bias) in [(0, first), (3, last)]:
@@ -443,9 +464,7 @@ def load_ban_vqa(
         for g, (scale, direction, bias) in enumerate(count_layers):
             weights[f"count_projections.{g}.parametrizations.weight.original0"] = scale
             weights[f"count_projections.{g}.parametrizations.weight.original1"] = direction
-            weights[f"count_projections.{g}.bias"] = (
-                bias if bias is not None else torch.zeros(hidden_dim, dtype=direction.dtype)
-            )
+            weights[f"count_projections.{g}.bias"] = bias
     left_over = state.unused()
     if left_over:
         raise ValueError(f"{_OWNER}: keys that no part of BanVQA uses: {left_over}")

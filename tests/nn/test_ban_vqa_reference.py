@@ -52,14 +52,14 @@ def reference(tmp_path, monkeypatch):
         sys.modules.update(saved)
 
 
-def _reference_model(base_model, *, glimpses, hidden, words, answers, image_dim, seed):
+def _reference_model(base_model, *, glimpses, hidden, words, answers, image_dim, seed, op=""):
     torch.manual_seed(seed)
     dataset = types.SimpleNamespace(
         dictionary=types.SimpleNamespace(ntoken=words), v_dim=image_dim, num_ans_candidates=answers
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = base_model.build_ban(dataset, hidden, op="", gamma=glimpses)
+        model = base_model.build_ban(dataset, hidden, op=op, gamma=glimpses)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -84,15 +84,19 @@ def _inputs(batch, objects, image_dim, words, seed):
     return v, b, q
 
 
-@pytest.mark.parametrize(("glimpses", "hidden"), [(2, 16), (4, 8)])
-def test_whole_model_matches_reference_forward(reference, glimpses, hidden):
+# op "c" is ban-vqa's default (main.py --op c, the released BAN-Glove-Counter): a second
+# 300-d embedding w_emb.emb_ concatenated after the first, 600 GRU inputs.
+@pytest.mark.parametrize(("glimpses", "hidden", "op"), [(2, 16, ""), (4, 8, ""), (2, 8, "c")])
+def test_whole_model_matches_reference_forward(reference, glimpses, hidden, op):
     words, answers, image_dim = 23, 9, 12
-    model = _reference_model(reference, glimpses=glimpses, hidden=hidden, words=words, answers=answers, image_dim=image_dim, seed=glimpses)
+    model = _reference_model(reference, glimpses=glimpses, hidden=hidden, words=words, answers=answers, image_dim=image_dim, seed=glimpses, op=op)
+    assert ("w_emb.emb_.weight" in model.state_dict()) == (op == "c")
     v, b, q = _inputs(3, 13, image_dim, words, seed=glimpses)
     with torch.no_grad():
         expected_logits, expected_attention = model(v, b, q, None)
     ours = load_ban_vqa(model.state_dict()).eval()
     assert ours.counter is not None and ours.glimpses == glimpses
+    assert (ours.question.second_embedding is not None) == (op == "c")
     with torch.no_grad():
         logits, attention = ours(q, v, b[:, :, :4])
     torch.testing.assert_close(attention, expected_attention, atol=1e-5, rtol=1e-5)

@@ -269,3 +269,42 @@ def test_ban_vqa_dropout_rates_reach_the_image_and_the_attention():
 
 def test_fusion_vqa_classifier_dropout_is_the_given_rate():
     assert FusionVQA("concat", 6, 4, 5, hidden_dim=8, classifier_dropout=0.0).classifier[2].p == 0.0
+
+
+def test_question_encoder_second_embedding_is_concatenated():
+    """ban-vqa's op 'c': the GRU reads cat(emb(x), emb_(x)); both tables have V + 1 rows
+    with padding index V. Oracle: nn.GRUCell stepped over the concatenated rows."""
+    vectors = torch.arange(12, dtype=torch.float32).view(4, 3)
+    encoder = QuestionEncoder(4, embedding_dim=3, hidden_dim=5, word_vectors=vectors, second_embedding_dim=3)
+    second = encoder.second_embedding
+    assert second.weight.shape == (5, 3) and second.padding_idx == 4 and encoder.gru.input_size == 6
+    torch.testing.assert_close(second.weight[:4], vectors)  # ban-vqa copies GloVe into both
+    assert second.weight[4].abs().sum() == 0
+    with torch.no_grad():
+        second.weight[:4] = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    tokens = torch.tensor([[2, 0, 4]])
+    output = encoder(tokens)
+    cell = torch.nn.GRUCell(6, 5)
+    cell.weight_ih.data, cell.weight_hh.data = encoder.gru.weight_ih_l0.data, encoder.gru.weight_hh_l0.data
+    cell.bias_ih.data, cell.bias_hh.data = encoder.gru.bias_ih_l0.data, encoder.gru.bias_hh_l0.data
+    state = torch.zeros(1, 5)
+    for step in range(3):
+        word = tokens[:, step]
+        state = cell(torch.cat([encoder.embedding.weight[word], second.weight[word]], dim=1), state)
+        torch.testing.assert_close(output[:, step], state)
+    # another size: no GloVe rows copied (they would not fit), GRU of E + E2 inputs
+    other = QuestionEncoder(4, embedding_dim=3, hidden_dim=5, word_vectors=vectors, second_embedding_dim=2)
+    assert other.gru.input_size == 5 and not torch.equal(other.second_embedding.weight[:4, :2], vectors[:, :2])
+    with pytest.raises(ValueError, match=r"^QuestionEncoder: second_embedding_dim must be a positive integer, got 0$"):
+        QuestionEncoder(4, embedding_dim=3, second_embedding_dim=0)
+
+
+def test_question_encoder_without_second_embedding_keeps_its_state_dict():
+    encoder = QuestionEncoder(4, embedding_dim=3, hidden_dim=5)
+    assert encoder.second_embedding is None
+    assert sorted(encoder.state_dict()) == [
+        "embedding.weight", "gru.bias_hh_l0", "gru.bias_ih_l0", "gru.weight_hh_l0", "gru.weight_ih_l0",
+    ]  # fmt: skip
+    model = BanVQA(4, 3, 6, hidden_dim=8, glimpses=2, embedding_dim=3, second_embedding_dim=3)
+    assert model.state_dict()["question.second_embedding.weight"].shape == (5, 3)
+    assert "question.second_embedding.weight" not in BanVQA(4, 3, 6, hidden_dim=8, glimpses=2, embedding_dim=3).state_dict()

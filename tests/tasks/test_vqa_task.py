@@ -47,14 +47,13 @@ def test_vqa_score_equals_the_official_accuracy():
 
 
 def test_answer_table_by_hand():
-    # The official script normalises the prediction fully but the human answers only for
-    # punctuation: "2" matches the two humans who wrote "2", not those who wrote "two".
-    # Leave-one-out: 8 subsets with both -> 2/3, 2 subsets with one -> 1/3: mean 0.6.
-    # "3" (one human): 9 subsets -> 1/3, one -> 0: mean 0.3.
+    # The humans differ, so the official VQA 2.0 script normalises them and the prediction
+    # fully: "two" becomes "2", and "2" matches 4 humans; every leave-one-out subset keeps
+    # at least 3 -> 1.0. "3" (one human): 9 subsets -> 1/3, one -> 0: mean 0.3.
     question = VQAQuestion(0, 0, "how many?", ("two", "2", "2", "two", "3", "4", "4", "4", "5", "6"), "number", "how many")
     ids, scores = answer_table([question], VOCABULARY)
     found = {VOCABULARY[i]: s for i, s in zip(ids[0].tolist(), scores[0].tolist(), strict=True) if i >= 0}
-    assert found == pytest.approx({"2": 0.6, "3": 0.3})
+    assert found == pytest.approx({"2": 1.0, "3": 0.3})
 
 
 def test_validation_holds_whole_images():

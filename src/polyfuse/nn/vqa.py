@@ -84,6 +84,9 @@ class BanVQA(nn.Module):
             builds BAN without counter.
         embedding_dim: word embedding size (300).
         word_vectors: None or (V, embedding_dim) initial embedding rows (GloVe).
+        second_embedding_dim: None, or the size of a second word embedding concatenated
+            to the first before the GRU (ban-vqa's ``--op c``; see
+            :class:`~polyfuse.nn.text.QuestionEncoder`).
         dropout, attention_dropout, classifier_dropout: 0.2, 0.5 and 0.5 as the reference.
     """
 
@@ -98,6 +101,7 @@ class BanVQA(nn.Module):
         counter_objects: int | None = 10,
         embedding_dim: int = 300,
         word_vectors: Tensor | None = None,
+        second_embedding_dim: int | None = None,
         dropout: float = 0.2,
         attention_dropout: float = 0.5,
         classifier_dropout: float = 0.5,
@@ -105,7 +109,11 @@ class BanVQA(nn.Module):
         super().__init__()
         self.image_dim = int(image_dim)
         self.question = QuestionEncoder(
-            num_words, embedding_dim=embedding_dim, hidden_dim=hidden_dim, word_vectors=word_vectors
+            num_words,
+            embedding_dim=embedding_dim,
+            hidden_dim=hidden_dim,
+            word_vectors=word_vectors,
+            second_embedding_dim=second_embedding_dim,
         )
         # Attention U, V, p_g (BAN Eq. 10, 13), joint U'_g, V'_g (Eq. 12), P_g (Eq. 11).
         self.ban = BAN(
