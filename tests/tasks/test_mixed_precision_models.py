@@ -123,6 +123,8 @@ MEASURED = {
     "RetrievalModel concat": 0.0077,
     "RetrievalModel mean": 0.0041,
     "RetrievalModel gating": 0.0078,
+    "RetrievalModel gating+man": 0.0053,
+    "RetrievalModel mean+man": 0.0077,
     "ChimeraRetrievalModel": 0.0006,
 }
 
