@@ -54,3 +54,36 @@ def test_bad_rates_and_inputs_are_refused():
         mask_word_pieces(ids, attention, [CLS], MASK, 1.0, torch.Generator())
     with pytest.raises(ValueError, match="bool"):
         drop_regions(attention.long(), 0.2, torch.Generator())
+
+
+def test_one_region_is_kept_when_the_rate_would_drop_them_all():
+    # n = 1 at 0.6: round(0.6) = 1, clamped to n - 1 = 0; n = 3 at 0.9: round(2.7) = 3 -> 2
+    mask = torch.tensor([[True] + [False] * 3, [True] * 3 + [False]])
+    assert (mask.sum(1) - drop_regions(mask, 0.6, torch.Generator().manual_seed(0)).sum(1)).tolist() == [0, 2]
+    assert drop_regions(mask, 0.9, torch.Generator().manual_seed(0)).sum(1).tolist() == [1, 1]
+    # the drawn positions follow the generator: two seeds differ somewhere over many rows
+    many = torch.ones(64, 10, dtype=torch.bool)
+    first = drop_regions(many, 0.5, torch.Generator().manual_seed(1))
+    assert torch.equal(first, drop_regions(many, 0.5, torch.Generator().manual_seed(1)))
+    assert not torch.equal(first, drop_regions(many, 0.5, torch.Generator().manual_seed(2)))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda ids, att: mask_word_pieces(ids.float(), att, [CLS], MASK, 0.2, torch.Generator()),
+         r"token_ids must be a \(B, N\) integer tensor"),
+        (lambda ids, att: mask_word_pieces(ids[0], att[0], [CLS], MASK, 0.2, torch.Generator()),
+         r"token_ids must be a \(B, N\) integer tensor"),
+        (lambda ids, att: mask_word_pieces(ids, att[:, :5], [CLS], MASK, 0.2, torch.Generator()),
+         r"attention_mask must have the shape of token_ids, \(4, 12\)"),
+        (lambda ids, att: drop_regions(att[0], 0.2, torch.Generator()), r"mask must be a \(B, N\) bool tensor"),
+        (lambda ids, att: choose_positions(att.long(), 0.2, torch.Generator()),
+         r"candidates must be a \(B, N\) bool tensor"),
+        (lambda ids, att: choose_positions(att[0], 0.2, torch.Generator()), r"candidates must be a \(B, N\) bool tensor"),
+    ],
+)
+def test_each_bad_input_is_named(call, message):
+    ids, attention, _ = _captions()
+    with pytest.raises(ValueError, match=message):
+        call(ids, attention)
