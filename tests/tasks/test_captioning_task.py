@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary
@@ -114,3 +115,25 @@ def test_the_captioner_encodes_with_a_bilstm_by_default_and_linear_on_request() 
     linear = _captioner(encoder="linear")
     assert [x.shape[-1] for x in linear.encode(inputs, masks)] == [6, 6]
     assert "encoders.0.0.weight" in linear.state_dict()  # the layout of checkpoints before 0.3.0
+
+
+def test_bilstm_encoder_sizes_and_edges():
+    from polyfuse.nn.bilstm import BiLSTMEncoder
+
+    torch.manual_seed(0)
+    encoder = BiLSTMEncoder(1, 1)  # the smallest sizes are valid
+    assert encoder.output_dim == 2
+    one = encoder(torch.randn(1, 1, 1), torch.ones(1, 1, dtype=torch.bool))  # one sample of one step
+    assert one.shape == (1, 1, 2) and bool((one != 0).all())
+    wide = BiLSTMEncoder(3, 5)
+    assert wide.output_dim == 10
+    for batch, steps in ((0, 4), (2, 0)):
+        empty = wide(torch.randn(batch, steps, 3), torch.ones(batch, steps, dtype=torch.bool))
+        assert empty.shape == (batch, steps, 10)
+    for sizes in ((0, 5), (3, 0)):
+        with pytest.raises(ValueError, match=rf"sizes must be positive, got input_dim={sizes[0]}, hidden_dim={sizes[1]}"):
+            BiLSTMEncoder(*sizes)
+    with pytest.raises(ValueError, match=r"got \(2, 4, 3\) and \(2, 4\) \(torch.int64\)"):
+        wide(torch.randn(2, 4, 3), torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"and \(2, 3\) \(torch.bool\)"):
+        wide(torch.randn(2, 4, 3), torch.ones(2, 3, dtype=torch.bool))
