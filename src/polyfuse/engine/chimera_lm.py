@@ -24,7 +24,6 @@ warning. Nothing downloads.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -37,7 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch import Tensor
 
-from polyfuse.engine.retrieval import encoder_fingerprint
+from polyfuse.engine.retrieval import content_cache_path, encoder_fingerprint
 from polyfuse.engine.rundir import atomic_temp_path, write_bytes
 from polyfuse.functional.chimera_masking import mask_word_pieces
 from polyfuse.nn.chimera import TiedMaskedLMHead
@@ -196,9 +195,9 @@ def lm_head_for(encoder, captions: list[str], held_out: list[str], cache_dir: st
                 settings: LMHeadSettings = LMHeadSettings()) -> tuple[TiedMaskedLMHead, dict]:
     """The head of :func:`pretrain_lm_head`, read from ``cache_dir`` when it holds one for
     exactly these inputs (report["cached"] says which), else trained and written there."""
-    key_source = json.dumps([_FORMAT, list(captions), list(held_out), asdict(settings), encoder_fingerprint(encoder)])
-    cache = Path(cache_dir) / f"lm_head_{hashlib.sha256(key_source.encode()).hexdigest()[:32]}.safetensors" \
-        if cache_dir is not None else None
+    cache = content_cache_path(
+        cache_dir, "lm_head", [_FORMAT, list(captions), list(held_out), asdict(settings), encoder_fingerprint(encoder)]
+    )
     if cache is not None and cache.is_file():
         head = _new_head(encoder, settings.seed)
         report = _read_head(cache, head)

@@ -114,6 +114,15 @@ def encoder_fingerprint(encoder) -> str:
     return digest.hexdigest()
 
 
+def content_cache_path(cache_dir: str | Path | None, prefix: str, key_parts: object) -> Path | None:
+    """``<cache_dir>/<prefix>_<hash>.safetensors``, the hash over ``key_parts`` (JSON):
+    a file named by the content of what it caches; None without a cache folder."""
+    if cache_dir is None:
+        return None
+    key = hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:32]
+    return Path(cache_dir) / f"{prefix}_{key}.safetensors"
+
+
 def _read_cache(cache: Path, count: int) -> Tensor | None:
     """The vectors of a cache file, or None (with a warning) when it is broken or foreign:
     a half-written cache is rebuilt, never trusted."""
@@ -137,8 +146,7 @@ def encode_captions(encoder, captions: Sequence[str], *, batch_size: int = 128, 
     (:func:`encoder_fingerprint`: a run with another word-vector file never reads
     this one's vectors), written atomically (a temporary file renamed), and a cache
     that cannot be read (truncated, empty) is rebuilt."""
-    key = hashlib.sha256(json.dumps([list(captions), encoder_fingerprint(encoder)]).encode()).hexdigest()[:32]
-    cache = Path(cache_dir) / f"text_{key}.safetensors" if cache_dir is not None else None
+    cache = content_cache_path(cache_dir, "text", [list(captions), encoder_fingerprint(encoder)])
     if cache is not None and cache.is_file():
         vectors = _read_cache(cache, len(captions))
         if vectors is not None:
