@@ -2,7 +2,7 @@
 
 Three measurements, all in float64:
 
-* **Attention output** (the table of issue 14): for m modalities with features
+* **Attention output** (docs/BENCHMARKS.md, "Approximation error of had mode"): for m modalities with features
   a_j[t] ~ N(0, s^2 I_8) and values ~ N(0, I_4), the relative error
   |had - exact| / |exact| of :func:`polyfuse.functional.multilinear_attention` with
   W a standard orthogonal Gaussian matrix (H, 8), median over ``seeds`` draws of

@@ -167,13 +167,3 @@ def captioning_markdown(payload: dict[str, Any], image: str = "captioning_decode
             f"{format_bytes(r['low_rank_peak_bytes'])} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def write_markdown(folder: str | Path = "docs/benchmarks") -> Path:
-    """Write ``captioning.md`` beside ``captioning.json`` in ``folder``."""
-    from polyfuse.bench.results import read_results
-
-    folder = Path(folder)
-    path = folder / "captioning.md"
-    path.write_text(captioning_markdown(read_results(folder / "captioning.json")))
-    return path

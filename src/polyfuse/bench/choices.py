@@ -1,4 +1,4 @@
-"""The choices of MAN's attention side by side: error against cost (issue 27).
+"""The choices of MAN's attention side by side: error against cost.
 
 For each way of computing MAN's attention (exact; had with MAN's ARF features, the
 LSC vectors estimated with the rest; had with the default centred generalised

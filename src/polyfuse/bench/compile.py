@@ -32,7 +32,7 @@ __all__ = ["run_compile_bench"]
 
 LENGTHS = (20, 30, 25)
 DIMS = (64, 48, 32)
-# LMF and TFN first: the modules whose compiled form lost to eager (issue 26).
+# LMF and TFN first: the modules whose compiled form lost to eager (docs/BENCHMARKS.md, "torch.compile").
 ORDER = ("lmf", "tfn", "man", "ban")
 
 

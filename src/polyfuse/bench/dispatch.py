@@ -10,7 +10,7 @@ composite operations appear decomposed (``F.linear`` of a 3-d input is
 ``t`` + ``view`` + ``addmm`` + ``view`` ...), views and in-place operations count
 like any other, and the backward's operations are seen too.
 
-The sizes of issue 26: registry defaults, ``out_dim=8``, batch 8, three modalities
+The sizes (docs/BENCHMARKS.md, "Operations dispatched"): registry defaults, ``out_dim=8``, batch 8, three modalities
 of feature sizes 300 / 74 / 35 and lengths 20 / 30 / 25 (modules of two modalities
 take the first two), each sample padded at random (its real length drawn uniformly
 from [1, T], seeded), validation at its default level, after one warm-up call of each
@@ -82,7 +82,7 @@ def count_operations(function: Callable[[], Any]) -> DispatchCounter:
 
 @dataclass(frozen=True)
 class OpsSettings:
-    """The sizes at which operations are counted (issue 26's by default)."""
+    """The sizes at which operations are counted (those of docs/BENCHMARKS.md by default)."""
 
     batch: int = 8
     dims: tuple[int, ...] = (300, 74, 35)

@@ -61,7 +61,7 @@ __all__ = ["FULL", "QUICK", "GpuBenchSettings", "crossover_length", "gpu_markdow
 DIMS = (300, 74, 35)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PASSES = ("forward", "forward_backward")
-# LMF and TFN first: the modules whose compiled form lost to eager (issue 26), then MAN and BAN.
+# LMF and TFN first: the modules whose compiled form lost to eager (docs/BENCHMARKS.md, "torch.compile"), then MAN and BAN.
 ORDER = ("lmf", "tfn", "man", "ban")
 
 

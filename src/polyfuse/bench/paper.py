@@ -50,7 +50,7 @@ PAPER_FLOPS = {"MAN": 3.87e5, "w/o HAD": 10.23e6, "w/o CAO": 8.31e6, "w/o LSC": 
 PAPER_INFERENCE_SECONDS = {"MAN": 0.192, "w/o HAD": 0.352, "w/o CAO": 0.346, "w/o LSC": 0.182}
 VARIANTS = {
     # the paper's computation: the LSC vectors estimated with the rest. polyfuse's default
-    # (exact_lsc=True, issue 27) sums the 4^3 chunk tuples exactly, which at T = 50 counts
+    # (exact_lsc=True) sums the 4^3 chunk tuples exactly, which at T = 50 counts
     # 378,560 attention FLOPs against these 121,280 (tests/bench/test_bench_flops.py).
     "MAN": {"mode": "had", "chunks": 4, "exact_lsc": False},
     "w/o HAD": {"mode": "exact", "chunks": 4},

@@ -1,4 +1,4 @@
-"""``polyfuse bench targets``: the speed targets of issue 6, each a ratio of two
+"""``polyfuse bench targets``: the speed targets of docs/BENCHMARKS.md, each a ratio of two
 measurements taken in turns in one run, so that the machine's load hits both alike.
 
 1. exact / had forward time of one MAN layer, MOSI configuration (hidden size 40,

@@ -127,7 +127,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     targets = commands.add_parser(
         "targets",
-        help="the speed targets of issue 6, each a ratio measured in one run",
+        help="the speed targets (docs/BENCHMARKS.md), each a ratio measured in one run",
         description=(
             "exact/had forward time (MOSI configuration, m=3, T=50, batch 32) >= 50; had "
             "time m=8 / m=2 <= 4.5; T=400 / T=50 <= 10; had attention FLOP rate at m=7, "
@@ -310,7 +310,7 @@ def _add_ops(commands: Any, common: Any) -> None:
         description=(
             "Counts the operations (kernel launches on a GPU) of one forward (eval, "
             "torch.no_grad) and one forward+backward (eval, output.sum().backward()) of each "
-            "registered fusion module with a TorchDispatchMode, at issue 26's sizes by "
+            "registered fusion module with a TorchDispatchMode, at the sizes of docs/BENCHMARKS.md ('Operations dispatched') by "
             "default (out_dim 8, batch 8, sizes 300/74/35, lengths 20/30/25, random "
             "padding); prints the counts and the most frequent operations. Deterministic, "
             "seconds."

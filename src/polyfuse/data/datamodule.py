@@ -24,7 +24,6 @@ from functools import partial
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -198,10 +197,3 @@ class FusionDataModule(L.LightningDataModule):
         if not 0 <= index < len(partition):
             raise ValueError(f"sample {index} outside the {len(partition)} samples of {key!r}")
         return collate_rows(self._tensors, partition, [index])
-
-    def row_sample(self, key: str, row: int) -> int:
-        """The sample index of table row ``row`` in partition ``key``."""
-        found = np.flatnonzero(self.data.partitions[key].rows == row)
-        if not found.size:
-            raise ValueError(f"row {row} is not in the {key!r} partition")
-        return int(found[0])

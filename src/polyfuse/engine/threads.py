@@ -5,7 +5,7 @@ each with torch's intra-op pool (the threads one operator uses), its inter-op po
 (operators run concurrently) and ``loader_workers`` data loader processes (one thread
 each: PyTorch sets their torch threads to 1). On a shared machine a pool larger than
 the free cores does not run faster but much slower: threads that wait for each other
-at every operator are descheduled in turn (issue 17 measured 15 to 30 times slower
+at every operator are descheduled in turn (measured: 15 to 30 times slower
 training with 2 threads than with 1 on a loaded 2-core machine).
 
 The default therefore divides the free cores (``os.sched_getaffinity``, which honours

@@ -8,7 +8,7 @@ form: :class:`~polyfuse.nn.modality_subnetworks.SequenceSubnetwork`): its LSTM i
 out of the graph (``torch.compiler.disable``) so that it runs as one fused kernel
 (cuDNN on CUDA); traced into the graph (dynamo's ``allow_rnn``) it is unrolled into
 one cell per step, and compiled TFN and LMF then ran at 0.45x and 0.43x the speed of
-eager forward+backward on an H100 (issue 26). Such a module compiles in a few graphs
+eager forward+backward on an H100 (docs/BENCHMARKS.md, "torch.compile"). Such a module compiles in a few graphs
 around the LSTM, so ``fullgraph=True`` cannot hold for it.
 
 :func:`compile` is ``torch.compile`` with ``fullgraph`` chosen by

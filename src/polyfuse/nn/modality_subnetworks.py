@@ -27,7 +27,7 @@ Under ``torch.compile`` the LSTMs run eagerly (:func:`lstm_outputs`, one graph b
 for all of a module's LSTMs), as one fused kernel (cuDNN on CUDA, oneDNN on the CPU).
 Traced into the graph (dynamo's ``allow_rnn``) an LSTM is unrolled into one cell per
 step: compiled TFN and LMF were then slower than eager (0.45x and 0.43x forward+backward
-on an H100, issue 26), and the LSTM alone is on the CPU too.
+on an H100, docs/BENCHMARKS.md, "torch.compile"), and the LSTM alone is on the CPU too.
 """
 
 from __future__ import annotations
