@@ -7,6 +7,7 @@ import torch
 
 from polyfuse.metrics.retrieval import (
     chance_recall,
+    chunked_similarity,
     query_targets,
     ranks_from_scores,
     retrieval_metrics,
@@ -141,3 +142,94 @@ def test_retrieval_ranks_refuses_scores_that_overflow_to_inf_across_chunks():
     for chunk in (1, 2, 3):  # the count covers the later chunks too
         with pytest.raises(ValueError, match=expected):
             retrieval_ranks(queries, gallery, targets, chunk_size=chunk)
+
+
+def _chance_by_enumeration(correct_per_query: list[int], gallery: int, k: int) -> float:
+    """Expected recall@k of a uniform random ranking, by enumerating every permutation."""
+    import itertools
+
+    hits = []
+    for c in correct_per_query:
+        orders = list(itertools.permutations(range(gallery)))  # items 0..c-1 are the correct ones
+        hits.append(sum(min(order.index(j) for j in range(c)) < k for order in orders) / len(orders))
+    return 100.0 * sum(hits) / len(hits)
+
+
+def test_chance_recall_equals_enumeration_over_queries_with_different_counts():
+    # one correct item of 4, and every item correct: the mean over queries, 100 for the second
+    targets = torch.tensor([[True, False, False, False], [True, True, True, True], [True, True, False, False]])
+    got = chance_recall(targets, ks=(1, 2, 3, 5))
+    for k in (1, 2, 3, 5):
+        assert got[k] == pytest.approx(_chance_by_enumeration([1, 4, 2], 4, k))
+    assert got[1] == pytest.approx((25.0 + 100.0 + 50.0) / 3)
+
+
+def test_retrieval_metrics_of_an_odd_count_and_of_one_query():
+    metrics = retrieval_metrics(torch.tensor([9, 1, 3, 8, 2]), 12)
+    assert metrics.median_rank == 3.0  # sorted 1 2 3 8 9: the middle one
+    assert (metrics.num_queries, metrics.num_gallery) == (5, 12)
+    assert metrics.recall == {1: 20.0, 5: 60.0, 10: 100.0}
+    single = retrieval_metrics(torch.tensor([4]), 7)
+    assert (single.median_rank, single.mean_rank, single.num_queries) == (4.0, 4.0, 1)
+
+
+def test_ranks_are_int64():
+    queries, gallery = torch.eye(3), torch.eye(3)
+    assert retrieval_ranks(queries, gallery, torch.eye(3, dtype=torch.bool)).dtype == torch.int64
+    assert retrieval_ranks(queries, gallery, torch.arange(3)).dtype == torch.int64
+
+
+def test_the_non_finite_count_covers_later_chunks_of_any_size():
+    queries = torch.tensor([[0.0, 1e20], [0.0, -1e20], [1.0, 0.0]])
+    gallery = torch.tensor([[1.0, 0.0], [0.0, 1e20], [1.0, 0.0]])  # row 2's three scores are finite
+    expected = r"^2 non-finite values \(NaN or Inf\) in the scores; the first is inf at query 0, item 1$"
+    with pytest.raises(ValueError, match=expected):
+        retrieval_ranks(queries, gallery, torch.tensor([0, 0, 0]), chunk_size=1)
+
+
+Q3 = torch.ones(3, 4)  # 3 queries of size 4
+G5 = torch.ones(5, 4)  # 5 gallery items
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: retrieval_ranks(Q3.long(), G5, torch.arange(3)), r"queries must be a \(N, d\) float tensor"),
+        (lambda: retrieval_ranks(torch.ones(4), G5, torch.arange(3)), r"queries must be a \(N, d\) float tensor"),
+        (lambda: retrieval_ranks([[1.0]], G5, torch.arange(3)), r"queries must be a \(N, d\) float tensor"),
+        (lambda: retrieval_ranks(Q3, torch.ones(5, 4, 1), torch.arange(3)), r"gallery must be a \(N, d\) float tensor"),
+        (lambda: retrieval_ranks(Q3, torch.ones(5, 6), torch.arange(3)), "queries have size 4 but gallery items have 6"),
+        (lambda: retrieval_ranks(Q3, G5, torch.arange(3), chunk_size=0), "chunk_size must be >= 1, got 0"),
+        (lambda: list(chunked_similarity(Q3, G5, chunk_size=-2)), "chunk_size must be >= 1, got -2"),
+        (lambda: retrieval_ranks(Q3, G5, torch.arange(3).float()),
+         r"targets must be a \(Q, G\) bool tensor or a \(Q,\) int64 tensor of indices"),
+        (lambda: retrieval_ranks(Q3, G5, [0, 1, 2]),
+         r"targets must be a \(Q, G\) bool tensor or a \(Q,\) int64 tensor of indices"),
+        (lambda: retrieval_ranks(Q3, G5, torch.arange(2)), r"targets has shape \(2,\), expected \(3,\)"),
+        (lambda: retrieval_ranks(Q3, G5, torch.tensor([0, 5, 1])), r"target indices must lie in \[0, 5\)"),
+        (lambda: retrieval_ranks(Q3, G5, torch.tensor([0, -1, 1])), r"target indices must lie in \[0, 5\)"),
+        (lambda: retrieval_ranks(Q3, G5, torch.ones(3, 4, dtype=torch.bool)),
+         r"targets has shape \(3, 4\), expected \(3, 5\)"),
+        (lambda: ranks_from_scores(torch.ones(3), torch.arange(3)), r"scores must be a \(Q, G\) float tensor"),
+        (lambda: ranks_from_scores(torch.ones(3, 3, dtype=torch.long), torch.arange(3)),
+         r"scores must be a \(Q, G\) float tensor"),
+        (lambda: ranks_from_scores("scores", torch.arange(3)), r"scores must be a \(Q, G\) float tensor"),
+        (lambda: ranks_from_scores(torch.ones(3, 3), torch.ones(3, 2, dtype=torch.bool)),
+         r"scores \(3, 3\) and targets \(3, 2\) differ"),
+        (lambda: ranks_from_scores(torch.ones(2, 3), torch.tensor([[True, False, False], [False, False, False]])),
+         "every query needs at least one correct gallery item"),
+        (lambda: retrieval_metrics(torch.tensor([], dtype=torch.long), 5), "ranks must be a non-empty 1-d tensor"),
+        (lambda: retrieval_metrics(torch.ones(2, 2, dtype=torch.long), 5), "ranks must be a non-empty 1-d tensor"),
+        (lambda: retrieval_metrics([1, 2], 5), "ranks must be a non-empty 1-d tensor"),
+    ],
+)
+def test_each_bad_input_is_refused_with_its_message(call, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        call()
+
+
+def test_queries_without_a_correct_item_are_listed_ten_at_most():
+    targets = torch.zeros(13, 5, dtype=torch.bool)
+    targets[0, 2] = True  # query 0 has its item; 1..12 have none
+    with pytest.raises(ValueError, match=r"^queries \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10\] have no correct gallery item$"):
+        retrieval_ranks(torch.ones(13, 4), G5, targets)
