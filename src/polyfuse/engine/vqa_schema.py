@@ -65,6 +65,9 @@ class VQAModelConfig(_VQASection):
     hidden_dim: SizeInt = Field(1024, description="H: question GRU and joint representation size (the paper: 1024)")
     embedding_dim: SizeInt = Field(300, description="word embedding size (300, GloVe's)")
     glove: str | None = Field(None, description="GloVe-format text file initialising the word embedding (relative to the config file)")
+    second_embedding_dim: SizeInt | None = Field(
+        None, description="size of a second trained word embedding concatenated to the first before the GRU (ban-vqa's --op c, its default and the released BAN-Glove-Counter: 300); null: one embedding"
+    )
     glimpses: SizeInt = Field(8, description="BAN glimpses G (the paper: 8)")
     counter_objects: SizeInt | None = Field(10, description="BAN: objects kept by the counting module (ban-vqa: 10); null: no counter")
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.2, description="BAN: dropout before its linear maps (ban-vqa: 0.2)")

@@ -41,12 +41,14 @@ def build_vqa_model(
     """``model.fusion: ban``: :class:`~polyfuse.nn.vqa.BanVQA` (with the counter unless
     ``model.vqa.counter_objects`` is null); any other fusion name:
     :class:`~polyfuse.nn.vqa.FusionVQA` with ``fusion_options`` (``model.options.<name>``).
+    Both take ``model.vqa.second_embedding_dim`` (ban-vqa's ``--op c`` question encoder).
 
     ``model_config`` is the resolved ``model`` section."""
     settings = model_config["vqa"]
     common = {
         "hidden_dim": int(settings["hidden_dim"]),
         "embedding_dim": int(settings["embedding_dim"]),
+        "second_embedding_dim": settings.get("second_embedding_dim"),
         "word_vectors": word_vectors,
         "classifier_dropout": float(settings["classifier_dropout"]),
     }

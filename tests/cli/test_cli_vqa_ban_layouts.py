@@ -1,0 +1,105 @@
+"""ban-vqa's layouts through the engine (issue 28): the ``--op c`` question encoder
+(``model.vqa.second_embedding_dim``) trained from a configuration and a ban-vqa model
+of that layout carried through a polyfuse checkpoint into ``polyfuse predict``; the
+adaptive bottom-up features file as training data (``data.vqa.train_features_index``);
+the top-k answers of ``predict``."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import yaml
+from tests.cli.test_cli_vqa import _config, write_vqa_folder
+from tests.test_interop import _ban_vqa_state
+
+from polyfuse.cli.main import main
+from polyfuse.engine.checkpoints import load_state, read_checkpoint, write_checkpoint
+from polyfuse.engine.run import train
+from polyfuse.interop import load_ban_vqa
+
+# The --op c model of these tests: E = E2 = 4, H = 6, 2 glimpses, ban-vqa's counter of 10.
+OP_C = {"embedding_dim": 4, "second_embedding_dim": 4, "hidden_dim": 6, "glimpses": 2, "counter_objects": 10}
+MAX_LENGTH = 14  # data.vqa.max_length's default
+
+
+def _rows(path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _hand_tokens(text: str, words: list[str]) -> list[int]:
+    """The test questions' encoding written out: lower-case words without '?', padded
+    with index V (the checkpoint's words hold every word of these questions)."""
+    indices = [words.index(word) for word in text.rstrip("?").split()]
+    return indices + [len(words)] * (MAX_LENGTH - len(indices))
+
+
+def _reference_answers(model, folder, words, answers, split="test"):
+    """{question id: (logits (A,),)} of ``model`` run on the questions and the HDF5 features
+    of ``split`` read here, without the engine's data code."""
+    questions = json.loads((folder / f"{split}_questions.json").read_text())["questions"]
+    with h5py.File(folder / f"{split}.h5", "r") as handle:
+        features = torch.from_numpy(handle["features"][:].astype(np.float32))
+        boxes = torch.from_numpy(handle["boxes"][:].astype(np.float32))
+        rows = {int(i): r for r, i in enumerate(handle["image_ids"][:])}
+    tokens = torch.tensor([_hand_tokens(q["question"], words) for q in questions])
+    index = torch.tensor([rows[q["image_id"]] for q in questions])
+    with torch.no_grad():
+        logits, _ = model.eval()(tokens, features[index], boxes[index])
+    return {q["question_id"]: logits[i].double() for i, q in enumerate(questions)}
+
+
+def test_second_embedding_trains_from_a_config_and_a_ban_vqa_op_c_model_round_trips(tmp_path, training_witness):
+    folder = write_vqa_folder(tmp_path)
+    config = _config(folder, **OP_C)
+    config["trainer"]["max_epochs"] = 2
+    train(config, run_dir=folder / "run", callbacks=[training_witness])
+    training_witness.assert_trained(loss_falls=False)
+    # the second embedding trains, and the GRU reads E + E2 = 8 values per word
+    name = "model.question.second_embedding.weight"
+    assert not torch.equal(training_witness.before[name], training_witness.after[name])
+    best = folder / "run" / "checkpoints" / "best.safetensors"
+    state, extras = load_state(best)
+    words, answers = extras["label_info"]["words"], extras["label_info"]["answers"]
+    assert tuple(state[name].shape) == (len(words) + 1, 4)
+    assert tuple(state["model.question.gru.weight_ih_l0"].shape) == (3 * 6, 8)
+
+    # A ban-vqa --op c BanModel of the run's sizes (image features of 6 values), loaded by
+    # load_ban_vqa: its weights have exactly the keys and shapes of the configured model.
+    reference = _ban_vqa_state(op_c=True, glimpses=2, words=len(words), hidden=6, answers=len(answers),
+                               image_dim=6, embedding_dim=4, seed=7)  # fmt: skip
+    loaded = load_ban_vqa(reference).eval()
+    ours = {key.removeprefix("model."): tuple(value.shape) for key, value in state.items()}
+    assert {key: tuple(value.shape) for key, value in loaded.state_dict().items()} == ours
+
+    # ... so it goes into a polyfuse checkpoint, and predict answers with its weights
+    checkpoint = read_checkpoint(best)
+    checkpoint["state_dict"] = {f"model.{key}": value for key, value in loaded.state_dict().items()}
+    converted = folder / "ban_vqa_op_c.safetensors"
+    write_checkpoint(checkpoint, converted)
+    out = folder / "answers.csv"
+    assert main(["predict", "--checkpoint", str(converted), "--split", "test", "--out", str(out)]) == 0
+    records = _rows(out)
+    expected = _reference_answers(loaded, folder, words, answers)
+    assert len(records) == len(expected) == 16
+    for record in records:
+        logits = expected[int(record["question_id"])]
+        assert record["answer"] == answers[int(logits.argmax())]
+        assert float(record["score"]) == pytest.approx(float(torch.sigmoid(logits.max())), abs=2e-6)
+    # evaluate reads the same weights (a checkpoint not of this layout would be refused)
+    metrics = folder / "metrics.json"
+    assert main(["evaluate", "--checkpoint", str(converted), "--out", str(metrics)]) == 0
+    assert 0.0 <= json.loads(metrics.read_text())["acc"] <= 1.0
+
+
+def test_second_embedding_dim_is_checked_by_the_schema(tmp_path, capsys):
+    folder = write_vqa_folder(tmp_path, train_images=4, test_images=2)
+    config = _config(folder, second_embedding_dim=0)
+    (folder / "bad.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", "--config", str(folder / "bad.yaml")]) == 2
+    assert "model.vqa.second_embedding_dim" in capsys.readouterr().err
