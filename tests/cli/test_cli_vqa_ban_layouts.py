@@ -103,3 +103,85 @@ def test_second_embedding_dim_is_checked_by_the_schema(tmp_path, capsys):
     (folder / "bad.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(folder / "bad.yaml")]) == 2
     assert "model.vqa.second_embedding_dim" in capsys.readouterr().err
+
+
+def _adaptive_copy(folder, split: str) -> None:
+    """``<split>_adaptive.h5`` + ``<split>_index.json``: ``<split>.h5`` in ban-vqa's
+    adaptive layout (image id i keeps its first 16 - i % 4 boxes, the images stacked in
+    reverse id order, so the index is no identity), and the oracle ``<split>_padded.h5``:
+    the same boxes in the polyfuse layout, the dropped boxes all zero."""
+    with h5py.File(folder / f"{split}.h5", "r") as handle:
+        features, boxes = handle["features"][:].astype(np.float32), handle["boxes"][:]
+        ids = handle["image_ids"][:].tolist()
+    stacked_features, stacked_boxes, pos_boxes, index = [], [], [], {}
+    for row, image in enumerate(reversed(range(len(ids)))):
+        kept = 16 - ids[image] % 4
+        start = sum(len(f) for f in stacked_features)
+        stacked_features.append(features[image, :kept])
+        corners = boxes[image, :kept]
+        stacked_boxes.append(np.concatenate([corners, corners[:, 2:] - corners[:, :2]], axis=1))  # x1 y1 x2 y2 w h
+        pos_boxes.append([start, start + kept])
+        index[str(ids[image])] = row
+        features[image, kept:], boxes[image, kept:] = 0.0, 0.0
+    with h5py.File(folder / f"{split}_adaptive.h5", "w") as handle:
+        handle["image_features"] = np.concatenate(stacked_features)
+        handle["spatial_features"] = np.concatenate(stacked_boxes)
+        handle["image_bb"] = 64 * np.concatenate(stacked_boxes)[:, :4]
+        handle["pos_boxes"] = np.array(pos_boxes, dtype=np.int64)
+    (folder / f"{split}_index.json").write_text(json.dumps(index))
+    with h5py.File(folder / f"{split}_padded.h5", "w") as handle:
+        handle["features"], handle["boxes"], handle["image_ids"] = features, boxes, np.array(ids)
+
+
+def _bottom_up_config(folder, *, indexed: bool = True) -> dict:
+    config = _config(folder)
+    config["trainer"]["max_epochs"] = 2
+    for split in ("train", "test"):
+        config["data"]["vqa"][f"{split}_features"] = str(folder / f"{split}_adaptive.h5")
+        if indexed:
+            config["data"]["vqa"][f"{split}_features_index"] = str(folder / f"{split}_index.json")
+    return config
+
+
+def test_training_reads_ban_vqa_adaptive_features_from_the_config(tmp_path, capsys):
+    """Oracle: the same boxes written in the polyfuse layout (padded with zero rows by
+    hand) train to the same validation and test scores and the same predictions."""
+    folder = write_vqa_folder(tmp_path, train_images=16, test_images=4)
+    for split in ("train", "test"):
+        _adaptive_copy(folder, split)
+    padded = _config(folder)
+    padded["trainer"]["max_epochs"] = 2
+    for split in ("train", "test"):
+        padded["data"]["vqa"][f"{split}_features"] = str(folder / f"{split}_padded.h5")
+    expected = train(padded, run_dir=folder / "padded")
+    adaptive = train(_bottom_up_config(folder), run_dir=folder / "adaptive")
+    assert adaptive.validation == expected.validation and adaptive.test == expected.test
+    answers = {}
+    for name in ("padded", "adaptive"):
+        out = folder / f"{name}.csv"
+        best = folder / name / "checkpoints" / "best.safetensors"
+        assert main(["predict", "--checkpoint", str(best), "--split", "test", "--out", str(out)]) == 0
+        answers[name] = _rows(out)
+    assert answers["adaptive"] == answers["padded"] and len(answers["adaptive"]) == 8
+    capsys.readouterr()
+
+    # without the index the file is named and the key to set
+    (folder / "noindex.yaml").write_text(yaml.safe_dump(_bottom_up_config(folder, indexed=False)))
+    assert main(["train", "--config", str(folder / "noindex.yaml"), "--out", str(folder / "o1")]) == 2
+    assert ("data.vqa.train_features " + str(folder / "train_adaptive.h5") + " is a bottom-up features file of ban-vqa"
+            in capsys.readouterr().err)  # fmt: skip
+    # bad pos_boxes still name the row and the image id (row 2 of pos_boxes holds image id 13)
+    with h5py.File(folder / "train_adaptive.h5", "a") as handle:
+        handle["pos_boxes"][2, 0] = handle["pos_boxes"][1, 1] - 1
+    (folder / "bad.yaml").write_text(yaml.safe_dump(_bottom_up_config(folder)))
+    assert main(["train", "--config", str(folder / "bad.yaml"), "--out", str(folder / "o2")]) == 2
+    error = capsys.readouterr().err
+    assert "train_adaptive.h5: pos_boxes row 2 (image id 13) is" in error
+    assert "overlaps or precedes row 1" in error
+    # predict --images reads the polyfuse layout only, and says so for a bottom-up file
+    questions = folder / "new.json"
+    questions.write_text(json.dumps({"questions": [{"question_id": 1, "image_id": 16, "question": "is the shape red?"}]}))
+    best = folder / "adaptive" / "checkpoints" / "best.safetensors"
+    assert main(["predict", "--checkpoint", str(best), "--data", str(questions), "--images",
+                 str(folder / "test_adaptive.h5"), "--out", str(folder / "new.csv")]) == 2  # fmt: skip
+    assert "test_adaptive.h5 is a bottom-up features file of ban-vqa" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polyfuse.data.formats.features import ImageFeatures, load_image_features
+from polyfuse.data.formats.features import ImageFeatures, is_bottom_up, load_image_features
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
 from polyfuse.data.formats.vqa import VQAQuestion
 from polyfuse.data.vqa_data import VQAData, _split, project_features
@@ -128,6 +128,12 @@ def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, im
         if images.is_dir():
             path, unreadable = _extract(images, trained, Path(work))
         elif images.is_file():
+            if is_bottom_up(images):
+                raise ValueError(
+                    f"--images {images} is a bottom-up features file of ban-vqa (dataset image_features); predict "
+                    "reads the layout of polyfuse extract images (features, boxes, image_ids): write the rows of "
+                    "its images in that layout (docs/VQA.md, Image features)"
+                )
             path, unreadable = images, {}
             _check_file(images, trained)
         else:
