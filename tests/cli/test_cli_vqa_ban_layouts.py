@@ -54,7 +54,7 @@ def _reference_answers(model, folder, words, answers, split="test"):
     return {q["question_id"]: logits[i].double() for i, q in enumerate(questions)}
 
 
-def test_second_embedding_trains_from_a_config_and_a_ban_vqa_op_c_model_round_trips(tmp_path, training_witness):
+def test_second_embedding_trains_from_a_config_and_a_ban_vqa_op_c_model_round_trips(tmp_path, training_witness, capsys):
     folder = write_vqa_folder(tmp_path)
     config = _config(folder, **OP_C)
     config["trainer"]["max_epochs"] = 2
@@ -95,6 +95,27 @@ def test_second_embedding_trains_from_a_config_and_a_ban_vqa_op_c_model_round_tr
     metrics = folder / "metrics.json"
     assert main(["evaluate", "--checkpoint", str(converted), "--out", str(metrics)]) == 0
     assert 0.0 <= json.loads(metrics.read_text())["acc"] <= 1.0
+
+    # --top-k 3: the three largest logits, best first, each scored by its sigmoid (the
+    # model is trained with a binary cross-entropy per answer); the first as with k = 1
+    top = folder / "top3.csv"
+    assert main(["predict", "--checkpoint", str(converted), "--split", "test", "--top-k", "3", "--out", str(top)]) == 0
+    ranked = _rows(top)
+    assert list(ranked[0]) == [*list(records[0]), "answer_2", "score_2", "answer_3", "score_3"]
+    for one, three in zip(records, ranked, strict=True):
+        assert {key: three[key] for key in one} == one  # today's columns unchanged
+        logits = expected[int(three["question_id"])]
+        order = sorted(range(len(answers)), key=lambda a: -float(logits[a]))[:3]
+        names = [three["answer"], three["answer_2"], three["answer_3"]]
+        scores = [float(three["score"]), float(three["score_2"]), float(three["score_3"])]
+        assert names == [answers[a] for a in order]
+        assert scores == pytest.approx([1 / (1 + np.exp(-float(logits[a]))) for a in order], abs=2e-6)
+        assert scores == sorted(scores, reverse=True)
+    assert main(["predict", "--checkpoint", str(converted), "--split", "test", "--top-k", str(len(answers) + 1),
+                 "--out", str(top)]) == 2  # fmt: skip
+    assert f"--top-k must be an integer in [1, {len(answers)}] (the checkpoint's answers), got {len(answers) + 1}" in (
+        capsys.readouterr().err
+    )
 
 
 def test_second_embedding_dim_is_checked_by_the_schema(tmp_path, capsys):

@@ -107,6 +107,8 @@ class VQATask(L.LightningModule):
 
     task_type = "vqa"
     default_monitor = ("val/acc", "max")
+    #: answers per question that :meth:`predict_step` returns (``polyfuse predict --top-k``)
+    predict_top_k = 1
 
     def __init__(
         self,
@@ -163,9 +165,17 @@ class VQATask(L.LightningModule):
         self._evaluation_end("test")
 
     def predict_step(self, batch: Mapping[str, Tensor], batch_index: int) -> dict[str, Tensor]:
-        probabilities = torch.sigmoid(self(batch)[0])
-        score, answer = probabilities.max(dim=1)
-        return {"row": batch["row"], "answer": answer, "score": score}
+        """The :attr:`predict_top_k` answers of each question, best first: ``answers``
+        (B, k) and their ``scores`` (B, k), each the sigmoid of its logit, the probability
+        the model was trained to give that answer's soft score (:func:`vqa_loss`; the
+        answers are scored independently, so the scores need not sum to 1); ``answer``
+        and ``score`` (B,), the first of them."""
+        logits = self(batch)[0]
+        # ranked by logit (the sigmoid is monotone but saturates to 1.0 in float32); a
+        # stable sort keeps the lower index first on ties, as the argmax of evaluation does
+        ranked, answers = torch.sort(logits, dim=1, descending=True, stable=True)
+        answers, scores = answers[:, : self.predict_top_k], torch.sigmoid(ranked[:, : self.predict_top_k])
+        return {"row": batch["row"], "answer": answers[:, 0], "score": scores[:, 0], "answers": answers, "scores": scores}
 
     # The same optimiser (AdamW or ban-vqa's Adamax, no decay on biases), schedule and
     # checkpoint extras as every task.
