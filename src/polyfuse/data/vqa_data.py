@@ -48,6 +48,7 @@ __all__ = [
     "VQASplit",
     "answer_table",
     "build_vqa_data",
+    "encode_split",
     "fit_pca",
     "project_features",
     "read_split_features",
@@ -188,9 +189,13 @@ def _type_of(question: VQAQuestion, breakdown: str) -> str:
     return question.answer_type if breakdown == "answer_type" else question.question_type
 
 
-def _split(
+def encode_split(
     questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, section: Mapping[str, Any], what: str
 ) -> VQASplit:
+    """The :class:`VQASplit` of ``questions`` about the images of ``features``, encoded
+    with ``data``'s word and answer vocabularies and type names and the ``data.vqa``
+    ``section``'s ``max_length``, ``soft_score`` and ``breakdown``. ``what`` names the
+    questions in the error listing image ids without features."""
     max_length, breakdown = int(section["max_length"]), section["breakdown"]
     image_ids = [q.image_id for q in questions]
     features.select(image_ids, what=what)  # names every image id without features
@@ -261,7 +266,7 @@ def build_vqa_data(
     }
     for key in partitions:
         questions, features, what = sources[key]
-        data.partitions[key] = _split(questions, features, data, section, what)
+        data.partitions[key] = encode_split(questions, features, data, section, what)
     glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
     if glove and vocabulary is None:
         from polyfuse.data.formats.glove import load_glove

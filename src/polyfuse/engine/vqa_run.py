@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from polyfuse.data.vqa_data import VQAData, VQADataModule, build_vqa_data
-from polyfuse.engine.build import _fusion_options, build_trainer
+from polyfuse.engine.build import build_trainer, fusion_options
 from polyfuse.engine.rundir import atomic_temp_path
 from polyfuse.extract.images import feature_settings
 from polyfuse.tasks.vqa import VQATask, build_vqa_model
@@ -46,7 +46,7 @@ def _vocabulary(data: VQAData) -> dict[str, Any]:
 
 def build_vqa_task(config: Mapping[str, Any], vocabulary: Mapping[str, Any], image_dim: int, word_vectors=None) -> VQATask:
     """The task of a resolved VQA configuration around a new model."""
-    options = _fusion_options(config) if config["model"]["fusion"] != "ban" else {}
+    options = fusion_options(config) if config["model"]["fusion"] != "ban" else {}
     model = build_vqa_model(
         config["model"], len(vocabulary["words"]), len(vocabulary["answers"]), image_dim,
         fusion_options=options, word_vectors=word_vectors,
