@@ -28,6 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--split", default="all", help="all (default) or train, valid, test")
     parser.add_argument(
+        "--top-k", type=int, default=1, metavar="K",
+        help="VQA: the K best answers per question with their sigmoid scores (columns answer_2, score_2, ... "
+        "after the best answer's; default 1)",
+    )  # fmt: skip
+    parser.add_argument(
         "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"
     )
     parser.add_argument("--out", required=True, help="CSV file to write (captioning: JSON {video_id: caption})")
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         warnings.showwarning = _one_line_warning
         records = predict(
             args.checkpoint, source=args.data, split=args.split, out=args.out, modalities=args.modalities,
-            images=args.images,
+            images=args.images, top_k=args.top_k,
         )  # fmt: skip
     print(f"wrote {len(records)} predictions to {args.out}")
     return 0

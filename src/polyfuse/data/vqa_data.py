@@ -26,7 +26,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from polyfuse.data.datamodule import ShardedShuffleSampler
-from polyfuse.data.formats.features import ImageFeatures, load_image_features
+from polyfuse.data.formats.features import (
+    ImageFeatures,
+    is_bottom_up,
+    load_bottom_up_features,
+    load_image_features,
+)
 from polyfuse.data.formats.vqa import (
     VQAQuestion,
     answer_vocabulary,
@@ -43,8 +48,10 @@ __all__ = [
     "VQASplit",
     "answer_table",
     "build_vqa_data",
+    "encode_split",
     "fit_pca",
     "project_features",
+    "read_split_features",
     "read_vqa_questions",
     "split_by_image",
 ]
@@ -146,6 +153,25 @@ def read_vqa_questions(section: Mapping[str, Any], split: str) -> list[VQAQuesti
     return load_vqa(section[f"{split}_questions"], section[f"{split}_annotations"])
 
 
+def read_split_features(section: Mapping[str, Any], split: str) -> ImageFeatures:
+    """The image features of ``split`` (train / test) named by a ``data.vqa`` section:
+    a file of ``polyfuse extract images``, or with ``<split>_features_index`` a bottom-up
+    file in either ban-vqa layout (:func:`~polyfuse.data.formats.features.load_bottom_up_features`:
+    an adaptive file's images padded to its largest box count, bad ``pos_boxes`` refused
+    naming the row and the image id). A bottom-up file without its index is an error
+    naming the key to set."""
+    path, index = section[f"{split}_features"], section.get(f"{split}_features_index")
+    if index is not None:
+        return load_bottom_up_features(path, index)
+    if is_bottom_up(path):
+        raise ValueError(
+            f"data.vqa.{split}_features {path} is a bottom-up features file of ban-vqa (dataset image_features); "
+            f"set data.vqa.{split}_features_index to its image-id index, as JSON {{\"<image id>\": row}} or CSV "
+            "image_id,row (docs/VQA.md, Image features)"
+        )
+    return load_image_features(path)
+
+
 def split_by_image(
     questions: Sequence[VQAQuestion], fraction: float, seed: int
 ) -> tuple[list[VQAQuestion], list[VQAQuestion]]:
@@ -163,9 +189,13 @@ def _type_of(question: VQAQuestion, breakdown: str) -> str:
     return question.answer_type if breakdown == "answer_type" else question.question_type
 
 
-def _split(
+def encode_split(
     questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, section: Mapping[str, Any], what: str
 ) -> VQASplit:
+    """The :class:`VQASplit` of ``questions`` about the images of ``features``, encoded
+    with ``data``'s word and answer vocabularies and type names and the ``data.vqa``
+    ``section``'s ``max_length``, ``soft_score`` and ``breakdown``. ``what`` names the
+    questions in the error listing image ids without features."""
     max_length, breakdown = int(section["max_length"]), section["breakdown"]
     image_ids = [q.image_id for q in questions]
     features.select(image_ids, what=what)  # names every image id without features
@@ -203,8 +233,8 @@ def build_vqa_data(
         read_vqa_questions(section, "train"), float(config["data"]["validation_fraction"]), int(config["data"]["split_seed"])
     ) if reads_training else ([], [])  # fmt: skip
     test_questions = read_vqa_questions(section, "test") if "test" in partitions else []
-    train_features = load_image_features(section["train_features"]) if reads_training else None
-    test_features = load_image_features(section["test_features"]) if "test" in partitions else None
+    train_features = read_split_features(section, "train") if reads_training else None
+    test_features = read_split_features(section, "test") if "test" in partitions else None
     breakdown = section["breakdown"]
     if vocabulary is None:
         words = word_vocabulary(train_questions, min_count=int(section["min_word_count"]))
@@ -236,7 +266,7 @@ def build_vqa_data(
     }
     for key in partitions:
         questions, features, what = sources[key]
-        data.partitions[key] = _split(questions, features, data, section, what)
+        data.partitions[key] = encode_split(questions, features, data, section, what)
     glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
     if glove and vocabulary is None:
         from polyfuse.data.formats.glove import load_glove

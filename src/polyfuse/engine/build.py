@@ -31,6 +31,7 @@ __all__ = [
     "build_data",
     "build_task",
     "build_trainer",
+    "fusion_options",
     "monitor_of",
     "quiet_lightning",
 ]
@@ -116,7 +117,10 @@ def _input_indices(
     return indices
 
 
-def _fusion_options(config: Mapping[str, Any]) -> dict[str, Any]:
+def fusion_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword options of ``model.fusion``'s class from ``model.options.<name>`` of a
+    resolved configuration, checked against its signature (an unknown option is an error
+    listing those it takes), with ``seed`` added for a fusion that takes one."""
     name = config["model"]["fusion"]
     cls = polyfuse.nn.get(name)  # an unknown name lists the known ones
     options = dict(config["model"]["options"].get(name) or {})
@@ -150,7 +154,7 @@ def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: 
     module as its extra module (see :mod:`polyfuse.engine.backbones`)."""
     model = config["model"]
     if model.get("backbone", "fusion") != "fusion":
-        return build_named_backbone(config, input_dims, names, _fusion_options)
+        return build_named_backbone(config, input_dims, names, fusion_options)
     encoder = model["encoder"]
     marker = bool(model["centre_marker"])  # one more input channel per modality
     encoders = [
@@ -160,7 +164,7 @@ def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: 
     ]
     groups = _groups(config, names)
     group_dims = [sum(encoders[j].output_dim for j in g) for g in groups] if groups else [e.output_dim for e in encoders]
-    options = _fusion_options(config)
+    options = fusion_options(config)
     if options.get("sequence_modalities") is not None:  # TFN, LMF: names of the LSTM-read modalities
         options["sequence_modalities"] = _input_indices(
             options["sequence_modalities"], names, groups, f"model.options.{model['fusion']}.sequence_modalities"

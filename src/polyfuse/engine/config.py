@@ -39,6 +39,7 @@ _PATH_KEYS = (
     ("output_dir",),
     *(("data", "vqa", key) for key in (
         "train_questions", "train_annotations", "test_questions", "test_annotations", "train_features", "test_features",
+        "train_features_index", "test_features_index",
     )),
     ("model", "vqa", "glove"),
 )

@@ -474,6 +474,7 @@ def predict(
     out: str | Path | None = None,
     modalities: Sequence[str] | None = None,
     images: str | Path | None = None,
+    top_k: int = 1,
 ) -> list[dict[str, Any]]:
     """Predictions of a checkpoint for the rows of a data source, optionally as a CSV.
 
@@ -483,11 +484,12 @@ def predict(
     value and ``prob_<class>`` for classification) and ``label`` when known.
     Captioning checkpoints: records ``id`` and ``caption``, written as JSON
     ``{video_id: caption}``. VQA checkpoints: ``source`` a questions file about the
-    images of ``images`` (:func:`polyfuse.engine.vqa_run.predict_vqa`).
+    images of ``images``, and the ``top_k`` best answers of each question
+    (:func:`polyfuse.engine.vqa_run.predict_vqa`).
     """
     if _captioning(checkpoint, source, modalities):
-        if images is not None:
-            raise ValueError("--images applies to a VQA checkpoint only")
+        if images is not None or top_k != 1:
+            raise ValueError("--images and --top-k apply to a VQA checkpoint only")
         from polyfuse.engine.captioning_runs import predict_captioning
 
         captions = predict_captioning(checkpoint, split=split, out=out)
@@ -496,9 +498,11 @@ def predict(
     if extras["config"]["task"]["type"] == "vqa":
         from polyfuse.engine.vqa_run import predict_vqa
 
-        return predict_vqa(task, extras, split=split, out=out, source=source, modalities=modalities, images=images)
-    if images is not None:
-        raise ValueError("--images applies to a VQA checkpoint only")
+        return predict_vqa(
+            task, extras, split=split, out=out, source=source, modalities=modalities, images=images, top_k=top_k
+        )
+    if images is not None or top_k != 1:
+        raise ValueError("--images and --top-k apply to a VQA checkpoint only")
     data = data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
     key = partition_key(data, split)
     datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])

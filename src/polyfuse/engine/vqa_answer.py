@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polyfuse.data.formats.features import ImageFeatures, load_image_features
+from polyfuse.data.formats.features import ImageFeatures, is_bottom_up, load_image_features
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
 from polyfuse.data.formats.vqa import VQAQuestion
-from polyfuse.data.vqa_data import VQAData, _split, project_features
+from polyfuse.data.vqa_data import VQAData, encode_split, project_features
 
 __all__ = ["NEW_SPLIT", "load_new_questions", "new_questions_data", "recorded_feature_settings"]
 
@@ -128,6 +128,12 @@ def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, im
         if images.is_dir():
             path, unreadable = _extract(images, trained, Path(work))
         elif images.is_file():
+            if is_bottom_up(images):
+                raise ValueError(
+                    f"--images {images} is a bottom-up features file of ban-vqa (dataset image_features); predict "
+                    "reads the layout of polyfuse extract images (features, boxes, image_ids): write the rows of "
+                    "its images in that layout (docs/VQA.md, Image features)"
+                )
             path, unreadable = images, {}
             _check_file(images, trained)
         else:
@@ -161,5 +167,5 @@ def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, im
     # new questions carry no answers, so the soft-score rule never applies; a checkpoint
     # saved before data.vqa.soft_score existed was trained with min(n/3, 1)
     section = {"soft_score": "min_third", **config["data"]["vqa"]}
-    data.partitions[NEW_SPLIT] = _split(questions, features, data, section, f"questions of {questions_path}")
+    data.partitions[NEW_SPLIT] = encode_split(questions, features, data, section, f"questions of {questions_path}")
     return data

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from polyfuse.data.vqa_data import VQAData, VQADataModule, build_vqa_data
-from polyfuse.engine.build import _fusion_options, build_trainer
+from polyfuse.engine.build import build_trainer, fusion_options
 from polyfuse.engine.rundir import atomic_temp_path
 from polyfuse.extract.images import feature_settings
 from polyfuse.tasks.vqa import VQATask, build_vqa_model
@@ -31,6 +31,7 @@ __all__ = [
     "evaluate_vqa",
     "load_vqa_model",
     "predict_vqa",
+    "prediction_fields",
     "vqa_data_for",
     "vqa_run_parts",
 ]
@@ -45,7 +46,7 @@ def _vocabulary(data: VQAData) -> dict[str, Any]:
 
 def build_vqa_task(config: Mapping[str, Any], vocabulary: Mapping[str, Any], image_dim: int, word_vectors=None) -> VQATask:
     """The task of a resolved VQA configuration around a new model."""
-    options = _fusion_options(config) if config["model"]["fusion"] != "ban" else {}
+    options = fusion_options(config) if config["model"]["fusion"] != "ban" else {}
     model = build_vqa_model(
         config["model"], len(vocabulary["words"]), len(vocabulary["answers"]), image_dim,
         fusion_options=options, word_vectors=word_vectors,
@@ -135,19 +136,31 @@ def evaluate_vqa(
 PREDICTION_FIELDS = ("split", "question_id", "image_id", "question", "answer", "score", "accuracy", "type")
 
 
+def prediction_fields(top_k: int = 1) -> list[str]:
+    """The CSV columns of :func:`predict_vqa`: the :data:`PREDICTION_FIELDS`, then
+    ``answer_<r>, score_<r>`` for the ranks r = 2 .. ``top_k``."""
+    return [*PREDICTION_FIELDS, *(f"{name}_{rank}" for rank in range(2, top_k + 1) for name in ("answer", "score"))]
+
+
 def predict_vqa(
     task: VQATask, extras: Mapping[str, Any], *, split: str = "test", out: str | Path | None = None,
-    source: Any = None, modalities: Any = None, images: str | Path | None = None,
+    source: Any = None, modalities: Any = None, images: str | Path | None = None, top_k: int = 1,
 ) -> list[dict[str, Any]]:
     """One record per question of ``split`` (``all``: train, valid and test): the
     :data:`PREDICTION_FIELDS`, i.e. the predicted ``answer`` and its sigmoid ``score``,
     its official VQA ``accuracy`` against the human answers and the question's ``type``;
     optionally written as CSV to ``out``.
 
+    ``top_k`` > 1 adds the next answers by logit with their sigmoid scores,
+    ``answer_2, score_2, ...`` (:func:`prediction_fields`); ``answer`` stays the best one.
+
     New questions: ``source`` a VQA questions file about the images of ``images`` (a
     folder, extracted as the run's features were, or a features file;
     :mod:`polyfuse.engine.vqa_answer`); their records have ``split`` ``new`` and no
     ``accuracy`` or ``type``."""
+    answer_count = len(extras["label_info"]["answers"])
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= answer_count:
+        raise ValueError(f"--top-k must be an integer in [1, {answer_count}] (the checkpoint's answers), got {top_k!r}")
     if source is not None or images is not None:
         from polyfuse.engine.vqa_answer import NEW_SPLIT, new_questions_data
 
@@ -162,26 +175,31 @@ def predict_vqa(
         data = vqa_data_for(extras, keys)
     module = VQADataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
     trainer = _trainer(extras["config"])
+    task.predict_top_k = top_k
     records = []
     for key in keys:
         part = data.partitions[key]
         for output in trainer.predict(task, dataloaders=module.loader(key)) or []:
-            for row, answer, score in zip(output["row"].tolist(), output["answer"].tolist(), output["score"].tolist(), strict=True):
-                question, type_index = part.questions[row], int(part.types[row])
-                records.append({
+            for row, answers, scores in zip(output["row"].tolist(), output["answers"].tolist(), output["scores"].tolist(), strict=True):
+                question, type_index, answer = part.questions[row], int(part.types[row]), answers[0]
+                record = {
                     "split": key,
                     "question_id": question.question_id,
                     "image_id": question.image_id,
                     "question": question.question,
                     "answer": data.answers[answer],
-                    "score": round(float(score), 6),
+                    "score": round(float(scores[0]), 6),
                     "accuracy": float(part.answer_scores[row][part.answer_ids[row] == answer].sum())
                     if question.answers else "",  # new questions have no human answers
                     "type": data.type_names[type_index] if type_index >= 0 else "",
-                })  # fmt: skip
+                }  # fmt: skip
+                for rank in range(2, top_k + 1):
+                    record[f"answer_{rank}"] = data.answers[answers[rank - 1]]
+                    record[f"score_{rank}"] = round(float(scores[rank - 1]), 6)
+                records.append(record)
     if out is not None:
         with atomic_temp_path(Path(out)) as temp, temp.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(PREDICTION_FIELDS))
+            writer = csv.DictWriter(handle, fieldnames=prediction_fields(top_k))
             writer.writeheader()
             writer.writerows(records)
     return records

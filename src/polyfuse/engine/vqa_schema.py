@@ -32,8 +32,12 @@ class VQADataConfig(_VQASection):
     train_annotations: str | None = Field(None, description="VQA 2.0 annotations JSON of the training split")
     test_questions: str | None = Field(None, description="questions JSON of the test split")
     test_annotations: str | None = Field(None, description="annotations JSON of the test split")
-    train_features: str = Field(description="HDF5 features of the training images (polyfuse extract images)")
-    test_features: str = Field(description="HDF5 features of the test images")
+    train_features: str = Field(description="HDF5 features of the training images (polyfuse extract images; with train_features_index, ban-vqa's bottom-up layout)")
+    test_features: str = Field(description="HDF5 features of the test images (as train_features)")
+    train_features_index: str | None = Field(
+        None, description="image id -> row of train_features (a JSON object or CSV columns image_id,row): train_features is then a bottom-up file of ban-vqa, fixed or adaptive layout (told by its pos_boxes)"
+    )
+    test_features_index: str | None = Field(None, description="image id -> row of a bottom-up test_features (as train_features_index)")
     min_answer_count: Annotated[int, Field(ge=1)] = Field(9, description="answers counted at least this many times (answer_count) form the answer vocabulary (the paper, ban-vqa: 9)")
     answer_count: Literal["multiple_choice", "all_answers"] = Field(
         "multiple_choice", description="multiple_choice: count the questions whose multiple-choice answer it is (the paper, ban-vqa); all_answers: count every human answer"
@@ -65,6 +69,9 @@ class VQAModelConfig(_VQASection):
     hidden_dim: SizeInt = Field(1024, description="H: question GRU and joint representation size (the paper: 1024)")
     embedding_dim: SizeInt = Field(300, description="word embedding size (300, GloVe's)")
     glove: str | None = Field(None, description="GloVe-format text file initialising the word embedding (relative to the config file)")
+    second_embedding_dim: SizeInt | None = Field(
+        None, description="size of a second trained word embedding concatenated to the first before the GRU (ban-vqa's --op c, its default and the released BAN-Glove-Counter: 300); null: one embedding"
+    )
     glimpses: SizeInt = Field(8, description="BAN glimpses G (the paper: 8)")
     counter_objects: SizeInt | None = Field(10, description="BAN: objects kept by the counting module (ban-vqa: 10); null: no counter")
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.2, description="BAN: dropout before its linear maps (ban-vqa: 0.2)")

@@ -195,7 +195,8 @@ class FusionVQA(nn.Module):
 
     ``fusion([image, question], masks=[image_mask, None])`` gives a (B, H) vector that
     the classifier maps to (B, A) answer logits. ``forward`` returns ``(logits, None)``
-    so that it can stand in for :class:`BanVQA`.
+    so that it can stand in for :class:`BanVQA`. ``second_embedding_dim`` as in
+    :class:`BanVQA` (ban-vqa's ``--op c`` question encoder).
     """
 
     def __init__(
@@ -208,13 +209,18 @@ class FusionVQA(nn.Module):
         hidden_dim: int = 1024,
         embedding_dim: int = 300,
         word_vectors: Tensor | None = None,
+        second_embedding_dim: int | None = None,
         fusion_options: Mapping[str, Any] | None = None,
         classifier_dropout: float = 0.5,
     ) -> None:
         super().__init__()
         self.image_dim = int(image_dim)
         self.question = QuestionEncoder(
-            num_words, embedding_dim=embedding_dim, hidden_dim=hidden_dim, word_vectors=word_vectors
+            num_words,
+            embedding_dim=embedding_dim,
+            hidden_dim=hidden_dim,
+            word_vectors=word_vectors,
+            second_embedding_dim=second_embedding_dim,
         )
         self.fusion = create(
             fusion, input_dims=[self.image_dim, hidden_dim], out_dim=hidden_dim, **dict(fusion_options or {})

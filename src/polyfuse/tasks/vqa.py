@@ -41,12 +41,14 @@ def build_vqa_model(
     """``model.fusion: ban``: :class:`~polyfuse.nn.vqa.BanVQA` (with the counter unless
     ``model.vqa.counter_objects`` is null); any other fusion name:
     :class:`~polyfuse.nn.vqa.FusionVQA` with ``fusion_options`` (``model.options.<name>``).
+    Both take ``model.vqa.second_embedding_dim`` (ban-vqa's ``--op c`` question encoder).
 
     ``model_config`` is the resolved ``model`` section."""
     settings = model_config["vqa"]
     common = {
         "hidden_dim": int(settings["hidden_dim"]),
         "embedding_dim": int(settings["embedding_dim"]),
+        "second_embedding_dim": settings.get("second_embedding_dim"),
         "word_vectors": word_vectors,
         "classifier_dropout": float(settings["classifier_dropout"]),
     }
@@ -105,6 +107,8 @@ class VQATask(L.LightningModule):
 
     task_type = "vqa"
     default_monitor = ("val/acc", "max")
+    #: answers per question that :meth:`predict_step` returns (``polyfuse predict --top-k``)
+    predict_top_k = 1
 
     def __init__(
         self,
@@ -161,9 +165,17 @@ class VQATask(L.LightningModule):
         self._evaluation_end("test")
 
     def predict_step(self, batch: Mapping[str, Tensor], batch_index: int) -> dict[str, Tensor]:
-        probabilities = torch.sigmoid(self(batch)[0])
-        score, answer = probabilities.max(dim=1)
-        return {"row": batch["row"], "answer": answer, "score": score}
+        """The :attr:`predict_top_k` answers of each question, best first: ``answers``
+        (B, k) and their ``scores`` (B, k), each the sigmoid of its logit, the probability
+        the model was trained to give that answer's soft score (:func:`vqa_loss`; the
+        answers are scored independently, so the scores need not sum to 1); ``answer``
+        and ``score`` (B,), the first of them."""
+        logits = self(batch)[0]
+        # ranked by logit (the sigmoid is monotone but saturates to 1.0 in float32); a
+        # stable sort keeps the lower index first on ties, as the argmax of evaluation does
+        ranked, answers = torch.sort(logits, dim=1, descending=True, stable=True)
+        answers, scores = answers[:, : self.predict_top_k], torch.sigmoid(ranked[:, : self.predict_top_k])
+        return {"row": batch["row"], "answer": answers[:, 0], "score": scores[:, 0], "answers": answers, "scores": scores}
 
     # The same optimiser (AdamW or ban-vqa's Adamax, no decay on biases), schedule and
     # checkpoint extras as every task.

@@ -38,7 +38,7 @@ from torch import Tensor
 from polyfuse.data.arrays import open_h5
 from polyfuse.data.formats.jsonfile import read_json
 
-__all__ = ["BOX_DATASETS", "ImageFeatures", "load_bottom_up_features", "load_image_features"]
+__all__ = ["BOX_DATASETS", "ImageFeatures", "is_bottom_up", "load_bottom_up_features", "load_image_features"]
 
 
 @dataclass
@@ -98,6 +98,17 @@ def load_image_features(path: str | Path) -> ImageFeatures:
     return ImageFeatures(
         torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(path)
     )
+
+
+def is_bottom_up(path: str | Path) -> bool:
+    """Whether the HDF5 file ``path`` is in a ban-vqa layout (an ``image_features``
+    dataset, read by :func:`load_bottom_up_features` with its image-id index) rather than
+    the ``features`` of ``polyfuse extract images``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"feature file {path} does not exist")
+    with open_h5(path) as handle:
+        return "image_features" in handle and "features" not in handle
 
 
 def _read_index(path: Path) -> dict[int, int]:
