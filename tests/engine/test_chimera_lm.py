@@ -88,3 +88,54 @@ def test_train_chimera_masked_trains_lt_scalars_and_stops_early(tiny_encoder, tm
     assert [h["epoch"] for h in stopped] == [0, 1]
     with pytest.raises(ValueError, match="needs the text encoder"):
         train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=1, expert="app", mask_rate=0.2)
+
+
+def test_held_out_topic_lm_uses_fixed_masks_and_equals_eq3_by_hand(tiny_encoder, tmp_path):
+    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
+    from polyfuse.engine.chimera_retrieval import (
+        ChimeraRow,
+        encode_tokens,
+        held_out_masked_captions,
+        held_out_topic_lm,
+        train_chimera,
+    )
+    from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
+
+    train, val = _corpus(tmp_path)
+    head, _ = lm_head_for(tiny_encoder, train.captions, val.captions, None, LMHeadSettings(epochs=1))
+    captions = _captions(7, 2)
+    batches = held_out_masked_captions(tiny_encoder, captions, 0.3, count=5, batch_size=2)
+    again = held_out_masked_captions(tiny_encoder, captions, 0.3, count=5, batch_size=2)
+    assert sum(len(b[0]) for b in batches) == 5  # the first `count` captions
+    assert all(torch.equal(a[3], b[3]) for a, b in zip(batches, again, strict=True))  # the same masks
+    torch.manual_seed(3)
+    model = ChimeraRetrievalModel(8, 6, num_topics=3, hyperbolic_dim=2)
+    out = held_out_topic_lm(model, batches, head)
+    total, head_total, identity, count = 0.0, 0.0, 0.0, 0  # Eq. 3 position by position, float64
+    with torch.no_grad():
+        for hidden, _, ids, masked in batches:
+            for b, t in masked.nonzero().tolist():
+                h = hidden[b, t].double()
+                prior = torch.softmax(model.text_topic.topic_prior(model.text_topic.norm(hidden[b, t])).double(), 0)
+                states = model.text_topic.topic_states(hidden[b, t].view(1, 1, -1)).view(3, -1)
+                words = [torch.softmax(head(states[z]).double(), 0)[ids[b, t]] for z in range(3)]
+                total -= float(torch.log(sum(prior[z] * words[z] for z in range(3))))
+                head_total -= float(torch.log_softmax(head(h.float()).double(), 0)[ids[b, t]])
+                identity += float(prior[0])
+                count += 1
+    assert out["val_topic_lm"] == pytest.approx(total / count, rel=1e-5)
+    assert out["val_head_nll"] == pytest.approx(head_total / count, rel=1e-5)
+    assert out["val_identity_topic"] == pytest.approx(identity / count, rel=1e-5)
+    # in training: at lr 0 the model never changes, so the held-out L_T (fixed masks) is the
+    # same every epoch, while the training L_T follows each epoch's fresh masks; reported
+    # for a row that does not train L_T too
+    tokens = {n: encode_tokens(tiny_encoder, p.captions) for n, p in (("train", train), ("val", val))}
+    common = {"batch_size": 3, "expert": "app", "encoder": tiny_encoder, "mask_rate": 0.2, "lm_head": head, "lr": 0.0}
+    _, history = train_chimera(train, tokens["train"], val, tokens["val"], ChimeraRow(num_topics=3, hyperbolic_dim=3),
+                               0, epochs=3, **common)
+    assert len({h["val_topic_lm"] for h in history}) == 1 and len({h["topic_lm"] for h in history}) > 1
+    _, without = train_chimera(train, tokens["train"], val, tokens["val"],
+                               ChimeraRow(num_topics=3, hyperbolic_dim=3, topic_lm=False), 0, epochs=1, **common)
+    assert "topic_lm" not in without[0] and without[0]["val_topic_lm"] > 0
+    with pytest.raises(ValueError, match="at least one caption"):
+        held_out_masked_captions(tiny_encoder, captions, 0.3, count=0)

@@ -49,7 +49,8 @@ from polyfuse.metrics.retrieval import (
 from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 
 __all__ = [
-    "ABLATION_ROWS", "TABLE4_ROWS", "ChimeraRow", "encode_tokens", "evaluate_chimera", "learned_scalars", "train_chimera",
+    "ABLATION_ROWS", "HELD_OUT_CAPTIONS", "HELD_OUT_MASK_SEED", "TABLE4_ROWS", "ChimeraRow", "encode_tokens",
+    "evaluate_chimera", "held_out_masked_captions", "held_out_topic_lm", "learned_scalars", "train_chimera",
 ]
 
 
@@ -82,6 +83,9 @@ ABLATION_ROWS = {  # Table 4, top to bottom
     "Z20-af-N20-HLM-LD-noLT": ChimeraRow(topic_lm=False),
 }
 TABLE4_ROWS = list(ABLATION_ROWS)[:10]
+
+HELD_OUT_MASK_SEED = 1234  # the masks of the held-out L_T: the same for every epoch, row and seed
+HELD_OUT_CAPTIONS = 64  # validation captions scored for the held-out L_T (cost: ~2 training steps' L_T)
 
 
 @torch.no_grad()
@@ -116,6 +120,40 @@ def evaluate_chimera(model: ChimeraRetrievalModel, corpus: RetrievalCorpus, toke
         out.update(retrieval_metrics(ranks_from_scores(block, targets), len(g_ids)).as_dict(name))
         out.update({f"chance_{name}R@{k}": v for k, v in chance_recall(targets).items()})
     return out
+
+
+def held_out_masked_captions(encoder, captions: list[str], rate: float, *, count: int = HELD_OUT_CAPTIONS,
+                             seed: int = HELD_OUT_MASK_SEED, batch_size: int = 16) -> list[tuple[Tensor, ...]]:
+    """The first ``count`` captions, ``rate`` of their word pieces masked by a generator
+    seeded with ``seed``, encoded once: batches of ``(hidden, mask, ids, masked)``
+    (:func:`~polyfuse.engine.chimera_lm.masked_batch`). The same masks every call, so a
+    loss on them changes from epoch to epoch only because the model does."""
+    if count < 1 or not captions:
+        raise ValueError(f"held-out L_T needs at least one caption, got count={count}, {len(captions)} captions")
+    ids, mask = tokenized(encoder, captions[:count])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        return [masked_batch(encoder, ids[s : s + batch_size], mask[s : s + batch_size], rate, generator)
+                for s in range(0, len(ids), batch_size)]
+
+
+@torch.no_grad()
+def held_out_topic_lm(model: ChimeraRetrievalModel, batches: list[tuple[Tensor, ...]], lm_head) -> dict[str, float]:
+    """L_T (Eq. 3) on fixed masked captions (:func:`held_out_masked_captions`), the mean over
+    all their masked word pieces (``val_topic_lm``); beside it the frozen head's own NLL on
+    the same word pieces (``val_head_nll``: the topic mixture with all weight on the
+    identity topic T_0) and the mean prior weight of that topic, P(z = 0 | x_\\t)
+    (``val_identity_topic``)."""
+    model.eval()
+    lt, head, identity, count = 0.0, 0.0, 0.0, 0
+    for hidden, mask, ids, masked in batches:
+        text = model.texts(hidden, mask)
+        m = int(masked.sum())
+        lt += float(model.topic_lm_loss(text, ids, masked, lm_head)) * m
+        head += float(torch.nn.functional.cross_entropy(lm_head(hidden[masked]), ids[masked], reduction="sum"))
+        identity += float(torch.softmax(text.topic_logits[masked], dim=-1)[:, 0].sum())
+        count += m
+    return {"val_topic_lm": lt / count, "val_head_nll": head / count, "val_identity_topic": identity / count}
 
 
 def _losses(model, row: ChimeraRow, text, video, scores: Tensor, masked_words=None,
@@ -176,7 +214,10 @@ def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], v
     ``"bf16-mixed"`` (training steps under CPU bfloat16 autocast).
 
     Returns the model and the history: per epoch the mean of each loss term over the
-    steps, the validation recall sum and the learned scalars (:func:`learned_scalars`).
+    steps, the validation recall sum, the learned scalars (:func:`learned_scalars`) and,
+    with masking, an ``lm_head`` and topic layers, L_T on fixed masked validation captions
+    (:func:`held_out_topic_lm`: the first :data:`HELD_OUT_CAPTIONS`, masks drawn once with
+    :data:`HELD_OUT_MASK_SEED`), whose epoch-to-epoch change is the model's alone.
     """
     training_autocast(precision)  # an unknown precision fails before any work
     if mask_rate > 0 and encoder is None:
@@ -196,6 +237,9 @@ def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], v
     rng = random.Random(seed)
     masks = torch.Generator().manual_seed(seed)
     caption_ids = tokenized(encoder, train.captions) if mask_rate > 0 else None
+    held_out = None  # L_T on fixed masked validation captions every epoch (rows without L_T too; frozen encoder)
+    if mask_rate > 0 and lm_head is not None and model.use_topics and text_lr is None:
+        held_out = held_out_masked_captions(encoder, val.captions, mask_rate)
     captions_of: dict[str, list[int]] = {}
     for i, v in enumerate(train.caption_video):
         captions_of.setdefault(v, []).append(i)
@@ -239,7 +283,8 @@ def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], v
             val_tokens = encode_tokens(encoder, val.captions)  # the encoder has changed
         metrics = evaluate_chimera(model, val, *val_tokens, expert=expert)
         score = sum(v for k, v in metrics.items() if "R@" in k and not k.startswith("chance"))
-        history.append({"epoch": epoch, **{k: v / steps for k, v in sums.items()}, "val_rsum": score,
+        lm = held_out_topic_lm(model, held_out, lm_head) if held_out is not None else {}
+        history.append({"epoch": epoch, **{k: v / steps for k, v in sums.items()}, "val_rsum": score, **lm,
                         **learned_scalars(model), "seconds": time.perf_counter() - start})
         if score > best_score:
             best_score, best_epoch, best = score, epoch, copy.deepcopy(model.state_dict())

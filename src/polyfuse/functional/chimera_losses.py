@@ -112,18 +112,22 @@ def topic_lm_loss(
                 f"mask must be a bool tensor of shape {tuple(position_shape)} (True = counts)"
             )
         counted = counted & mask
-    check_finite(topic_vocab_logits[counted], "topic_vocab_logits (at counted positions)")
-    check_finite(topic_logits[counted], "topic_logits (at counted positions)")
-    chosen = targets[counted]
+    if bool(counted.all()):  # then no (M, Z, V) copy by boolean indexing (nor its backward)
+        topic_vocab_logits = topic_vocab_logits.reshape(-1, num_topics, vocab_size)
+        topic_logits, chosen = topic_logits.reshape(-1, num_topics), targets.reshape(-1)
+    else:
+        topic_vocab_logits, topic_logits, chosen = topic_vocab_logits[counted], topic_logits[counted], targets[counted]
+    check_finite(topic_vocab_logits, "topic_vocab_logits (at counted positions)")
+    check_finite(topic_logits, "topic_logits (at counted positions)")
     if bool(((chosen < 0) | (chosen >= vocab_size)).any()):
         raise ValueError(f"targets must lie in [0, {vocab_size}) at counted positions")
     if chosen.numel() == 0:
         return topic_vocab_logits.sum() * 0.0
 
-    word_log_probs = torch.log_softmax(topic_vocab_logits[counted], dim=-1)  # (M, Z, V)
+    word_log_probs = torch.log_softmax(topic_vocab_logits, dim=-1)  # (M, Z, V)
     index = chosen.view(-1, 1, 1).expand(-1, num_topics, 1)
     target_log_probs = word_log_probs.gather(-1, index).squeeze(-1)  # log P(x_t | z), (M, Z)
-    prior_log_probs = torch.log_softmax(topic_logits[counted], dim=-1)  # log P(z), (M, Z)
+    prior_log_probs = torch.log_softmax(topic_logits, dim=-1)  # log P(z), (M, Z)
     log_likelihood = torch.logsumexp(target_log_probs + prior_log_probs, dim=-1)  # Eq. 3
     return _reduce(-log_likelihood, reduction)
 
