@@ -95,3 +95,16 @@ def test_end_to_end_on_a_tiny_synthetic_folder(tmp_path):
         "note"]
     with pytest.raises(FileNotFoundError, match=r"lacks features_vgg\.npz"):
         bench_maf.run_maf_bench(dataclasses.replace(settings, data_dir=tmp_path / "none"))
+
+
+def test_cli_allow_unknown_reaches_the_settings(monkeypatch):
+    from polyfuse.cli import bench as bench_cli
+    from polyfuse.cli.main import build_parser
+
+    seen = []
+    monkeypatch.setattr(bench_maf, "run_maf_bench", lambda settings, progress=None: seen.append(settings) or {})
+    for argv, expected in ((["bench", "maf", "--preset", "quick"], False),
+                           (["bench", "maf", "--preset", "quick", "--allow-unknown"], True)):
+        bench_cli._maf(build_parser().parse_args(argv))
+        assert seen[-1].allow_unknown is expected
+    assert bench_maf.FULL.allow_unknown is False  # the captioning task's default
