@@ -49,6 +49,25 @@ def test_vocabulary_is_the_captioning_tasks():
     assert vocabulary.decode([4, 3, 5, 2, 4]) == "a <unk> dog"
 
 
+def test_greedy_decoding_bans_unknown_unless_allowed():
+    # As task.type captioning (captioning.allow_unknown: false): a decoder whose output
+    # bias makes <unk> the best word everywhere must still never emit it by default.
+    torch.manual_seed(0)
+    vocabulary = bench_maf.Vocabulary.build(["a dog runs", "a cat sits"], min_count=1)
+    unknown = vocabulary.index["<unk>"]
+    settings = dataclasses.replace(bench_maf.QUICK, max_decode_length=6)
+    model = bench_maf._captioner(len(vocabulary.words), settings, "log", [3, 3], 5).eval()
+    with torch.no_grad():
+        model.decoder.state_output.bias[unknown] = 1e4
+        inputs = bench_maf._encode(model, [torch.randn(2, 3, 5), torch.randn(2, 3, 5)])
+        banned, _ = bench_maf._generate(model, inputs, vocabulary, settings)
+        allowed, _ = bench_maf._generate(
+            model, inputs, vocabulary, dataclasses.replace(settings, allow_unknown=True))
+    assert (allowed == unknown).all()  # the bias does make <unk> the greedy choice
+    assert not (banned == unknown).any()
+    assert banned.shape == (2, 6)
+
+
 def test_end_to_end_on_a_tiny_synthetic_folder(tmp_path):
     pytest.importorskip("pycocoevalcap")
     rng = np.random.default_rng(1)
@@ -71,7 +90,21 @@ def test_end_to_end_on_a_tiny_synthetic_folder(tmp_path):
     # Eq. 19 as printed with theta near 1: softmax of values in [0, 2] over 4 steps
     assert literal["attention_entropy"]["appearance"]["relative"] > 0.9
     assert 0.0 <= literal["scores"]["BLEU-4"] <= 1.0 and literal["scores"]["CIDEr-D"] >= 0.0
+    assert literal["captions_with_unknown"] == 0
     assert literal["scores"]["METEOR"] is None and "METEOR not computed" in literal["scores"][
         "note"]
     with pytest.raises(FileNotFoundError, match=r"lacks features_vgg\.npz"):
         bench_maf.run_maf_bench(dataclasses.replace(settings, data_dir=tmp_path / "none"))
+
+
+def test_cli_allow_unknown_reaches_the_settings(monkeypatch):
+    from polyfuse.cli import bench as bench_cli
+    from polyfuse.cli.main import build_parser
+
+    seen = []
+    monkeypatch.setattr(bench_maf, "run_maf_bench", lambda settings, progress=None: seen.append(settings) or {})
+    for argv, expected in ((["bench", "maf", "--preset", "quick"], False),
+                           (["bench", "maf", "--preset", "quick", "--allow-unknown"], True)):
+        bench_cli._maf(build_parser().parse_args(argv))
+        assert seen[-1].allow_unknown is expected
+    assert bench_maf.FULL.allow_unknown is False  # the captioning task's default

@@ -18,7 +18,9 @@ are scored on the test videos.
   ``tanh(linear)`` encoder (``pca_dim`` -> ``feature_dim``).
 * Decoder: :class:`polyfuse.nn.decoding.CaptionDecoder` (LSTM, MAF conditioned on
   h_t with unary and binary exact-HOCA attention, Eq. 22 output), teacher forcing,
-  Adam, a fixed number of epochs; greedy decoding of the test videos.
+  Adam, a fixed number of epochs; greedy decoding of the test videos, which never
+  generates ``<unk>`` (as ``task.type: captioning`` with its default
+  ``captioning.allow_unknown: false``) unless ``allow_unknown``.
 * Measures: the mean entropy of each modality's Eq. 19 attention over the decoded
   steps (nats, and divided by log T, where 1 means uniform), BLEU-4, CIDEr-D,
   ROUGE-L and METEOR (:func:`polyfuse.metrics.captioning.caption_metrics`: pycocoevalcap,
@@ -43,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from polyfuse.bench.results import result_header
-from polyfuse.data.formats.captioning import Vocabulary, ptb_tokenize
+from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary, ptb_tokenize
 from polyfuse.metrics.captioning import caption_metrics
 from polyfuse.nn.decoding import caption_cross_entropy
 from polyfuse.tasks.captioning import VideoCaptioner
@@ -71,6 +73,7 @@ class MAFBenchSettings:
     max_decode_length: int = 20
     train_videos: int | None = None  # None: the whole train split
     meteor: bool = True  # METEOR starts a Java process that loads its paraphrase tables
+    allow_unknown: bool = False  # as captioning.allow_unknown: greedy decoding never emits <unk>
 
 
 FULL = MAFBenchSettings()
@@ -172,6 +175,21 @@ def _encode(model: VideoCaptioner, streams: Sequence[Tensor]) -> list[Tensor]:
     return model.encode(streams, [torch.ones(x.shape[:2], dtype=torch.bool) for x in streams])
 
 
+def _generate(
+    model: VideoCaptioner, inputs: Sequence[Tensor], vocabulary: Vocabulary, settings: MAFBenchSettings
+) -> tuple[Tensor, list]:
+    """Greedy captions of encoded ``inputs``; ``<unk>`` is never generated unless
+    ``settings.allow_unknown`` (the rule of ``task.type: captioning``)."""
+    banned = [] if settings.allow_unknown else [vocabulary.index[UNKNOWN]]
+    return model.decoder.greedy(
+        inputs,
+        begin_index=vocabulary.begin,
+        end_index=vocabulary.end,
+        max_length=settings.max_decode_length,
+        banned_tokens=banned,
+    )
+
+
 def _train_and_score(
     combination: str,
     settings: MAFBenchSettings,
@@ -213,12 +231,7 @@ def _train_and_score(
     test_rows = torch.tensor(data["test_rows"])
     with torch.no_grad():
         inputs = _encode(model, [x[test_rows] for x in streams])
-        tokens, steps = model.decoder.greedy(
-            inputs,
-            begin_index=vocabulary.begin,
-            end_index=vocabulary.end,
-            max_length=settings.max_decode_length,
-        )
+        tokens, steps = _generate(model, inputs, vocabulary, settings)
         test_pairs = data["test_pairs"]
         captions = _pad([ids for _, ids in test_pairs])
         positions = torch.tensor([data["test_rows"].index(row) for row, _ in test_pairs])
@@ -250,6 +263,7 @@ def _train_and_score(
         "examples": {video: {"generated": hypotheses[video], "reference": references[video][0]}
                      for video in ids[:5]},
         "distinct_captions": len(set(hypotheses.values())),
+        "captions_with_unknown": sum(UNKNOWN in h.split() for h in hypotheses.values()),
     }
 
 

@@ -176,7 +176,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Trains the MAF caption decoder on the shared MSVD subset (VGG appearance and "
             "frame-difference streams) once per form of Eq. 19 with a fixed seed, decodes "
-            "the test videos greedily and reports attention entropy, BLEU-4, CIDEr-D, "
+            "the test videos greedily (never <unk>, as task.type captioning, unless "
+            "--allow-unknown) and reports attention entropy, BLEU-4, CIDEr-D, "
             "ROUGE-L and METEOR (pycocoevalcap). A few minutes of CPU."
         ),
     )
@@ -188,6 +189,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     maf.add_argument("--epochs", type=int, default=None)
     maf.add_argument("--seed", type=int, default=None)
     maf.add_argument("--no-meteor", action="store_true", help="skip METEOR (slow Java start)")
+    maf.add_argument("--allow-unknown", action="store_true",
+                     help="let greedy decoding generate <unk> (as captioning.allow_unknown: true)")
     common(maf)
 
     peers = commands.add_parser(
@@ -442,6 +445,8 @@ def _maf(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                if getattr(args, name) is not None}
     if args.no_meteor:
         changes["meteor"] = False
+    if args.allow_unknown:
+        changes["allow_unknown"] = True
     return maf.run_maf_bench(dataclasses.replace(settings, **changes),
                              progress=_progress(args)), None
 
