@@ -5,16 +5,20 @@ at every validation, also records what each branch ranks alone (the mean-of-expe
 half and the MAN half of the concatenated embeddings), the scale of the MAN branch's
 score against the mean branch's (std over the validation caption-video pairs), and,
 for diagnosis only, the test t2v R@1 of that epoch (the kept epoch is still chosen on
-the validation recall sum). Writes one JSON per fusion and seed.
+the validation recall sum). Writes one JSON per fusion and seed; ``--table FILES``
+prints the test metrics of the kept epochs (mean ± sample std over the files of each
+fusion and options) and the kept epochs' validation recall sums.
 
     PYTHONPATH=src python scripts/retrieval_branch_diagnostics.py --data ../shared/data/msvd \\
         --fusions mean mean+man --seeds 0 1 2 --out runs/branch_diag
+    PYTHONPATH=src python scripts/retrieval_branch_diagnostics.py --table runs/branch_diag/*.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -46,16 +50,49 @@ def branch_report(model, part, text_vectors, embed_dim: int) -> dict:
     return report
 
 
+COLUMNS = ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MedR", "v2t_R@1", "v2t_R@5", "v2t_R@10", "v2t_MedR")
+
+
+def table(paths: list[str]) -> str:
+    """One row per (fusion, options): test metrics of the kept epoch, mean ± sample std over
+    seeds, the per-seed t2v R@1 and the mean kept validation recall sum."""
+    groups: dict[str, list[dict]] = {}
+    for path in sorted(paths):
+        run = json.loads(Path(path).read_text())
+        groups.setdefault(" ".join([run["fusion"], *run["options"]]), []).append(run)
+    lines = ["| model | seeds | " + " | ".join(COLUMNS) + " | t2v R@1 per seed | val rsum |",
+             "|---|---|" + "---|" * (len(COLUMNS) + 2)]
+    for name, runs in groups.items():
+        runs.sort(key=lambda r: r["seed"])
+        kept = [r["epochs"][r["best_epoch"]]["test"]["all"] for r in runs]
+        cells = []
+        for column in COLUMNS:
+            values = [k[column] for k in kept]
+            cells.append(f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1
+                         else f"{values[0]:.1f}")
+        seeds = ", ".join(str(r["seed"]) for r in runs)
+        per_seed = ", ".join(f"{k['t2v_R@1']:.1f}" for k in kept)
+        val = statistics.mean(r["history"][r["best_epoch"]]["val_rsum"] for r in runs)
+        lines.append(f"| {name} | {seeds} | " + " | ".join(cells) + f" | {per_seed} | {val:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--data", required=True)
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="print the table of these result files")
+    parser.add_argument("--data")
     parser.add_argument("--fusions", nargs="+", default=["mean", "mean+man"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                         help="a RetrievalSettings field, e.g. man_layer_norm=false")
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    if args.data is None or args.out is None:
+        parser.error("--data and --out are needed to train")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     corpus, split = load_corpus(args.data)
