@@ -115,9 +115,9 @@ def _layer_norm(x, norm):
     return centred / torch.sqrt((centred**2).mean() + norm.eps) * norm.weight + norm.bias
 
 
-def _man_vector(encoder, features, masks, present, b):
+def _man_vector(encoder, features, masks, present, b, unit=True):
     """The MAN branch of video b: MAN's fused vector over the experts (an absent expert as
-    its absent step), layer-normalised, the output map, L2-normalised."""
+    its absent step), layer-normalised, the output map, L2-normalised (when ``unit``)."""
     inputs, input_masks = [], []
     for j in range(len(features)):
         here = bool(present[b, j])
@@ -127,7 +127,7 @@ def _man_vector(encoder, features, masks, present, b):
     fused = encoder.fusion(inputs, input_masks)[0]  # the MAN module itself is tested in tests/nn
     norm, linear = encoder.fused_output
     out = _layer_norm(fused, norm) @ linear.weight.T + linear.bias
-    return out / out.norm()
+    return out / out.norm() if unit else out
 
 
 def test_gating_plus_man_by_hand():
@@ -157,20 +157,25 @@ def test_gating_plus_man_by_hand():
             torch.testing.assert_close(texts[t] @ videos[b], score, rtol=1e-5, atol=1e-6)
 
 
-def test_mean_plus_man_by_hand():
-    """The mean of experts and MAN, each a unit vector, weighed equally: score =
-    (cos_mean + cos_MAN) / 2."""
+def _mean_vector(model, features, masks, present, b):
+    """The mean-of-experts branch of video b, written out: the masked means projected,
+    averaged over the experts the video has, L2-normalised."""
+    pooled = [model.video.projections[j](features[j][b][masks[j][b]].mean(0)) for j in range(2) if present[b, j]]
+    mean = sum(pooled) / len(pooled)
+    return mean / mean.norm()
+
+
+def test_mean_plus_man_equal_weights_by_hand():
+    """``man_zero_init=False`` (the layout before): the mean of experts and MAN, each a
+    unit vector, weighed equally: score = (cos_mean + cos_MAN) / 2."""
     torch.manual_seed(0)
-    model = RetrievalModel(5, [5, 6], embed_dim=4, fusion="mean+man", hidden_dim=8).eval()
+    model = RetrievalModel(5, [5, 6], embed_dim=4, fusion="mean+man", hidden_dim=8, man_zero_init=False).eval()
     features, masks, present = _batch()
     videos = model.embed_videos(features, masks, present)
     sentences = torch.randn(2, 5, generator=torch.Generator().manual_seed(1))
     texts = model.embed_texts(sentences)
-    projections = model.video.projections
     for b in range(3):
-        pooled = [projections[j](features[j][b][masks[j][b]].mean(0)) for j in range(2) if present[b, j]]
-        mean = sum(pooled) / len(pooled)
-        mean = mean / mean.norm()
+        mean = _mean_vector(model, features, masks, present, b)
         man = _man_vector(model.video, features, masks, present, b)
         for t in range(2):
             text = sentences[t] @ model.text_head.weight.T + model.text_head.bias
@@ -179,6 +184,71 @@ def test_mean_plus_man_by_hand():
             torch.testing.assert_close(texts[t] @ videos[b], expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(videos.norm(dim=1), torch.ones(3))
     torch.testing.assert_close(texts.norm(dim=1), torch.ones(2))
+
+
+def test_mean_plus_man_starts_as_the_mean_of_experts():
+    """The default: MAN's branch starts at zero (its output map zero-initialised), so at
+    initialisation every score is the mean of experts' cosine cos(A t, mean), written out,
+    and equals the score of a ``mean`` model with the same projections and text map."""
+    torch.manual_seed(0)
+    model = RetrievalModel(5, [5, 6], embed_dim=4, fusion="mean+man", hidden_dim=8).eval()
+    assert model.video.man_zero_init
+    features, masks, present = _batch()
+    sentences = torch.randn(2, 5, generator=torch.Generator().manual_seed(1))
+    videos, texts = model.embed_videos(features, masks, present), model.embed_texts(sentences)
+    assert videos.shape == (3, 8) and texts.shape == (2, 8)
+    assert torch.equal(videos[:, 4:], torch.zeros(3, 4))  # MAN's half is exactly zero
+    mean_model = RetrievalModel(5, [5, 6], embed_dim=4, fusion="mean").eval()
+    mean_model.video.projections.load_state_dict(model.video.projections.state_dict())
+    mean_model.text_head.weight.data.copy_(model.text_head.weight[:4])
+    mean_model.text_head.bias.data.copy_(model.text_head.bias[:4])
+    torch.testing.assert_close(texts @ videos.T, mean_model.embed_texts(sentences)
+                               @ mean_model.embed_videos(features, masks, present).T)
+    for b in range(3):
+        mean = _mean_vector(model, features, masks, present, b)
+        for t in range(2):
+            text = sentences[t] @ model.text_head.weight[:4].T + model.text_head.bias[:4]
+            torch.testing.assert_close(texts[t] @ videos[b], torch.dot(text / text.norm(), mean))
+
+
+def test_mean_plus_man_zero_init_learns_its_share():
+    """Zero-initialised, MAN's output map still gets a gradient (ReZero): one optimizer step
+    on the ranking loss makes MAN's half non-zero, and the score is then cos(A t, mean) +
+    <unit(B t), W_o LN(MAN(v)) + b_o>, written out."""
+    from polyfuse.functional.contrastive import max_margin_ranking_loss
+
+    torch.manual_seed(0)
+    model = RetrievalModel(5, [5, 6], embed_dim=4, fusion="mean+man", hidden_dim=8)
+    features, masks, present = _batch()
+    present = torch.ones(3, 2, dtype=torch.bool)
+    sentences = torch.randn(3, 5, generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scores = model.embed_texts(sentences) @ model.embed_videos(features, masks, present).T
+    max_margin_ranking_loss(scores, torch.eye(3, dtype=torch.bool), margin=0.2).backward()
+    assert float(model.video.fused_output[1].weight.grad.abs().max()) > 1e-3
+    optimizer.step()
+    model.eval()
+    videos, texts = model.embed_videos(features, masks, present), model.embed_texts(sentences)
+    assert float(videos[:, 4:].detach().abs().max()) > 1e-3
+    for b in range(3):
+        mean = _mean_vector(model, features, masks, present, b)
+        man = _man_vector(model.video, features, masks, present, b, unit=False)
+        for t in range(3):
+            text = sentences[t] @ model.text_head.weight.T + model.text_head.bias
+            text_mean, text_man = text[:4] / text[:4].norm(), text[4:] / text[4:].norm()
+            expected = torch.dot(text_mean, mean) + torch.dot(text_man, man)
+            torch.testing.assert_close(texts[t] @ videos[b], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_man_zero_init_is_refused_where_it_does_not_apply():
+    for fusion in ("man", "gating+man", "mean"):
+        with pytest.raises(ValueError, match="mean\\+man only"):
+            ExpertVideoEncoder([5, 6], 7, fusion=fusion, hidden_dim=8, man_zero_init=True)
+        assert not ExpertVideoEncoder([5, 6], 7, fusion=fusion, hidden_dim=8).man_zero_init
+    with pytest.raises(ValueError, match="needs man_layer_norm"):
+        ExpertVideoEncoder([5, 6], 7, fusion="mean+man", hidden_dim=8, man_layer_norm=False, man_zero_init=True)
+    # the default follows the layer norm: without it, the two unit vectors weighed equally
+    assert not ExpertVideoEncoder([5, 6], 7, fusion="mean+man", hidden_dim=8, man_layer_norm=False).man_zero_init
 
 
 def _vgg_like_experts(videos=12, steps=20, dim=256):
@@ -224,7 +294,8 @@ def test_man_output_ignores_the_scale_of_the_fused_vector():
     features, masks, present = _batch()
     for layer_norm, moves in ((True, False), (False, True)):
         torch.manual_seed(0)
-        encoder = ExpertVideoEncoder([5, 6], 7, fusion="mean+man", hidden_dim=8, man_layer_norm=layer_norm).eval()
+        encoder = ExpertVideoEncoder([5, 6], 7, fusion="mean+man", hidden_dim=8, man_layer_norm=layer_norm,
+                                     man_zero_init=False).eval()
         with torch.no_grad():
             before = encoder(features, masks, present)
             for projection in encoder.fusion.layers[0].projections:

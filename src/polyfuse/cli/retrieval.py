@@ -61,6 +61,12 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     man.add_argument("--man-layer-norm", action=argparse.BooleanOptionalAction, default=None,
                      help="layer-normalise MAN's fused vector before its output map (default: on for "
                      "gating+man and mean+man, off for man; docs/RETRIEVAL.md)")
+    man.add_argument("--man-zero-init", action=argparse.BooleanOptionalAction, default=None,
+                     help="mean+man: MAN's branch starts at zero (zero-initialised output map, its share "
+                     "of the score learned; default on); --no-man-zero-init: both branches unit vectors "
+                     "weighed equally (docs/RETRIEVAL.md)")
+    man.add_argument("--man-lr", type=float, default=None,
+                     help="gating+man, mean+man: learning rate of MAN's video branch (default: --lr)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -135,6 +141,8 @@ def _settings(args: argparse.Namespace, fusion: str):
                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
                              margin=args.margin, text_lr=args.text_lr, precision=args.precision,
                              man_layer_norm=args.man_layer_norm,
+                             man_zero_init=args.man_zero_init if fusion == "mean+man" else None,
+                             man_lr=args.man_lr if fusion in ("gating+man", "mean+man") else None,
                              fusion_options={k: v for k, v in man_options.items()
                                              if v is not None and "man" in fusion.split("+")})
 

@@ -86,6 +86,8 @@ class RetrievalSettings:
     text_lr: float | None = None  # None: the text encoder is frozen; else fine-tuned at this rate
     precision: str = "32-true"  # or "bf16-mixed": training steps under CPU bfloat16 autocast
     man_layer_norm: bool | None = None  # LayerNorm on MAN's fused vector; None: on for gating+man, mean+man
+    man_zero_init: bool | None = None  # mean+man: MAN's branch starts at zero; None: on for mean+man
+    man_lr: float | None = None  # learning rate of MAN's video branch in gating+man / mean+man; None: lr
 
 
 def shuffle_words(captions: Sequence[str], seed: int) -> list[str]:
@@ -228,6 +230,21 @@ def parameter_groups(model: torch.nn.Module, encoder, text_lr: float | None) -> 
     return groups
 
 
+def split_man_branch(groups: list[dict], model: RetrievalModel, man_lr: float | None) -> list[dict]:
+    """``groups`` with the parameters of MAN's video branch (MAN, its output map, the absent
+    steps) moved from the model's group (the first) into their own at ``man_lr``; as they
+    are without ``man_lr``. Only where MAN is a branch beside another fusion."""
+    if man_lr is None:
+        return groups
+    video = model.video
+    if video.fusion_name not in ("gating+man", "mean+man"):
+        raise ValueError(f"man_lr applies to MAN as a branch (gating+man, mean+man), not to {video.fusion_name}")
+    branch = [*video.fusion.parameters(), *video.fused_output.parameters(), *video.absent.parameters()]
+    ids = {id(p) for p in branch}
+    rest = [p for p in groups[0]["params"] if id(p) not in ids]
+    return [{**groups[0], "params": rest}, {"params": branch, "lr": man_lr}, *groups[1:]]
+
+
 def train_retrieval(
     train: RetrievalCorpus,
     train_text: Tensor,
@@ -254,8 +271,10 @@ def train_retrieval(
     model = RetrievalModel(
         train_text.shape[1], expert_dims, embed_dim=settings.embed_dim, fusion=settings.fusion,
         hidden_dim=settings.hidden_dim, fusion_options=options, man_layer_norm=settings.man_layer_norm,
+        man_zero_init=settings.man_zero_init,
     )
-    optimizer = torch.optim.AdamW(parameter_groups(model, encoder, settings.text_lr), lr=settings.lr,
+    groups = split_man_branch(parameter_groups(model, encoder, settings.text_lr), model, settings.man_lr)
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr,
                                   weight_decay=settings.weight_decay)
     generator = torch.Generator().manual_seed(seed)
     captions_of: dict[str, list[int]] = {}

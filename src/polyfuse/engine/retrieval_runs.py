@@ -141,8 +141,11 @@ def run_retrieval(
         test = evaluate_retrieval(model, parts["test"], vectors["test"], chunk_size=settings.chunk_size)
         eval_seconds = time.perf_counter() - start
         test_shuffled = evaluate_retrieval(model, parts["test"], shuffled, chunk_size=settings.chunk_size)
+        # the layout resolved (None -> the default of the fusion), so that a later default
+        # cannot change how this checkpoint is read
+        saved_settings = {**asdict(settings), "man_zero_init": model.video.man_zero_init}
         write_checkpoint(
-            {"state": model.state_dict(), "settings": asdict(settings), "text_dim": vectors["train"].shape[1],
+            {"state": model.state_dict(), "settings": saved_settings, "text_dim": vectors["train"].shape[1],
              "expert_dims": [e.dim for e in corpus.experts.values()], "text": text,
              **({"text_state": encoder.state_dict()} if fine_tune else {})},
             out / f"seed{seed}{CHECKPOINT_SUFFIX}",
@@ -204,10 +207,12 @@ def load_checkpoint(path: str | Path) -> tuple[RetrievalModel, dict]:
     """The model of a ``retrieval train`` checkpoint and the checkpoint's content."""
     saved = read_retrieval_checkpoint(path)
     try:
-        s = RetrievalSettings(**saved["settings"])  # without man_layer_norm (older): None, off for man
+        # without man_layer_norm (older): None, off for man; without man_zero_init (older):
+        # mean+man's two unit vectors weighed equally, the only layout there was
+        s = RetrievalSettings(**{"man_zero_init": False, **saved["settings"]})
         model = RetrievalModel(saved["text_dim"], saved["expert_dims"], embed_dim=s.embed_dim, fusion=s.fusion,
                                hidden_dim=s.hidden_dim, fusion_options=dict(s.fusion_options) or None,
-                               man_layer_norm=s.man_layer_norm)
+                               man_layer_norm=s.man_layer_norm, man_zero_init=s.man_zero_init)
         model.load_state_dict(saved["state"])
     except (TypeError, RuntimeError) as error:
         raise ValueError(f"{path}: the checkpoint does not rebuild its model: {error}") from None

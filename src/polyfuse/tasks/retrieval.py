@@ -24,10 +24,21 @@ Video side (MAN section 3.3): the experts are the modalities of a fusion module.
   chunked ranking of :mod:`polyfuse.engine.retrieval` needs that).
 * ``"gating+man"``: MAN appendix H.2, the representation of collaborative gating with
   MAN's unit vector concatenated; on the text side MAN's vector is one more expert of
-  the mixture. ``"mean+man"``: the mean of experts and MAN, each a unit vector, weighed
-  equally. In both MAN's fused vector is layer-normalised before its output map (its
-  value, a product over the experts, is otherwise ~10x smaller than the map's bias at
+  the mixture. ``"mean+man"``: the mean of experts' unit vector beside MAN's vector. In
+  both MAN's fused vector is layer-normalised before its output map (its value, a
+  product over the experts, is otherwise ~10x smaller than the map's bias at
   initialisation and every video starts with the same direction).
+* MAN's branch starting at zero (``man_zero_init``, the default of ``"mean+man"``): the
+  output map of MAN's branch is zero-initialised and its vector is not L2-normalised,
+  so the score is ``cos(A t, mean of experts) + <unit(B t), W_o LN(MAN(video)) + b_o>``
+  with ``W_o``, ``b_o`` zero at the start: the model starts as the mean of experts and
+  MAN's share of the score is learned from zero, as a zero-initialised residual branch
+  (ReZero, Bachlechner et al. 2021; the zero-initialised last layer of each residual
+  block, Goyal et al. 2017). With ``man_zero_init=False`` (the layout before) both
+  halves are unit vectors divided by sqrt(2), the score the mean of the two cosines.
+  Why (measured on MSVD, docs/RETRIEVAL.md, "Mean + MAN"): trained that way, MAN's half
+  ranks held-out videos at chance, while its scores spread more than half as much as
+  the mean's; the equal weighting adds that noise to every score.
 
 A video that lacks expert j (``present[:, j]`` False): its steps of expert j are masked,
 never read. MAN's joint attention is undefined over an empty modality (it refuses it),
@@ -127,6 +138,11 @@ class ExpertVideoEncoder(nn.Module):
         fusion: one of ``VIDEO_FUSIONS``.
         hidden_dim: hidden size of MAN / Concat.
         fusion_options: extra keyword arguments of the fusion module (e.g. MAN's heads).
+        man_layer_norm: layer-normalise MAN's fused vector before its output map (None:
+            on for ``gating+man`` and ``mean+man``, off for ``man``).
+        man_zero_init: ``mean+man`` only: MAN's branch starts at zero (its output map
+            zero-initialised, its vector not L2-normalised). Needs the layer norm; None: on
+            where the layer norm is.
     """
 
     def __init__(
@@ -138,6 +154,7 @@ class ExpertVideoEncoder(nn.Module):
         hidden_dim: int = 64,
         fusion_options: dict | None = None,
         man_layer_norm: bool | None = None,
+        man_zero_init: bool | None = None,
     ) -> None:
         super().__init__()
         if fusion not in VIDEO_FUSIONS:
@@ -148,6 +165,14 @@ class ExpertVideoEncoder(nn.Module):
         # None: on where MAN is a branch beside an additive one (gating+man, mean+man), off
         # for MAN alone (measured on MSVD: docs/RETRIEVAL.md, "MAN alone on MSVD")
         self.man_layer_norm = bool(joint) if man_layer_norm is None else man_layer_norm
+        # None: on for mean+man with MAN's layer norm (the map it zero-initialises follows the norm)
+        self.man_zero_init = (fusion == "mean+man" and self.man_layer_norm) if man_zero_init is None \
+            else bool(man_zero_init)
+        if self.man_zero_init and fusion != "mean+man":
+            raise ValueError(f"man_zero_init applies to the fusion mean+man only, not {fusion}")
+        if self.man_zero_init and not self.man_layer_norm:
+            raise ValueError("man_zero_init needs man_layer_norm: the map it zero-initialises is the one "
+                             "after MAN's layer norm")
         if base != "mean" and len(self.expert_dims) < 2:
             raise ValueError(f"{fusion} fuses at least 2 experts, got {len(self.expert_dims)}")
         if base == "mean":
@@ -166,6 +191,9 @@ class ExpertVideoEncoder(nn.Module):
                     **(fusion_options or {}),
                 )
                 self.fused_output = nn.Sequential(nn.LayerNorm(hidden_dim), nn.Linear(hidden_dim, embed_dim))
+                if self.man_zero_init:  # MAN's branch starts at zero (after the default init drew its numbers)
+                    nn.init.zeros_(self.fused_output[1].weight)
+                    nn.init.zeros_(self.fused_output[1].bias)
             else:
                 self.fusion = pnn.create(
                     name, input_dims=self.expert_dims, out_dim=embed_dim, hidden_dim=hidden_dim,
@@ -178,8 +206,9 @@ class ExpertVideoEncoder(nn.Module):
         ``present`` (B, m) bool. Returns (B, D), L2-normalised; for ``gating``
         (B, m * D), one unit vector per expert the video has (zeros for the others);
         for ``gating+man`` (B, (m + 1) * D), those and MAN's unit vector; for
-        ``mean+man`` (B, 2 D), the unit vectors of the mean of experts and of MAN, each
-        divided by sqrt(2) (a unit vector in all)."""
+        ``mean+man`` (B, 2 D), the unit vector of the mean of experts and MAN's vector
+        (with ``man_zero_init`` MAN's output as it is, zero at initialisation; without,
+        MAN's unit vector, and both halves divided by sqrt(2))."""
         if len(features) != len(self.expert_dims) or len(masks) != len(features):
             raise ValueError(f"expected {len(self.expert_dims)} experts, got {len(features)}")
         if present.shape != (features[0].shape[0], len(features)):
@@ -193,9 +222,10 @@ class ExpertVideoEncoder(nn.Module):
         if self.fusion_name == "gating+man":  # MAN appendix H.2: concatenated with CE's
             return torch.cat((self._gating(features, masks, present), self._joint(features, masks, present)), -1)
         if self.fusion_name == "mean+man":
-            both = (nn.functional.normalize(self._mean(features, masks, present), dim=-1),
-                    self._joint(features, masks, present))
-            return torch.cat(both, -1) / math.sqrt(2)
+            mean = nn.functional.normalize(self._mean(features, masks, present), dim=-1)
+            if self.man_zero_init:  # MAN's share of the score is learned from zero
+                return torch.cat((mean, self._joint(features, masks, present, unit=False)), -1)
+            return torch.cat((mean, self._joint(features, masks, present)), -1) / math.sqrt(2)
         return self._joint(features, masks, present)
 
     def _gating(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
@@ -210,9 +240,10 @@ class ExpertVideoEncoder(nn.Module):
         weights = present.to(pooled.dtype).unsqueeze(-1)
         return (pooled * weights).sum(1) / weights.sum(1)
 
-    def _joint(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
+    def _joint(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor, *,
+               unit: bool = True) -> Tensor:
         """MAN or Concat over all experts, an absent expert as its learned absent step:
-        (B, D) unit vectors."""
+        (B, D), L2-normalised when ``unit``."""
         inputs, input_masks = [], []
         for j, (x, m) in enumerate(zip(features, masks, strict=True)):
             here = present[:, j]
@@ -220,7 +251,8 @@ class ExpertVideoEncoder(nn.Module):
             absent_step = self.absent[j].to(x.dtype).expand(x.shape[0], 1, -1)
             inputs.append(torch.cat((absent_step, x), dim=1))
             input_masks.append(torch.cat(((~here).unsqueeze(1), m), dim=1))
-        return nn.functional.normalize(self.fused_output(self.fusion(inputs, input_masks)), dim=-1)
+        fused = self.fused_output(self.fusion(inputs, input_masks))
+        return nn.functional.normalize(fused, dim=-1) if unit else fused
 
 
 class RetrievalModel(nn.Module):
@@ -228,13 +260,14 @@ class RetrievalModel(nn.Module):
 
     Args:
         text_dim: d_t of the sentence vectors. expert_dims, embed_dim, fusion,
-        hidden_dim, fusion_options, man_layer_norm: of :class:`ExpertVideoEncoder`.
+        hidden_dim, fusion_options, man_layer_norm, man_zero_init: of :class:`ExpertVideoEncoder`.
 
     Text side: ``gating`` has CE's expert text head over the m experts, ``gating+man``
     over m + 1 (MAN's vector is one more expert, with its own gated embedding unit and
     mixture weight), ``mean+man`` two linear maps, each to a unit vector, concatenated
-    and divided by sqrt(2) (the score is the mean of the two cosines: MAN appendix H.2
-    weighs the branches equally); the others one linear map to a unit vector.
+    (the score is the mean branch's cosine plus MAN's learned share; without
+    ``man_zero_init``, divided by sqrt(2): the mean of the two cosines, both branches
+    weighed equally); the others one linear map to a unit vector.
     """
 
     def __init__(
@@ -247,6 +280,7 @@ class RetrievalModel(nn.Module):
         hidden_dim: int = 64,
         fusion_options: dict | None = None,
         man_layer_norm: bool | None = None,
+        man_zero_init: bool | None = None,
     ) -> None:
         super().__init__()
         self.gating = fusion in ("gating", "gating+man")
@@ -258,17 +292,20 @@ class RetrievalModel(nn.Module):
         )
         self.video = ExpertVideoEncoder(
             expert_dims, embed_dim, fusion=fusion, hidden_dim=hidden_dim, fusion_options=fusion_options,
-            man_layer_norm=man_layer_norm,
+            man_layer_norm=man_layer_norm, man_zero_init=man_zero_init,
         )
+        # the text halves are divided by sqrt(2) only where the video halves are
+        self.text_scale = 1.0 if self.video.man_zero_init else 1 / math.sqrt(self.branches)
 
     def embed_texts(self, sentence_vectors: Tensor) -> Tensor:
         """(B, d_t) -> (B, D) unit vectors; for ``gating`` (B, m * D), the mixture-weighted
         per-expert unit vectors, so that a dot product with a video is CE's score
-        (``gating+man``: (B, (m + 1) D)); for ``mean+man`` (B, 2 D)."""
+        (``gating+man``: (B, (m + 1) D)); for ``mean+man`` (B, 2 D), two unit vectors
+        (each divided by sqrt(2) without ``man_zero_init``)."""
         if self.gating:
             return self.text_head(sentence_vectors)
         branches = self.text_head(sentence_vectors).unflatten(-1, (self.branches, -1))
-        return nn.functional.normalize(branches, dim=-1).flatten(-2) / math.sqrt(self.branches)
+        return nn.functional.normalize(branches, dim=-1).flatten(-2) * self.text_scale
 
     def embed_videos(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
         return self.video(features, masks, present)
