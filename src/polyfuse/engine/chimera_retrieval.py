@@ -31,7 +31,7 @@ from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.engine.chimera_lm import masked_batch, tokenized
-from polyfuse.engine.retrieval import parameter_groups, training_autocast
+from polyfuse.engine.retrieval import own_group, parameter_groups, training_autocast
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
 from polyfuse.functional.chimera_masking import drop_regions
@@ -230,9 +230,7 @@ def train_chimera(train: RetrievalCorpus, train_tokens: tuple[Tensor, Tensor], v
                                   topic_variant=row.topic_variant, hyperbolic_dim=row.hyperbolic_dim)
     groups = parameter_groups(model, encoder, text_lr)
     if scalar_lr is not None:  # the scalars in their own group: no weight decay pulls them to 0
-        scalars = [p for p in model.parameters() if p.numel() == 1]
-        groups[0]["params"] = [p for p in model.parameters() if p.numel() != 1]
-        groups.append({"params": scalars, "lr": scalar_lr, "weight_decay": 0.0})
+        groups = own_group(groups, [p for p in model.parameters() if p.numel() == 1], lr=scalar_lr, weight_decay=0.0)
     optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=1e-4)
     rng = random.Random(seed)
     masks = torch.Generator().manual_seed(seed)

@@ -49,7 +49,10 @@ __all__ = [
     "encode_captions",
     "encoder_fingerprint",
     "evaluate_retrieval",
+    "own_group",
+    "parameter_groups",
     "shuffle_words",
+    "split_man_branch",
     "train_retrieval",
     "training_autocast",
 ]
@@ -230,19 +233,26 @@ def parameter_groups(model: torch.nn.Module, encoder, text_lr: float | None) -> 
     return groups
 
 
+def own_group(groups: list[dict], params, **options) -> list[dict]:
+    """``groups`` with ``params`` moved from the first group (the model's) into a group of
+    their own with ``options`` (``lr``, ``weight_decay``), placed last."""
+    params = list(params)
+    ids = {id(p) for p in params}
+    rest = [p for p in groups[0]["params"] if id(p) not in ids]
+    return [{**groups[0], "params": rest}, *groups[1:], {"params": params, **options}]
+
+
 def split_man_branch(groups: list[dict], model: RetrievalModel, man_lr: float | None) -> list[dict]:
     """``groups`` with the parameters of MAN's video branch (MAN, its output map, the absent
-    steps) moved from the model's group (the first) into their own at ``man_lr``; as they
-    are without ``man_lr``. Only where MAN is a branch beside another fusion."""
+    steps) in their own group at ``man_lr`` (:func:`own_group`); as they are without
+    ``man_lr``. Only where MAN is a branch beside another fusion."""
     if man_lr is None:
         return groups
     video = model.video
     if video.fusion_name not in ("gating+man", "mean+man"):
         raise ValueError(f"man_lr applies to MAN as a branch (gating+man, mean+man), not to {video.fusion_name}")
     branch = [*video.fusion.parameters(), *video.fused_output.parameters(), *video.absent.parameters()]
-    ids = {id(p) for p in branch}
-    rest = [p for p in groups[0]["params"] if id(p) not in ids]
-    return [{**groups[0], "params": rest}, {"params": branch, "lr": man_lr}, *groups[1:]]
+    return own_group(groups, branch, lr=man_lr)
 
 
 def train_retrieval(
