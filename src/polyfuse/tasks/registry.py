@@ -1,0 +1,182 @@
+"""A registry of task types: what the engine needs to know of a task, by name.
+
+The pattern of :mod:`polyfuse.nn.registry` one floor up. A task type is one file of
+:mod:`polyfuse.tasks` that defines a :class:`TaskSpec` subclass and registers it::
+
+    @register_task
+    class SentimentSpec(TabularSpec):
+        name = "sentiment"
+        ...
+
+``task.type`` in a configuration names the spec; :func:`task_spec` looks it up (an
+unknown name lists the known ones). The engine (:mod:`polyfuse.engine.run`) has one
+train / evaluate / predict / compare path and asks the spec for everything that
+differs between tasks: the config sections it owns, its data, its Lightning module
+around a model of :mod:`polyfuse.nn`, its checkpoint extras, its prediction records
+and its comparison summary. The engine knows no task by name.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+__all__ = [
+    "TaskData",
+    "TaskSpec",
+    "available_tasks",
+    "register_task",
+    "task_spec",
+    "task_specs",
+]
+
+
+@dataclass
+class TaskData:
+    """A task's prepared data, as the engine handles it.
+
+    ``prepared`` is the task's own object (prepared arrays, a VQA or captioning data
+    set, a retrieval corpus) that the spec's other methods read; the engine never does.
+    """
+
+    datamodule: L.LightningDataModule
+    prepared: Any
+    samples: dict[str, int] = field(default_factory=dict)  # rows per partition, for results.json
+    steps_per_epoch: int = 1  # training batches per epoch (the logging interval is capped by it)
+
+
+class TaskSpec:
+    """What differs between task types. Subclass, set the class attributes, implement the
+    methods, and decorate with :func:`register_task`.
+
+    Class attributes:
+        name: ``task.type`` in a configuration.
+        sections: dotted configuration paths the task owns (``"captioning"``,
+            ``"data.vqa"``); another task type's configuration may not set them.
+        required_sections: those of ``sections`` a configuration must set.
+        model_sections: the top-level sections that define the weights' layout; a run
+            resumes only from a checkpoint trained with the same.
+        default_monitor: the validation metric that picks the best checkpoint, and its mode.
+        distributed: None when the task trains with DDP; else why it trains on one process.
+        prediction_suffix: the file type ``predict --out`` writes (``.csv`` or ``.json``).
+    """
+
+    name: ClassVar[str]
+    sections: ClassVar[tuple[str, ...]] = ()
+    required_sections: ClassVar[tuple[str, ...]] = ()
+    model_sections: ClassVar[tuple[str, ...]] = ("model",)
+    default_monitor: ClassVar[tuple[str, str]] = ("val/loss", "min")
+    distributed: ClassVar[str | None] = None
+    prediction_suffix: ClassVar[str] = ".csv"
+
+    # -- configuration -------------------------------------------------------------
+    def check_config(self, config: Any) -> None:
+        """Rules across sections of a validated ``RunConfig`` (raise ValueError naming the
+        keys); the engine has already checked ``sections`` and ``required_sections``."""
+
+    def data_files(self, config: Mapping[str, Any]) -> list[Path]:
+        """Every file a run of ``config`` reads (hashed, so that a resumed run refuses
+        changed data)."""
+        return []
+
+    # -- training ------------------------------------------------------------------
+    def build_data(self, config: Mapping[str, Any]) -> TaskData:
+        """The data of a training run: train, valid and (optionally) test partitions."""
+        raise NotImplementedError
+
+    def build_module(self, config: Mapping[str, Any], data: TaskData) -> L.LightningModule:
+        """A new Lightning module around a new model for ``data``."""
+        raise NotImplementedError
+
+    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:
+        """What a checkpoint stores beside the weights to be used alone (the resolved
+        configuration, vocabularies, statistics): the keys of
+        :data:`polyfuse.engine.checkpoints.EXTRAS_KEYS` at least."""
+        raise NotImplementedError
+
+    def prepare_module(self, module: L.LightningModule, config: Mapping[str, Any], data: TaskData,
+                       resuming: bool) -> dict[str, Any]:
+        """Anything done to a new module before the first epoch (pre-trained word
+        vectors); what it returns goes into results.json."""
+        return {}
+
+    def after_test(self, module: L.LightningModule, data: TaskData, run_dir: Path) -> dict[str, Any]:
+        """After the best checkpoint was tested: files the task writes beside results.json
+        (generated captions) and entries it adds to results.json."""
+        return {}
+
+    # -- a checkpoint, applied -----------------------------------------------------
+    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> L.LightningModule:
+        """The module of a checkpoint, weights loaded, in eval mode."""
+        raise NotImplementedError
+
+    def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
+                        modalities: Sequence[str] | None = None, require_labels: bool = True) -> TaskData:
+        """The data a checkpoint is evaluated on or applied to (``source`` and
+        ``modalities`` as ``polyfuse evaluate --data / --modalities``; a task that reads
+        only its configuration's files refuses them)."""
+        raise NotImplementedError
+
+    def loader(self, data: TaskData, split: str) -> DataLoader:
+        """The evaluation loader of one split (``all``: every row)."""
+        raise NotImplementedError
+
+    def records(self, module: L.LightningModule, outputs: Sequence[Any], data: TaskData,
+                extras: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Prediction records (one dict per row) from ``Trainer.predict``'s outputs."""
+        raise NotImplementedError
+
+    def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
+        """Write ``records`` to ``path`` (atomically)."""
+        raise NotImplementedError
+
+    # -- comparison ----------------------------------------------------------------
+    def summary(self, rows: Sequence[Mapping[str, Any]], out_dir: Path) -> str | None:
+        """An extra table (markdown) for ``polyfuse compare`` over the runs' results, or None."""
+        return None
+
+
+SpecType = TypeVar("SpecType", bound=type[TaskSpec])
+
+_SPECS: dict[str, TaskSpec] = {}
+
+
+def register_task(cls: SpecType) -> SpecType:
+    """Class decorator: register one instance of a TaskSpec subclass under ``cls.name``."""
+    name = cls.name
+    if name in _SPECS and type(_SPECS[name]) is not cls:
+        raise ValueError(f"task type {name!r} is already registered")
+    _SPECS[name] = cls()
+    return cls
+
+
+def _load_builtin() -> None:
+    import polyfuse.tasks  # noqa: F401  # registers the built-in task types
+
+
+def available_tasks() -> list[str]:
+    """The registered task types, in registration order."""
+    _load_builtin()
+    return list(_SPECS)
+
+
+def task_specs() -> list[TaskSpec]:
+    """Every registered spec."""
+    _load_builtin()
+    return list(_SPECS.values())
+
+
+def task_spec(name: str) -> TaskSpec:
+    """The spec registered as ``name``; an unknown name says the closest known one."""
+    _load_builtin()
+    if name not in _SPECS:
+        close = difflib.get_close_matches(str(name), list(_SPECS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown task type {name!r}{hint}; expected one of {', '.join(_SPECS)}")
+    return _SPECS[name]
