@@ -57,8 +57,12 @@ class TaskSpec:
 
     Class attributes:
         name: ``task.type`` in a configuration.
+        config_sections: the top-level configuration sections the task adds, name ->
+            strict pydantic model (``{"captioning": CaptioningConfig}``); the engine's
+            schema gains them as optional keys.
         sections: dotted configuration paths the task owns (``"captioning"``,
-            ``"data.vqa"``); another task type's configuration may not set them.
+            ``"data.vqa"``), its ``config_sections`` included; another task type's
+            configuration may not set them.
         required_sections: those of ``sections`` a configuration must set.
         model_sections: the top-level sections that define the weights' layout; a run
             resumes only from a checkpoint trained with the same.
@@ -68,6 +72,7 @@ class TaskSpec:
     """
 
     name: ClassVar[str]
+    config_sections: ClassVar[dict[str, type]] = {}
     sections: ClassVar[tuple[str, ...]] = ()
     required_sections: ClassVar[tuple[str, ...]] = ()
     model_sections: ClassVar[tuple[str, ...]] = ("model",)
