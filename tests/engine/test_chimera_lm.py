@@ -28,7 +28,7 @@ def _captions(count, offset=0):
 
 
 def test_lm_head_is_cached_by_content_and_tied(tiny_encoder, tmp_path):
-    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
+    from polyfuse.tasks.chimera_lm import LMHeadSettings, lm_head_for
 
     settings = LMHeadSettings(epochs=2, batch_size=8)
     train, held_out = _captions(24), _captions(8, 1)
@@ -65,8 +65,8 @@ def _corpus(tmp_path):
 
 
 def test_train_chimera_masked_trains_lt_scalars_and_stops_early(tiny_encoder, tmp_path):
-    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
     from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, train_chimera
+    from polyfuse.tasks.chimera_lm import LMHeadSettings, lm_head_for
 
     train, val = _corpus(tmp_path)
     head, _ = lm_head_for(tiny_encoder, train.captions, val.captions, None, LMHeadSettings(epochs=1))
@@ -91,7 +91,6 @@ def test_train_chimera_masked_trains_lt_scalars_and_stops_early(tiny_encoder, tm
 
 
 def test_held_out_topic_lm_uses_fixed_masks_and_equals_eq3_by_hand(tiny_encoder, tmp_path):
-    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
     from polyfuse.engine.chimera_retrieval import (
         ChimeraRow,
         encode_tokens,
@@ -99,6 +98,7 @@ def test_held_out_topic_lm_uses_fixed_masks_and_equals_eq3_by_hand(tiny_encoder,
         held_out_topic_lm,
         train_chimera,
     )
+    from polyfuse.tasks.chimera_lm import LMHeadSettings, lm_head_for
     from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 
     train, val = _corpus(tmp_path)

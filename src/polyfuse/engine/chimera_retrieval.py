@@ -5,7 +5,7 @@ Objective (Chimera Eq. 13, weights of sec. 4.2): 0.5 L_T + 0.5 L_TLM + 0.5 L_HLM
 with hardest negatives over the batch's caption x video score matrix) and L_T (Eq. 3) the
 topic-marginalised likelihood of the masked word pieces through the text topic layer and
 a masked-LM head W_{V|Z} tied to MiniLM's word embeddings
-(:mod:`polyfuse.engine.chimera_lm`, trained once and cached; frozen here).
+(:mod:`polyfuse.tasks.chimera_lm`, trained once and cached; frozen here).
 
 Training follows Table 4's protocol (sec. 4.4): in every training step 20% of each
 caption's word pieces are replaced by [MASK] before the encoder reads them (the targets
@@ -30,7 +30,6 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
-from polyfuse.engine.chimera_lm import masked_batch, tokenized
 from polyfuse.engine.retrieval import own_group, parameter_groups, training_autocast
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
@@ -46,6 +45,7 @@ from polyfuse.metrics.retrieval import (
     ranks_from_scores,
     retrieval_metrics,
 )
+from polyfuse.tasks.chimera_lm import masked_batch, tokenized
 from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 
 __all__ = [
@@ -126,7 +126,7 @@ def held_out_masked_captions(encoder, captions: list[str], rate: float, *, count
                              seed: int = HELD_OUT_MASK_SEED, batch_size: int = 16) -> list[tuple[Tensor, ...]]:
     """The first ``count`` captions, ``rate`` of their word pieces masked by a generator
     seeded with ``seed``, encoded once: batches of ``(hidden, mask, ids, masked)``
-    (:func:`~polyfuse.engine.chimera_lm.masked_batch`). The same masks every call, so a
+    (:func:`~polyfuse.tasks.chimera_lm.masked_batch`). The same masks every call, so a
     loss on them changes from epoch to epoch only because the model does."""
     if count < 1 or not captions:
         raise ValueError(f"held-out L_T needs at least one caption, got count={count}, {len(captions)} captions")

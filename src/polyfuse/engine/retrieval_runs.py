@@ -273,7 +273,7 @@ def run_chimera_ablation(
     ``scalar_lr``, ``tlm_temperature``:
     of :func:`~polyfuse.engine.chimera_retrieval.train_chimera`. With masking, L_T's
     masked-LM head is trained once on the training captions (or read from
-    ``<out parent>/.cache``, :func:`~polyfuse.engine.chimera_lm.lm_head_for`); its report
+    ``<out parent>/.cache``, :func:`~polyfuse.tasks.chimera_lm.lm_head_for`); its report
     is ``results["lm_head"]``."""
     from polyfuse.engine.chimera_retrieval import (
         ABLATION_ROWS,
@@ -300,7 +300,7 @@ def run_chimera_ablation(
     shuffled = encode_tokens(encoder, shuffle_words(parts["test"].captions, 0))
     lm_head, lm_report = None, None
     if mask_rate > 0 and any(ABLATION_ROWS[r].topic_lm and ABLATION_ROWS[r].num_topics > 0 for r in rows):
-        from polyfuse.engine.chimera_lm import lm_head_for
+        from polyfuse.tasks.chimera_lm import lm_head_for
 
         lm_head, lm_report = lm_head_for(encoder, parts["train"].captions, parts["val"].captions,
                                          out.parent / ".cache")

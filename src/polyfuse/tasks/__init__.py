@@ -1,6 +1,6 @@
 """Tasks: Lightning modules that put a head, a loss and metrics on a passed-in model."""
 
-from polyfuse.tasks import retrieval_task  # noqa: F401  # registers task.type retrieval
+from polyfuse.tasks import chimera, retrieval_task  # noqa: F401  # register task.type chimera, retrieval
 from polyfuse.tasks.backbone import ENCODER_TYPES, FusionBackbone, ModalityEncoder
 from polyfuse.tasks.base import SCHEDULERS, FusionTask
 from polyfuse.tasks.captioning import CaptioningTask

@@ -1,11 +1,12 @@
-"""Optimizer parameter groups shared by the retrieval task types (``retrieval``, ``chimera``):
-a fine-tuned text encoder at its own rate, some parameters moved to a group of their own."""
+"""What the retrieval task types (``retrieval``, ``chimera``) share above the data floor:
+optimizer parameter groups (a fine-tuned text encoder at its own rate, some parameters
+moved to a group of their own) and the writer of their per-caption prediction records."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["fine_tuned_parameters", "own_group", "parameter_groups"]
+__all__ = ["fine_tuned_parameters", "own_group", "parameter_groups", "write_rank_records"]
 
 
 def fine_tuned_parameters(encoder) -> list[torch.nn.Parameter]:
@@ -35,3 +36,18 @@ def own_group(groups: list[dict], params, **options) -> list[dict]:
     ids = {id(p) for p in params}
     rest = [p for p in groups[0]["params"] if id(p) not in ids]
     return [{**groups[0], "params": rest}, *groups[1:], {"params": params, **options}]
+
+
+def write_rank_records(records, path) -> None:
+    """Per-caption ranking records (caption, video_id, rank, top5) as CSV, written atomically."""
+    import csv
+    import io
+    from pathlib import Path
+
+    from polyfuse.engine.rundir import atomic_write_text
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=["caption", "video_id", "rank", "top5"])
+    writer.writeheader()
+    writer.writerows(records)
+    atomic_write_text(Path(path), buffer.getvalue())

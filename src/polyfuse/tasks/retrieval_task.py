@@ -47,7 +47,6 @@ from polyfuse.data.retrieval import (
     shuffle_words,
     text_encoder,
 )
-from polyfuse.engine.rundir import atomic_write_text
 from polyfuse.functional.contrastive import info_nce_loss, max_margin_ranking_loss
 from polyfuse.metrics.retrieval import (
     chance_recall,
@@ -55,7 +54,7 @@ from polyfuse.metrics.retrieval import (
     retrieval_metrics,
     retrieval_ranks,
 )
-from polyfuse.tasks.groups import own_group, parameter_groups
+from polyfuse.tasks.groups import own_group, parameter_groups, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 from polyfuse.tasks.retrieval import VIDEO_FUSIONS, RetrievalModel
 
@@ -473,14 +472,7 @@ class RetrievalSpec(TaskSpec):
                  "top5": " ".join(video_ids[j] for j in top[i].tolist())} for i in range(len(caption_videos))]
 
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
-        import csv
-        import io
-
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=["caption", "video_id", "rank", "top5"])
-        writer.writeheader()
-        writer.writerows(records)
-        atomic_write_text(Path(path), buffer.getvalue())
+        write_rank_records(records, path)
 
     def summary(self, rows: Sequence[Mapping[str, Any]], out_dir: Path) -> str | None:
         return None
