@@ -7,6 +7,7 @@ import pytest
 
 from polyfuse.engine.config import load_config
 from polyfuse.engine.schema import RunConfig, validate_config
+from polyfuse.tasks.chimera import ABLATION_ROWS, ChimeraConfig
 from polyfuse.tasks.registry import task_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +31,15 @@ def _validate(config: dict) -> None:
 def test_there_are_shipped_configs():
     names = {p.parent.name + "/" + p.stem for p in CONFIGS}
     assert {"retrieval/mean", "retrieval/man", "retrieval/mean+man", "retrieval/gating+man"} <= names
+    assert {f"chimera/{row}" for row in ABLATION_ROWS} <= names  # every row of Table 4 (and noLT)
+
+
+@pytest.mark.parametrize("row", list(ABLATION_ROWS))
+def test_each_chimera_config_sets_its_rows_switches(row):
+    section = ChimeraConfig.model_validate(load_config(ROOT / "configs" / "msvd" / "chimera" / f"{row}.yaml")["chimera"])
+    defaults = ChimeraConfig(source="x")
+    for key in ("num_topics", "topic_variant", "tlm", "hyperbolic_dim", "hlm", "distortion", "topic_lm"):
+        assert getattr(section, key) == ABLATION_ROWS[row].get(key, getattr(defaults, key)), key
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}")
