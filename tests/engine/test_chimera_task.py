@@ -99,6 +99,37 @@ def test_masked_training_trains_lt_and_whole_split_scores_match_pair_by_pair(tmp
     assert "test_shuffled_words" in extra and "omega_t" in extra["learned_scalars"]
 
 
+class _History(L.Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_epoch_end(self, trainer, module):  # after the epoch's validation
+        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def test_the_held_out_lt_uses_fixed_masks_and_is_reported_for_a_row_without_lt(tmp_path, encoder_folder):
+    """At lr 0 the model never changes: the held-out L_T (fixed masks) is the same every
+    epoch while the training L_T follows each epoch's fresh masks; a row that does not
+    train L_T reports it too."""
+    spec = task_spec("chimera")
+    config = _config(tmp_path, encoder_folder, shuffled_test=False)
+    config["optim"]["lr"] = 0.0
+    data = spec.build_data(config)
+    module = spec.build_module(config, data)
+    spec.prepare_module(module, config, data, False)
+    history = _History()
+    _trainer(3, enable_checkpointing=False, callbacks=[history]).fit(module, datamodule=data.datamodule)
+    assert len({round(h["val/topic_lm"], 6) for h in history.rows}) == 1
+    assert len({round(h["train/topic_lm"], 6) for h in history.rows}) > 1
+    without = _config(tmp_path, encoder_folder, shuffled_test=False, topic_lm=False)
+    data = spec.build_data(without)
+    module = spec.build_module(without, data)
+    spec.prepare_module(module, without, data, False)
+    trainer = _trainer(1, enable_checkpointing=False)
+    trainer.fit(module, datamodule=data.datamodule)
+    assert "train/topic_lm" not in trainer.callback_metrics and float(trainer.callback_metrics["val/topic_lm"]) > 0
+
+
 def test_resume_equals_uninterrupted_and_a_checkpoint_gives_the_test_numbers(tmp_path, encoder_folder):
     spec = task_spec("chimera")
     config = _config(tmp_path, encoder_folder, shuffled_test=False)

@@ -21,7 +21,9 @@ read everything unmasked and score every caption against every video of the spli
 Logged: ``train/loss`` and each term (``train/model_loss``, ``train/topic_lm``,
 ``train/topic_matching``, ``train/hyperbolic_matching``, ``train/distortion``), the
 learned scalars (``train/omega_t``, ``train/omega_v``, ``train/beta``, ``train/c``...);
-``val/`` and ``test/`` recalls, MedR, MeanR and ``rsum``.
+``val/`` and ``test/`` recalls, MedR, MeanR and ``rsum``; with masking and topic layers,
+``val/topic_lm`` (L_T on fixed masked validation captions), ``val/head_nll`` and
+``val/identity_topic`` (:func:`held_out_topic_lm`).
 
 MiniLM stays frozen and outside the module's state (its weights are the package's);
 fine-tuning it is not offered on this path.
@@ -67,7 +69,10 @@ from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 from polyfuse.tasks.groups import own_group, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 
-__all__ = ["ABLATION_ROWS", "TABLE4_ROWS", "ChimeraConfig", "ChimeraSpec", "ChimeraTask", "encode_tokens"]
+__all__ = [
+    "ABLATION_ROWS", "HELD_OUT_CAPTIONS", "HELD_OUT_MASK_SEED", "TABLE4_ROWS", "ChimeraConfig", "ChimeraSpec",
+    "ChimeraTask", "encode_tokens", "held_out_masked_captions", "held_out_topic_lm", "learned_scalars",
+]
 
 #: The switches of each row of Table 4, top to bottom (the defaults of ChimeraConfig are the
 #: first row, the whole model): Z and TLM variant (topic layers), N, HLM, L_D (hyperbolic layer).
@@ -133,6 +138,44 @@ def _trim(tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return tokens[:, :length], mask[:, :length]
 
 
+HELD_OUT_MASK_SEED = 1234  # the masks of the held-out L_T: the same for every epoch, row and seed
+HELD_OUT_CAPTIONS = 64  # validation captions scored for the held-out L_T (cost: ~2 training steps' L_T)
+
+
+def held_out_masked_captions(encoder, captions: list[str], rate: float, *, count: int = HELD_OUT_CAPTIONS,
+                             seed: int = HELD_OUT_MASK_SEED, batch_size: int = 16) -> list[tuple[Tensor, ...]]:
+    """The first ``count`` captions, ``rate`` of their word pieces masked by a generator
+    seeded with ``seed``, encoded once: batches of ``(hidden, mask, ids, masked)``
+    (:func:`~polyfuse.tasks.chimera_lm.masked_batch`). The same masks every call, so a
+    loss on them changes from epoch to epoch only because the model does."""
+    if count < 1 or not captions:
+        raise ValueError(f"held-out L_T needs at least one caption, got count={count}, {len(captions)} captions")
+    ids, mask = tokenized(encoder, captions[:count])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        return [masked_batch(encoder, ids[s : s + batch_size], mask[s : s + batch_size], rate, generator)
+                for s in range(0, len(ids), batch_size)]
+
+
+@torch.no_grad()
+def held_out_topic_lm(model: ChimeraRetrievalModel, batches: list[tuple[Tensor, ...]], lm_head) -> dict[str, float]:
+    """L_T (Eq. 3) on fixed masked captions (:func:`held_out_masked_captions`), the mean over
+    all their masked word pieces (``val_topic_lm``); beside it the frozen head's own NLL on
+    the same word pieces (``val_head_nll``: the topic mixture with all weight on the
+    identity topic T_0) and the mean prior weight of that topic, P(z = 0 | x_\\t)
+    (``val_identity_topic``)."""
+    model.eval()
+    lt, head, identity, count = 0.0, 0.0, 0.0, 0
+    for hidden, mask, ids, masked in batches:
+        text = model.texts(hidden, mask)
+        m = int(masked.sum())
+        lt += float(model.topic_lm_loss(text, ids, masked, lm_head)) * m
+        head += float(torch.nn.functional.cross_entropy(lm_head(hidden[masked]), ids[masked], reduction="sum"))
+        identity += float(torch.softmax(text.topic_logits[masked], dim=-1)[:, 0].sum())
+        count += m
+    return {"val_topic_lm": lt / count, "val_head_nll": head / count, "val_identity_topic": identity / count}
+
+
 def learned_scalars(model: ChimeraRetrievalModel) -> dict[str, float]:
     """omega_t, omega_v (Eq. 9), beta and c (Eq. 8), omega of the addition topics (Eq. 5)."""
     out = {"omega_t": model.matching.topic_weight.item(), "omega_v": model.matching.visual_weight.item()}
@@ -177,6 +220,7 @@ class ChimeraTask(L.LightningModule):
         self.mask_rate, self.tlm_temperature, self.seed = float(mask_rate), float(tlm_temperature), int(seed)
         object.__setattr__(self, "encoder", encoder)  # not a submodule: frozen, not in the checkpoint
         object.__setattr__(self, "lm_head", None)  # set by ChimeraSpec.prepare_module
+        self.held_out: list[tuple[Tensor, ...]] | None = None  # fixed masked validation captions (held-out L_T)
         self._masks = torch.Generator().manual_seed(self.seed)
         self._seen: dict[str, list] = {}
 
@@ -252,7 +296,12 @@ class ChimeraTask(L.LightningModule):
         self._collect(batch)
 
     def on_validation_epoch_end(self) -> None:
-        self.log_dict({f"val/{k}": v for k, v in self._metrics(chance=False).items()})
+        metrics = self._metrics(chance=False)
+        if self.held_out is not None and self.lm_head is not None:  # L_T on fixed masks: its change is the model's
+            with torch.autocast(device_type=self.device.type, enabled=False):
+                lm = held_out_topic_lm(self.model, self.held_out, self.lm_head)
+            metrics.update({key.removeprefix("val_"): value for key, value in lm.items()})
+        self.log_dict({f"val/{k}": v for k, v in metrics.items()})
 
     def on_test_epoch_start(self) -> None:
         self._start()
@@ -424,11 +473,13 @@ class ChimeraSpec(TaskSpec):
         """L_T's masked-LM head: trained on the training captions (held out: the validation
         captions) or read from ``<output_dir>/.cache``."""
         section = config["chimera"]
-        if not (section["mask_rate"] > 0 and section["topic_lm"] and section["num_topics"] > 0):
+        if not (section["mask_rate"] > 0 and section["num_topics"] > 0):
             return {}
         parts = data.prepared.parts
         head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions, _cache_dir(config))
         object.__setattr__(module, "lm_head", head)
+        if module.model.use_topics:  # L_T on fixed masked validation captions, logged every epoch
+            module.held_out = held_out_masked_captions(module.encoder, parts["val"].captions, section["mask_rate"])
         return {"lm_head": {k: v for k, v in report.items() if k != "history"}}
 
     def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from polyfuse.tasks.groups import own_group, parameter_groups, write_rank_record
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 from polyfuse.tasks.retrieval import VIDEO_FUSIONS, RetrievalModel
 
-__all__ = ["RetrievalConfig", "RetrievalSpec", "RetrievalTask", "split_man_branch"]
+__all__ = ["RetrievalConfig", "RetrievalSpec", "RetrievalTask", "legacy_checkpoint", "rank_metrics", "split_man_branch"]
 
 #: The columns of the retrieval tables (docs/RESULTS.md).
 METRIC_COLUMNS = ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MedR", "v2t_R@1", "v2t_R@5", "v2t_R@10", "v2t_MedR")
@@ -369,6 +369,42 @@ def cache_dir_of(config: Mapping[str, Any]) -> Path:
     return Path(config.get("output_dir") or "runs") / ".cache"
 
 
+#: The entries of a checkpoint of ``polyfuse retrieval train`` before 0.3.x's engine path.
+LEGACY_KEYS = ("state", "settings", "text_dim", "expert_dims")
+
+
+def legacy_checkpoint(saved: Mapping[str, Any], where: str = "the checkpoint") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state_dict, extras) of a ``seed<N>.safetensors`` written by ``polyfuse retrieval train``
+    before the engine path (weights under ``state``, settings as a dict), as the engine's
+    checkpoints hold them: the model's keys under ``model.``, the settings as a
+    ``retrieval`` section. A layout key the file lacks takes the value of the polyfuse
+    that wrote it: ``man_layer_norm`` None (off for MAN alone), ``man_zero_init`` False
+    (mean+man's two unit vectors weighed equally, the only layout there was)."""
+    missing = [key for key in LEGACY_KEYS if key not in saved]
+    if missing:
+        raise ValueError(f"{where}: not a retrieval checkpoint of polyfuse (it lacks {', '.join(missing)})")
+    old = {"man_zero_init": False, **saved["settings"]}
+    text = saved.get("text", "minilm")
+    if text not in ("minilm", "bow"):
+        raise ValueError(f"{where}: trained with the word vectors {text}; retrain it with polyfuse train")
+    if old.get("text_lr") is not None:
+        raise ValueError(f"{where}: its text encoder was fine-tuned; retrain it with polyfuse train")
+    section = RetrievalConfig(
+        source="legacy", fusion=old["fusion"], text=text, embed_dim=old["embed_dim"], hidden_dim=old["hidden_dim"],
+        loss=old.get("loss", "margin"), margin=old.get("margin", 0.2), temperature=old.get("temperature", 0.05),
+        man_layer_norm=old.get("man_layer_norm"), man_zero_init=old["man_zero_init"] or None,
+    ).model_dump()
+    if old["fusion"] == "mean+man" and not old["man_zero_init"]:
+        section["man_zero_init"] = False
+    config = {"seed": 0, "task": {"type": "retrieval"}, "retrieval": section,
+              "model": {"options": {"man": dict(old.get("fusion_options") or {})}},
+              "optim": {"lr": old.get("lr", 1e-3), "weight_decay": old.get("weight_decay", 1e-4)},
+              "data": {"batch_size": old.get("batch_size", 32), "eval_batch_size": 256}}
+    extras = {"config": config, "modalities": [], "input_dims": list(saved["expert_dims"]),
+              "label_info": {"text": text, "text_dim": int(saved["text_dim"]), "vocabulary": None}, "stats": {}}
+    return {f"model.{k}": v for k, v in saved["state"].items()}, extras
+
+
 @register_task
 class RetrievalSpec(TaskSpec):
     """``task.type: retrieval`` (see the module docstring)."""
@@ -440,14 +476,13 @@ class RetrievalSpec(TaskSpec):
             raise ValueError("retrieval evaluates on its configuration's corpus: --data and --modalities do not apply")
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        config, info = extras["config"], extras["label_info"]
+        config = extras["config"]
         part = SPLITS[split]
         parts = ("test_shuffled",) if shuffle_words and part == "test" else (part,)
         if shuffle_words and part != "test":
             raise ValueError("shuffled words are drawn for the test split only")
         # fine-tuned (text_lr): the chunks carry the captions, which the module's own encoder reads
-        encoder = _encoder_of(config["retrieval"], info.get("vocabulary"), trainable=False)
-        prepared, _ = prepare_retrieval(config, cache_dir=cache_dir_of(config), encoder=encoder, parts=parts)
+        prepared, _ = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=parts)
         data = _task_data(config, prepared)
         data.split_part = parts[0]
         return data
@@ -470,6 +505,14 @@ class RetrievalSpec(TaskSpec):
         top = (texts @ videos.T).topk(min(5, len(video_ids)), dim=1).indices
         return [{"caption": part.captions[i], "video_id": caption_videos[i], "rank": int(ranks[i]),
                  "top5": " ".join(video_ids[j] for j in top[i].tolist())} for i in range(len(caption_videos))]
+
+    def sentence_vectors(self, module: RetrievalTask, extras: Mapping[str, Any], captions: Sequence[str]) -> Tensor:
+        """(C, d_t) sentence vectors of free text, through the checkpoint's text encoder (its
+        fine-tuned one when the module holds it)."""
+        encoder = module.text_encoder or _encoder_of(extras["config"]["retrieval"],
+                                                     extras["label_info"].get("vocabulary"), trainable=False)
+        with torch.no_grad():
+            return encoder(list(captions)).sentence
 
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
         write_rank_records(records, path)
