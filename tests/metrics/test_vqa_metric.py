@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from polyfuse.metrics.vqa import (
-    VQAAccuracy,
-    normalize_answer,
-    process_digit_article,
-    process_punctuation,
-    soft_score,
-    vqa_accuracy,
-)
+from polyfuse.metrics.vqa import VQAAccuracy, soft_score
+from polyfuse.text import normalize_answer, process_digit_article, process_punctuation, vqa_accuracy
 
 
 # Expected values worked out by hand from the rules of the official VQA 2.0 script

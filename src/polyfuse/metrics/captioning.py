@@ -3,7 +3,7 @@
 The captions are tokenised as the MS COCO caption evaluation does: Stanford's
 PTBTokenizer (Java, shipped with pycocoevalcap), lower-cased, punctuation dropped.
 Without Java the PTB tokenisation falls back to its Python twin
-:func:`polyfuse.data.formats.captioning.ptb_tokenize` and METEOR (a Java program) is
+:func:`polyfuse.text.ptb_tokenize` and METEOR (a Java program) is
 not scored: its value is None and ``errors["METEOR"]`` says why; the other metrics
 are scored all the same. pycocoevalcap's ``Cider`` is CIDEr-D (clipped n-gram
 counts, Gaussian length penalty, sigma 6, times 10), with document frequencies
@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from polyfuse.data.formats.captioning import ptb_tokenize
+from polyfuse.text import ptb_tokenize
 
 __all__ = ["CAPTION_METRICS", "caption_metrics", "java_available"]
 
