@@ -6,8 +6,12 @@ the human answers differ, the mean over the ten leave-one-out subsets of nine hu
 answer vocabulary, the soft targets, each candidate answer's accuracy); they are
 re-exported here as the functional side of the metric.
 
-Per-type breakdowns (yes/no, number, other; question types) average each question's
-accuracy, as the official script does.
+:class:`VQAScore` accumulates the accuracy over batches, overall and per answer type
+(yes/no, number, other), each the mean of its questions' accuracies as the official
+script computes them. It does not apply the rules to strings at every batch: the data
+give each question its candidate answers and their accuracies, computed once with
+:func:`vqa_accuracy` (:func:`polyfuse.data.vqa_data.answer_table`), and the metric
+looks the predicted answer up among them.
 
 :func:`soft_score` is the training target of BAN and its predecessors,
 ``min(#humans that gave the answer / 3, 1)``.
@@ -15,14 +19,17 @@ accuracy, as the official script does.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
 
 # The official answer rules, shared with the data; part of this module's API.
 from polyfuse.text import normalize_answer, process_digit_article, process_punctuation, vqa_accuracy
 
 __all__ = [
-    "VQAAccuracy",
+    "VQAScore",
     "normalize_answer",
     "process_digit_article",
     "process_punctuation",
@@ -38,55 +45,59 @@ def soft_score(count: int | float) -> float:
     return min(count / 3.0, 1.0)
 
 
-class VQAAccuracy:
-    """Accumulates official VQA accuracy overall and per answer / question type.
+class VQAScore(Metric):
+    """Official VQA accuracy accumulated over batches, overall and per answer type.
 
-    ``update(predictions, answers, answer_types, question_types)`` takes lists of
-    one entry per question; ``compute()`` returns percentages:
-    ``{"overall": ..., "per_answer_type": {...}, "per_question_type": {...}}``.
+    Shapes: ``B`` questions of a batch, ``K`` candidate answers of a question, ``T``
+    type names.
+
+    ``update(predicted, answer_ids, answer_scores, types)``: predicted (B,) answer
+    indices; answer_ids (B, K) long and answer_scores (B, K), the accuracy
+    (:func:`vqa_accuracy`) of each candidate answer of the question, -1 pads; an answer
+    outside the candidates scores 0. types (B,) long in [0, T) (-1: a type unseen in
+    training, counted overall only). ``compute()`` gives ``acc`` and ``acc/<type name>``
+    (types with questions only) as fractions in [0, 1].
+
+    The states are sums (float64), added across processes under DDP.
     """
 
-    def __init__(self) -> None:
-        self.reset()
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
 
-    def reset(self) -> None:
-        self._scores: list[float] = []
-        self._by_answer_type: dict[str, list[float]] = defaultdict(list)
-        self._by_question_type: dict[str, list[float]] = defaultdict(list)
+    def __init__(self, type_names: Sequence[str]) -> None:
+        super().__init__()
+        self.type_names = list(type_names)
+        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("type_total", torch.zeros(len(self.type_names), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("type_count", torch.zeros(len(self.type_names), dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(
-        self,
-        predictions: Sequence[str],
-        answers: Sequence[Sequence[str]],
-        answer_types: Sequence[str] | None = None,
-        question_types: Sequence[str] | None = None,
-    ) -> None:
-        if len(predictions) != len(answers):
+    def update(self, predicted: Tensor, answer_ids: Tensor, answer_scores: Tensor, types: Tensor) -> None:
+        batch = predicted.shape[0] if predicted.dim() == 1 else None
+        if batch is None or answer_ids.dim() != 2 or answer_ids.shape[0] != batch:
             raise ValueError(
-                f"VQAAccuracy.update: {len(predictions)} predictions but {len(answers)} answer lists"
+                f"VQAScore.update: predicted {tuple(predicted.shape)} must be (B,) and answer_ids "
+                f"{tuple(answer_ids.shape)} (B, K)"
             )
-        for name, types in [("answer_types", answer_types), ("question_types", question_types)]:
-            if types is not None and len(types) != len(predictions):
-                raise ValueError(
-                    f"VQAAccuracy.update: {name} has {len(types)} entries, expected {len(predictions)}"
-                )
-        for index, (prediction, human) in enumerate(zip(predictions, answers, strict=True)):
-            score = vqa_accuracy(prediction, human)
-            self._scores.append(score)
-            if answer_types is not None:
-                self._by_answer_type[answer_types[index]].append(score)
-            if question_types is not None:
-                self._by_question_type[question_types[index]].append(score)
+        if answer_scores.shape != answer_ids.shape or types.shape != (batch,):
+            raise ValueError(
+                f"VQAScore.update: answer_scores {tuple(answer_scores.shape)} must be {tuple(answer_ids.shape)} "
+                f"and types {tuple(types.shape)} ({batch},)"
+            )
+        if types.numel() and int(types.max()) >= len(self.type_names):
+            raise ValueError(f"VQAScore.update: type index {int(types.max())} but {len(self.type_names)} type names")
+        hit = (answer_ids == predicted.unsqueeze(1)) & (answer_ids >= 0)  # (B, K)
+        scores = (answer_scores * hit).sum(dim=1).double()  # (B,)
+        self.total += scores.sum()
+        self.count += scores.numel()
+        known = types >= 0
+        self.type_total.index_add_(0, types[known], scores[known])
+        self.type_count.index_add_(0, types[known], torch.ones_like(scores[known]))
 
-    def compute(self) -> dict[str, float | Mapping[str, float]]:
-        if not self._scores:
-            raise ValueError("VQAAccuracy.compute: no question was added")
-
-        def percent(scores: Sequence[float]) -> float:
-            return 100.0 * sum(scores) / len(scores)
-
-        return {
-            "overall": percent(self._scores),
-            "per_answer_type": {k: percent(v) for k, v in sorted(self._by_answer_type.items())},
-            "per_question_type": {k: percent(v) for k, v in sorted(self._by_question_type.items())},
-        }
+    def compute(self) -> dict[str, Tensor]:
+        values = {"acc": (self.total / self.count.clamp_min(1)).float()}
+        for i, name in enumerate(self.type_names):
+            if self.type_count[i] > 0:
+                values[f"acc/{name}"] = (self.type_total[i] / self.type_count[i]).float()
+        return values
