@@ -129,14 +129,14 @@ def caption_metrics(
 class CaptionMetrics(Metric):
     """:func:`caption_metrics` of the captions generated over batches.
 
-    ``update(videos, generated, references)``: per video of a batch, its id, its
+    ``update(videos, hypotheses, references)``: per video of a batch, its id, its
     generated caption and its reference captions (raw text; None: it has none, which
     ``compute()`` refuses naming the video). ``compute()`` returns the
     dict of :func:`caption_metrics` (scores, ``tokenizer``, ``errors``) over every video
     added, in the order added; a video added twice counts once (its last caption, in
     the place of its first), as a dict updated batch by batch.
 
-    Strings are not tensors: each video's ``[id, generated, references]`` is kept as the
+    Strings are not tensors: each video's ``[id, hypothesis, references]`` is kept as the
     UTF-8 bytes of its JSON text (one uint8 tensor per batch, and its length per video),
     so the states are tensors that torchmetrics concatenates across processes under DDP
     (``dist_reduce_fx="cat"``) like any other, and are decoded back at ``compute()``.
@@ -153,18 +153,18 @@ class CaptionMetrics(Metric):
         self.add_state("records", default=[], dist_reduce_fx="cat")  # uint8 UTF-8 JSON, concatenated
         self.add_state("record_lengths", default=[], dist_reduce_fx="cat")  # bytes per video
 
-    def update(self, videos: Sequence[str], generated: Sequence[str],
+    def update(self, videos: Sequence[str], hypotheses: Sequence[str],
                references: Sequence[Sequence[str] | None]) -> None:
-        if not len(videos) == len(generated) == len(references):
+        if not len(videos) == len(hypotheses) == len(references):
             raise ValueError(
-                f"CaptionMetrics.update: {len(videos)} videos, {len(generated)} generated captions and "
+                f"CaptionMetrics.update: {len(videos)} videos, {len(hypotheses)} generated captions and "
                 f"{len(references)} reference lists; expected one of each per video"
             )
-        if isinstance(videos, str) or isinstance(generated, str):
-            raise ValueError("CaptionMetrics.update: videos and generated are lists, one entry per video")
+        if isinstance(videos, str) or isinstance(hypotheses, str):
+            raise ValueError("CaptionMetrics.update: videos and hypotheses are lists, one entry per video")
         texts = [
             json.dumps([str(video), caption, refs if refs is None or isinstance(refs, str) else list(refs)]).encode("utf-8")
-            for video, caption, refs in zip(videos, generated, references, strict=True)
+            for video, caption, refs in zip(videos, hypotheses, references, strict=True)
         ]
         if not texts:
             return

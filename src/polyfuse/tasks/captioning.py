@@ -111,7 +111,8 @@ class CaptioningTask(L.LightningModule):
         self.lr, self.weight_decay, self.label_smoothing = float(lr), float(weight_decay), float(label_smoothing)
         self.beam_size, self.max_length, self.length_penalty = int(beam_size), int(max_length), float(length_penalty)
         self.meteor = bool(meteor)
-        self.test_metric = CaptionMetrics(meteor=self.meteor)
+        # the tasks' one name for their metrics; captioning scores captions at test only
+        self.stage_metrics = nn.ModuleDict({"test": CaptionMetrics(meteor=self.meteor)})
         self.references: Mapping[str, Sequence[str]] = {}  # set by the engine before testing
         self.generated: dict[str, str] = {}  # video -> caption, filled by test / predict
         self.test_details: dict[str, Any] = {}
@@ -153,13 +154,13 @@ class CaptioningTask(L.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         self.generated = {}
-        self.test_metric.reset()
+        self.stage_metrics["test"].reset()
         self._test_loss = [0.0, 0]
 
     def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
         generated = self._decode_batch(batch)
         self.generated.update(generated)
-        self.test_metric.update(list(generated), list(generated.values()), [self.references.get(v) for v in generated])
+        self.stage_metrics["test"].update(list(generated), list(generated.values()), [self.references.get(v) for v in generated])
         # Teacher-forced loss over every reference caption of these videos.
         videos, rows, captions = batch["videos"], [], []
         for i, video in enumerate(videos):
@@ -181,7 +182,7 @@ class CaptioningTask(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         if not self.references:
             raise ValueError("CaptioningTask: no reference captions were given for testing")
-        scores = self.test_metric.compute()
+        scores = self.stage_metrics["test"].compute()
         self.test_details = scores
         values = {f"test/{k}": float(v) for k, v in scores.items() if isinstance(v, float)}
         if self._test_loss[1]:
