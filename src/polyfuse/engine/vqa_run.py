@@ -34,7 +34,7 @@ def plot_vqa_checkpoint_attention(
 
     import numpy as np
 
-    from polyfuse.data.formats.vqa import tokenize
+    from polyfuse.text import tokenize_question as tokenize
     from polyfuse.engine.vqa_report import plot_vqa_attention
 
     config = extras["config"]

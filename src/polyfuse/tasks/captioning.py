@@ -28,18 +28,19 @@ from torch import Tensor, nn
 
 from polyfuse.atomic import atomic_write_text
 from polyfuse.data.captioning import CaptioningData, CaptioningDataModule, prepare_captioning
-from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary, ptb_tokenize
+from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary
 from polyfuse.data.formats.word_vectors import (
     MINILM_DIM,
     caption_word_vectors,
     initial_word_embedding,
 )
-from polyfuse.metrics.captioning import caption_metrics
+from polyfuse.metrics.captioning import CaptionMetrics
 from polyfuse.nn.beam_search import Generated, beam_search
 from polyfuse.nn.bilstm import BiLSTMEncoder
 from polyfuse.nn.decoding import CaptionDecoder, caption_cross_entropy
 from polyfuse.sizes import SizeInt
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
+from polyfuse.text import ptb_tokenize
 
 __all__ = [
     "ENCODERS", "VARIANTS", "CaptioningConfig", "CaptioningSpec", "CaptioningTask", "DecoderConfig", "VideoCaptioner",
@@ -127,6 +128,8 @@ class CaptioningTask(L.LightningModule):
         self.lr, self.weight_decay, self.label_smoothing = float(lr), float(weight_decay), float(label_smoothing)
         self.beam_size, self.max_length, self.length_penalty = int(beam_size), int(max_length), float(length_penalty)
         self.meteor = bool(meteor)
+        # the tasks' one name for their metrics; captioning scores captions at test only
+        self.stage_metrics = nn.ModuleDict({"test": CaptionMetrics(meteor=self.meteor)})
         self.references: Mapping[str, Sequence[str]] = {}  # set by the engine before testing
         self.generated: dict[str, str] = {}  # video -> caption, filled by test / predict
         self.test_details: dict[str, Any] = {}
@@ -168,10 +171,13 @@ class CaptioningTask(L.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         self.generated = {}
+        self.stage_metrics["test"].reset()
         self._test_loss = [0.0, 0]
 
     def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self.generated.update(self._decode_batch(batch))
+        generated = self._decode_batch(batch)
+        self.generated.update(generated)
+        self.stage_metrics["test"].update(list(generated), list(generated.values()), [self.references.get(v) for v in generated])
         # Teacher-forced loss over every reference caption of these videos.
         videos, rows, captions = batch["videos"], [], []
         for i, video in enumerate(videos):
@@ -193,7 +199,7 @@ class CaptioningTask(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         if not self.references:
             raise ValueError("CaptioningTask: no reference captions were given for testing")
-        scores = caption_metrics(self.references, self.generated, meteor=self.meteor)
+        scores = self.stage_metrics["test"].compute()
         self.test_details = scores
         values = {f"test/{k}": float(v) for k, v in scores.items() if isinstance(v, float)}
         if self._test_loss[1]:

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
-from torchmetrics import Metric
 
 from polyfuse.atomic import write_csv
 from polyfuse.data.vqa_data import VQAData, VQADataModule, build_vqa_data
 from polyfuse.data.vqa_new_questions import NEW_SPLIT, new_questions_data
 from polyfuse.extract.images import feature_settings
+from polyfuse.metrics.vqa import VQAScore  # moved to polyfuse.metrics.vqa; kept here for 0.3.x
 from polyfuse.nn.vqa import BanVQA, FusionVQA
 from polyfuse.sizes import SizeInt
 from polyfuse.tasks.base import FusionTask, check_optimizer, log_attention_modes
@@ -70,42 +70,6 @@ def build_vqa_model(
             attention_dropout=float(settings["attention_dropout"]), **common,
         )  # fmt: skip
     return FusionVQA(model_config["fusion"], num_words, num_answers, image_dim, fusion_options=fusion_options, **common)
-
-
-class VQAScore(Metric):
-    """Official VQA accuracy accumulated over batches, overall and per type.
-
-    ``update(predicted, answer_ids, answer_scores, types)``: predicted (B,) answer
-    indices; answer_ids (B, K) and answer_scores (B, K), the accuracy of each candidate
-    (-1 pads); types (B,) in [0, T) (-1: a type unseen in training, counted overall
-    only). ``compute()`` gives ``acc`` and ``acc/<type name>`` as fractions in [0, 1].
-    """
-
-    full_state_update = False
-
-    def __init__(self, type_names: Sequence[str]) -> None:
-        super().__init__()
-        self.type_names = list(type_names)
-        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("type_total", torch.zeros(len(self.type_names), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("type_count", torch.zeros(len(self.type_names), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, predicted: Tensor, answer_ids: Tensor, answer_scores: Tensor, types: Tensor) -> None:
-        hit = (answer_ids == predicted.unsqueeze(1)) & (answer_ids >= 0)  # (B, K)
-        scores = (answer_scores * hit).sum(dim=1).double()  # (B,)
-        self.total += scores.sum()
-        self.count += scores.numel()
-        known = types >= 0
-        self.type_total.index_add_(0, types[known], scores[known])
-        self.type_count.index_add_(0, types[known], torch.ones_like(scores[known]))
-
-    def compute(self) -> dict[str, Tensor]:
-        values = {"acc": (self.total / self.count.clamp_min(1)).float()}
-        for i, name in enumerate(self.type_names):
-            if self.type_count[i] > 0:
-                values[f"acc/{name}"] = (self.type_total[i] / self.type_count[i]).float()
-        return values
 
 
 class VQATask(L.LightningModule):
