@@ -243,22 +243,15 @@ def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | 
     """A trained MAN checkpoint with had attention (gerf, ARF) and exact attention:
     the task metrics of each and the relative error |had - exact| / |exact| of the MAN
     fusion output over the split (Frobenius norm over all its samples)."""
-    from polyfuse.data.datamodule import FusionDataModule
-    from polyfuse.engine.run import (
-        data_for,
-        load_model,
-        partition_key,
-        prefixed_metrics,
-        quiet_trainer,
-    )
+    from polyfuse.engine.run import apply_checkpoint, prefixed_metrics, quiet_trainer
     from polyfuse.nn.man import MultiLinearAttentionLayer
 
-    task, extras = load_model(checkpoint)
+    applied = apply_checkpoint(checkpoint, split=split, source=source)
+    task, extras = applied.module, applied.extras
     layers = [module for module in task.modules() if isinstance(module, MultiLinearAttentionLayer)]
     if not layers:
         raise ValueError(f"{checkpoint}: no MAN layer in this model")
-    data = data_for(extras, source, None, require_labels=True)
-    loader = FusionDataModule(data, batch_size=1, eval_batch_size=256).loader(partition_key(data, split))
+    (loader,) = applied.loaders().values()
     fusion = layers[-1]  # the last MAN layer's fused output (B, G c)
     trainer = quiet_trainer(extras["config"])
 
