@@ -128,7 +128,8 @@ def test_a_checkpoint_loads_into_a_module_that_gives_the_runs_test_numbers(tmp_p
     again = loaded.evaluate(spec.loader(test_data, "test"))
     for key in ("t2v_R@1", "t2v_R@5", "v2t_R@10", "t2v_MeanR", "rsum"):
         assert again[key] == pytest.approx(result[f"test/{key}"], abs=1e-4)
-    outputs = L.Trainer(logger=False, enable_progress_bar=False).predict(loaded, spec.loader(test_data, "test"))
+    outputs = {part: L.Trainer(logger=False, enable_progress_bar=False).predict(loaded, loader)
+               for part, loader in spec.loaders(test_data, "test").items()}
     records = spec.records(loaded, outputs, test_data, extras)
     assert len(records) == len(test_data.prepared.parts["test"].captions)
     r1 = 100 * sum(r["rank"] == 1 for r in records) / len(records)

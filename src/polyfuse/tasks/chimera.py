@@ -58,12 +58,7 @@ from polyfuse.functional.chimera_word_losses import (
     word_region_matching_loss,
 )
 from polyfuse.functional.contrastive import max_margin_ranking_loss
-from polyfuse.metrics.retrieval import (
-    chance_recall,
-    query_targets,
-    ranks_from_scores,
-    retrieval_metrics,
-)
+from polyfuse.metrics.retrieval import query_targets, ranks_from_scores, text_video_retrieval
 from polyfuse.tasks.chimera_lm import lm_head_for, masked_batch, tokenized
 from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 from polyfuse.tasks.groups import own_group, write_rank_records
@@ -189,14 +184,11 @@ def learned_scalars(model: ChimeraRetrievalModel) -> dict[str, float]:
 
 def score_metrics(scores: Tensor, caption_videos: Sequence[str], video_ids: Sequence[str], *,
                   chance: bool = False) -> dict[str, float]:
-    """Recalls, MedR, MeanR of both directions from the (C, N) caption x video scores, ``rsum``."""
-    out: dict[str, float] = {}
-    for name, block, q_ids, g_ids in (("t2v_", scores, caption_videos, video_ids),
-                                      ("v2t_", scores.T, video_ids, caption_videos)):
-        targets = query_targets(list(q_ids), list(g_ids))
-        out.update(retrieval_metrics(ranks_from_scores(block, targets), len(g_ids)).as_dict(name))
-        if chance:
-            out.update({f"chance_{name}R@{k}": v for k, v in chance_recall(targets).items()})
+    """Recalls, MedR, MeanR of both directions from the (C, N) caption x video scores
+    (:func:`~polyfuse.metrics.retrieval.text_video_retrieval`), ``rsum`` the sum of the six recalls."""
+    row_of = {video: i for i, video in enumerate(video_ids)}
+    caption_video = torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)
+    out = text_video_retrieval(caption_video, scores=scores, chance=chance)
     out["rsum"] = sum(v for k, v in out.items() if "R@" in k and not k.startswith("chance"))
     return out
 
@@ -221,6 +213,7 @@ class ChimeraTask(L.LightningModule):
         object.__setattr__(self, "encoder", encoder)  # not a submodule: frozen, not in the checkpoint
         object.__setattr__(self, "lm_head", None)  # set by ChimeraSpec.prepare_module
         self.held_out: list[tuple[Tensor, ...]] | None = None  # fixed masked validation captions (held-out L_T)
+        self.checkpoint_extras: dict[str, Any] = {}  # set by the engine; written into every checkpoint
         self._masks = torch.Generator().manual_seed(self.seed)
         self._seen: dict[str, list] = {}
 
@@ -327,6 +320,9 @@ class ChimeraTask(L.LightningModule):
             self._collect(chunk)
         self.train(was_training)
         return self._metrics(chance=chance)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["polyfuse"] = self.checkpoint_extras
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = [{"params": list(self.model.parameters())}]
@@ -449,6 +445,7 @@ class ChimeraSpec(TaskSpec):
     distributed = ("scores every caption against every video of the split in one process, and a training "
                    "batch's negatives are its other videos: sharding would change both")
     prediction_suffix = ".csv"
+    reads_own_files = True
 
     def data_files(self, config: Mapping[str, Any]) -> list[Path]:
         section = config["chimera"]
@@ -519,16 +516,23 @@ class ChimeraSpec(TaskSpec):
         data.split_part = part
         return data
 
-    def loader(self, data: TaskData, split: str) -> DataLoader:
-        return data.datamodule.split_loader(getattr(data, "split_part", None) or SPLITS.get(split, split))
+    def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
+        part = getattr(data, "split_part", None) or SPLITS.get(split, split)
+        return {part: data.datamodule.split_loader(part)}
 
-    def records(self, module: ChimeraTask, outputs: Sequence[Any], data: TaskData,
+    def loader(self, data: TaskData, split: str) -> DataLoader:
+        """The one evaluation loader of ``split``."""
+        (loader,) = self.loaders(data, split).values()
+        return loader
+
+    def records(self, module: ChimeraTask, outputs: Mapping[str, Sequence[Any]], data: TaskData,
                 extras: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One record per caption: its video, that video's rank and the top five videos
-        (from the chunks ``Trainer.predict`` passed through the module)."""
+        (from the chunks ``Trainer.predict`` passed through the module, which it keeps)."""
+        ((part_name, _),) = outputs.items()
+        part = data.prepared.parts[part_name]
         scores = module._scores()
         caption_videos, video_ids = module._seen["caption_videos"], module._seen["video_ids"]
-        part = data.prepared.parts[getattr(data, "split_part", None) or "test"]
         ranks = ranks_from_scores(scores, query_targets(caption_videos, video_ids))
         top = scores.topk(min(5, len(video_ids)), dim=1).indices
         return [{"caption": part.captions[i], "video_id": caption_videos[i], "rank": int(ranks[i]),

@@ -49,10 +49,10 @@ from polyfuse.data.retrieval import (
 )
 from polyfuse.functional.contrastive import info_nce_loss, max_margin_ranking_loss
 from polyfuse.metrics.retrieval import (
-    chance_recall,
+    TextVideoRetrieval,
     query_targets,
-    retrieval_metrics,
     retrieval_ranks,
+    text_video_retrieval,
 )
 from polyfuse.tasks.groups import own_group, parameter_groups, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
@@ -120,18 +120,11 @@ def split_man_branch(groups: list[dict], model: RetrievalModel, man_lr: float | 
 def rank_metrics(texts: Tensor, videos: Tensor, caption_videos: Sequence[str], video_ids: Sequence[str], *,
                  chunk_size: int = 1024, chance: bool = False) -> dict[str, float]:
     """R@1/5/10, MedR, MeanR of text-to-video (``t2v_``) and video-to-text (``v2t_``) over
-    (C, D) caption and (N, D) video embeddings, ``rsum`` the sum of the six recalls, and
-    with ``chance`` the chance recall of each direction (``chance_t2v_R@K``...)."""
-    out: dict[str, float] = {}
-    for name, queries, gallery, q_ids, g_ids in (
-        ("t2v_", texts, videos, caption_videos, video_ids),
-        ("v2t_", videos, texts, video_ids, caption_videos),
-    ):
-        targets = query_targets(list(q_ids), list(g_ids))
-        ranks = retrieval_ranks(queries, gallery, targets, chunk_size=chunk_size)
-        out.update(retrieval_metrics(ranks, len(g_ids)).as_dict(name))
-        if chance:
-            out.update({f"chance_{name}R@{k}": v for k, v in chance_recall(targets).items()})
+    (C, D) caption and (N, D) video embeddings (:func:`~polyfuse.metrics.retrieval.text_video_retrieval`),
+    ``rsum`` the sum of the six recalls, and with ``chance`` the chance recalls."""
+    row_of = {video: i for i, video in enumerate(video_ids)}
+    caption_video = torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)
+    out = text_video_retrieval(caption_video, texts=texts, videos=videos, chunk_size=chunk_size, chance=chance)
     out["rsum"] = sum(v for k, v in out.items() if "R@" in k and not k.startswith("chance"))
     return out
 
@@ -156,7 +149,10 @@ class RetrievalTask(L.LightningModule):
         self.lr, self.weight_decay, self.text_lr, self.man_lr = float(lr), float(weight_decay), text_lr, man_lr
         self.loss_name, self.margin, self.temperature = loss, float(margin), float(temperature)
         self.chunk_size = int(chunk_size)
-        self._seen: dict[str, list] = {}
+        # whole-split ranking, per stage (the chance recalls at test only)
+        self.stage_metrics = torch.nn.ModuleDict({"val": TextVideoRetrieval(chunk_size=self.chunk_size, chance=False),
+                                                  "test": TextVideoRetrieval(chunk_size=self.chunk_size, chance=True)})
+        self.checkpoint_extras: dict[str, Any] = {}  # set by the engine; written into every checkpoint
 
     # ---- steps ----------------------------------------------------------------------
     def _sentences(self, batch: Mapping[str, Any]) -> Tensor:
@@ -181,48 +177,42 @@ class RetrievalTask(L.LightningModule):
 
     @torch.no_grad()
     def embed_chunk(self, chunk: Mapping[str, Any]) -> dict[str, Any]:
-        """The embeddings of an evaluation chunk's captions and videos, in float32."""
+        """The embeddings of an evaluation chunk's captions and videos (None where the chunk
+        has none), in float32, with their rows."""
         with torch.autocast(device_type=self.device.type, enabled=False):
-            out: dict[str, Any] = {"caption_videos": list(chunk["caption_videos"]), "video_ids": list(chunk["video_ids"])}
-            out["texts"] = (self.model.embed_texts(self._sentences(chunk).float())
-                            if chunk["caption_videos"] else None)
-            out["videos"] = (self.model.embed_videos([x.float() for x in chunk["features"]], chunk["masks"],
-                                                     chunk["present"]) if chunk["video_ids"] else None)
-        return out
+            texts = self.model.embed_texts(self._sentences(chunk).float()) if len(chunk["caption_rows"]) else None
+            videos = (self.model.embed_videos([x.float() for x in chunk["features"]], chunk["masks"], chunk["present"])
+                      if len(chunk["video_rows"]) else None)
+        return {"texts": texts, "videos": videos, "caption_rows": chunk["caption_rows"],
+                "caption_video": chunk["caption_video"], "video_rows": chunk["video_rows"]}
 
-    def _start(self) -> None:
-        self._seen = {"texts": [], "videos": [], "caption_videos": [], "video_ids": []}
-
-    def _collect(self, chunk: Mapping[str, Any]) -> None:
+    def _update(self, metric: TextVideoRetrieval, chunk: Mapping[str, Any]) -> None:
         embedded = self.embed_chunk(chunk)
-        for key in ("texts", "videos"):
-            if embedded[key] is not None:
-                self._seen[key].append(embedded[key].float())
-        self._seen["caption_videos"].extend(embedded["caption_videos"])
-        self._seen["video_ids"].extend(embedded["video_ids"])
+        captions = {} if embedded["texts"] is None else {
+            "caption_rows": embedded["caption_rows"], "caption_video": embedded["caption_video"],
+            "texts": embedded["texts"]}
+        videos = {} if embedded["videos"] is None else {"videos": embedded["videos"],
+                                                         "video_rows": embedded["video_rows"]}
+        metric.update(**captions, **videos)
 
-    def _metrics(self, *, chance: bool) -> dict[str, float]:
-        seen = self._seen
-        return rank_metrics(torch.cat(seen["texts"]), torch.cat(seen["videos"]), seen["caption_videos"],
-                            seen["video_ids"], chunk_size=self.chunk_size, chance=chance)
-
-    def on_validation_epoch_start(self) -> None:
-        self._start()
+    @staticmethod
+    def _compute(metric: TextVideoRetrieval) -> dict[str, float]:
+        values = metric.compute()
+        metric.reset()
+        values["rsum"] = sum(v for k, v in values.items() if "R@" in k and not k.startswith("chance"))
+        return values
 
     def validation_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self._collect(batch)
+        self._update(self.stage_metrics["val"], batch)
 
     def on_validation_epoch_end(self) -> None:
-        self.log_dict({f"val/{k}": v for k, v in self._metrics(chance=False).items()})
-
-    def on_test_epoch_start(self) -> None:
-        self._start()
+        self.log_dict({f"val/{k}": v for k, v in self._compute(self.stage_metrics["val"]).items()})
 
     def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self._collect(batch)
+        self._update(self.stage_metrics["test"], batch)
 
     def on_test_epoch_end(self) -> None:
-        self.log_dict({f"test/{k}": v for k, v in self._metrics(chance=True).items()})
+        self.log_dict({f"test/{k}": v for k, v in self._compute(self.stage_metrics["test"]).items()})
 
     def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> dict[str, Any]:
         return self.embed_chunk(batch)
@@ -231,11 +221,14 @@ class RetrievalTask(L.LightningModule):
         """The metrics of one split's chunks, outside a Trainer (in eval mode, float32)."""
         was_training = self.training
         self.eval()
-        self._start()
+        metric = TextVideoRetrieval(chunk_size=self.chunk_size, chance=chance)
         for chunk in loader:
-            self._collect(chunk)
+            self._update(metric, chunk)
         self.train(was_training)
-        return self._metrics(chance=chance)
+        return self._compute(metric)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["polyfuse"] = self.checkpoint_extras
 
     # ---- optimiser ------------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -269,6 +262,7 @@ class _Batches:
 
     def __init__(self, prepared: RetrievalPrepared) -> None:
         self.prepared = prepared
+        self._rows: dict[str, Tensor] = {}
 
     def _captions(self, part: str, rows: list[int]) -> dict[str, Any]:
         corpus, vectors = self.prepared.parts[part], self.prepared.vectors.get(part)
@@ -280,10 +274,17 @@ class _Batches:
         if isinstance(batch, list):  # training: (video row, caption row) pairs
             rows = torch.tensor([v for v, _ in batch])
             return {**_video_batch(corpus, rows), **self._captions(part, [c for _, c in batch])}
-        videos, captions = batch["video_rows"], batch["caption_rows"].tolist()
-        return {**_video_batch(corpus, videos), **self._captions(part, captions),
-                "video_ids": [corpus.video_ids[i] for i in videos.tolist()],
-                "caption_videos": [corpus.caption_video[i] for i in captions]}
+        videos, captions = batch["video_rows"], batch["caption_rows"]
+        return {**_video_batch(corpus, videos), **self._captions(part, captions.tolist()), "video_rows": videos,
+                "caption_rows": captions, "caption_video": self._video_row(part)[captions]}
+
+    def _video_row(self, part: str) -> Tensor:
+        """(C,) the row of each caption's video in ``part``."""
+        if part not in self._rows:
+            corpus = self.prepared.parts[part]
+            row_of = {video: i for i, video in enumerate(corpus.video_ids)}
+            self._rows[part] = torch.tensor([row_of[v] for v in corpus.caption_video], dtype=torch.long)
+        return self._rows[part]
 
 
 def _encoder_of(section: Mapping[str, Any], vocabulary: list[str] | None, *, trainable: bool):
@@ -418,6 +419,7 @@ class RetrievalSpec(TaskSpec):
     distributed = ("ranks the whole split in one process, and a training batch's negatives are its other "
                    "videos: sharding would change both")
     prediction_suffix = ".csv"
+    reads_own_files = True
 
     def data_files(self, config: Mapping[str, Any]) -> list[Path]:
         section = config["retrieval"]
@@ -487,24 +489,28 @@ class RetrievalSpec(TaskSpec):
         data.split_part = parts[0]
         return data
 
-    def loader(self, data: TaskData, split: str) -> DataLoader:
+    def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
         part = getattr(data, "split_part", None) or SPLITS.get(split, split)
-        return data.datamodule.split_loader(part)
+        return {part: data.datamodule.split_loader(part)}
 
-    def records(self, module: RetrievalTask, outputs: Sequence[Any], data: TaskData,
+    def loader(self, data: TaskData, split: str) -> DataLoader:
+        """The one evaluation loader of ``split``."""
+        (loader,) = self.loaders(data, split).values()
+        return loader
+
+    def records(self, module: RetrievalTask, outputs: Mapping[str, Sequence[Any]], data: TaskData,
                 extras: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One record per caption: its video, the rank of that video among the split's
-        and the top five videos."""
-        texts = torch.cat([o["texts"] for o in outputs if o["texts"] is not None])
-        videos = torch.cat([o["videos"] for o in outputs if o["videos"] is not None])
-        caption_videos = [v for o in outputs for v in o["caption_videos"]]
-        video_ids = [v for o in outputs for v in o["video_ids"]]
-        part = data.prepared.parts[getattr(data, "split_part", None) or "test"]
-        targets = query_targets(caption_videos, video_ids)
+        """One record per caption of the split: the caption, its video, the rank of that
+        video among the split's and the top five videos."""
+        ((part_name, chunks),) = outputs.items()
+        part = data.prepared.parts[part_name]
+        texts = torch.cat([o["texts"] for o in chunks if o["texts"] is not None])
+        videos = torch.cat([o["videos"] for o in chunks if o["videos"] is not None])
+        targets = query_targets(part.caption_video, part.video_ids)
         ranks = retrieval_ranks(texts, videos, targets, chunk_size=module.chunk_size)
-        top = (texts @ videos.T).topk(min(5, len(video_ids)), dim=1).indices
-        return [{"caption": part.captions[i], "video_id": caption_videos[i], "rank": int(ranks[i]),
-                 "top5": " ".join(video_ids[j] for j in top[i].tolist())} for i in range(len(caption_videos))]
+        top = (texts @ videos.T).topk(min(5, len(part.video_ids)), dim=1).indices
+        return [{"caption": part.captions[i], "video_id": part.caption_video[i], "rank": int(ranks[i]),
+                 "top5": " ".join(part.video_ids[j] for j in top[i].tolist())} for i in range(len(part.captions))]
 
     def sentence_vectors(self, module: RetrievalTask, extras: Mapping[str, Any], captions: Sequence[str]) -> Tensor:
         """(C, d_t) sentence vectors of free text, through the checkpoint's text encoder (its
@@ -516,6 +522,3 @@ class RetrievalSpec(TaskSpec):
 
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
         write_rank_records(records, path)
-
-    def summary(self, rows: Sequence[Mapping[str, Any]], out_dir: Path) -> str | None:
-        return None
