@@ -33,7 +33,7 @@ def test_train_then_table_and_bad_input(tmp_path, capsys):
     assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1",
                  "--batch-size", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr()
-    assert f"polyfuse train --config {tmp_path / 'run.yaml'}" in printed.err and "| mean |" in printed.out
+    assert f"polyfuse train --config {tmp_path / 'run.yaml'}" in printed.out and "| mean |" in printed.out
     result = json.loads((out / "seed0" / "results.json").read_text())
     test = result["test"]
     # 2 test videos, 4 captions: text-to-video chance R@1 is 1/2; every rank is 1 or 2

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +156,10 @@ def alias_config(args: argparse.Namespace, *, fusion: str | None = None, row: st
     """The ``polyfuse train`` configuration of ``polyfuse retrieval train|compare`` (``fusion``)
     or ``chimera`` (``row``), without a seed (set per run)."""
     trainer = {"max_epochs": args.epochs, "patience": getattr(args, "patience", None) or 0,
-               "precision": args.precision, "accelerator": "cpu"}
+               "precision": args.precision, "accelerator": "cpu", "quiet": True}  # progress bars, not Lightning's notices
+    # output_dir: where the caches go (<out>/../.cache, named by content, as before)
     config: dict[str, Any] = {"data": {"batch_size": args.batch_size}, "optim": {"lr": args.lr, "weight_decay": 1e-4},
-                              "trainer": trainer}
+                              "trainer": trainer, "output_dir": str(Path(args.out).resolve().parent)}
     if row is not None:
         from polyfuse.tasks.chimera import ABLATION_ROWS
 
@@ -198,8 +198,7 @@ def _train_seeds(config: dict[str, Any], seeds: list[int], out: Path) -> list[Pa
     config_path = out.parent / f"{out.name}.yaml"
     atomic_write_text(config_path, dump_config(config))
     print(f"note: `polyfuse retrieval` is kept for 0.3.x; the same runs: polyfuse train --config {config_path} "
-          f"--set seed=N --out {out}/seedN (shipped configs: configs/msvd/retrieval/, configs/msvd/chimera/)",
-          file=sys.stderr)
+          f"--set seed=N --out {out}/seedN (shipped configs: configs/msvd/retrieval/, configs/msvd/chimera/)")
     runs = []
     for seed in seeds:
         result = train({**config, "seed": seed}, run_dir=out / f"seed{seed}")
