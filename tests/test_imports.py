@@ -18,7 +18,7 @@ def test_import_polyfuse_does_not_import_torch():
 
 
 def test_the_layers_do_not_import_the_training_stack_or_geoopt():
-    modules = loaded_after("import polyfuse.nn, polyfuse.functional")
+    modules = loaded_after("import polyfuse.nn, polyfuse.nn.backbones, polyfuse.nn.models, polyfuse.functional")
     assert "torch" in modules
     for heavy in ("geoopt", "scipy", "lightning", "torchmetrics", "pydantic", "h5py", "matplotlib"):
         assert heavy not in modules, f"import polyfuse.nn loads {heavy}"

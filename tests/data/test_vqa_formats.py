@@ -268,7 +268,7 @@ def test_adaptive_bottom_up_layout_is_padded_per_image(tmp_path):
 
 
 def test_padded_boxes_do_not_change_the_answer(tmp_path):
-    from polyfuse.nn.vqa import BanVQA, FusionVQA
+    from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 
     h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
     _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]])

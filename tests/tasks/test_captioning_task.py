@@ -7,7 +7,8 @@ import torch
 
 from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary
 from polyfuse.engine.captioning_schema import CaptioningConfig
-from polyfuse.tasks.captioning import CaptioningTask, VideoCaptioner
+from polyfuse.nn.models.captioner import VideoCaptioner
+from polyfuse.tasks.captioning import CaptioningTask
 
 WORDS = ["<pad>", "<bos>", "<eos>", UNKNOWN, "a", "dog", "runs"]
 

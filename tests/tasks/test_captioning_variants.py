@@ -7,7 +7,7 @@ import torch
 
 from polyfuse.engine.captioning_schema import VARIANTS, variant_settings
 from polyfuse.nn.decoding import MeanPoolContext
-from polyfuse.tasks.captioning import VideoCaptioner
+from polyfuse.nn.models.captioner import VideoCaptioner
 
 # Written out from HOCA Table 2 for three modalities (0 image, 1 motion, 2 audio).
 EXPECTED = {

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from polyfuse.cli.retrieval import FUSIONS
-from polyfuse.tasks.retrieval import VIDEO_FUSIONS, ExpertVideoEncoder, RetrievalModel
+from polyfuse.nn.models.retrieval import VIDEO_FUSIONS, ExpertVideoEncoder, RetrievalModel
 
 
 def _batch():

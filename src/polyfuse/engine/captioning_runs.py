@@ -34,7 +34,8 @@ from polyfuse.engine.config import dump_config, resolve_config
 from polyfuse.engine.errors import RunInterrupted
 from polyfuse.engine.rundir import atomic_write_text
 from polyfuse.engine.seeding import seed_everything
-from polyfuse.tasks.captioning import CaptioningTask, VideoCaptioner
+from polyfuse.nn.models.captioner import VideoCaptioner
+from polyfuse.tasks.captioning import CaptioningTask
 
 __all__ = [
     "build_captioning_data",

@@ -23,7 +23,8 @@ from polyfuse.data.vqa_data import VQAData, VQADataModule, build_vqa_data
 from polyfuse.engine.build import build_trainer, fusion_options
 from polyfuse.engine.rundir import atomic_temp_path
 from polyfuse.extract.images import feature_settings
-from polyfuse.tasks.vqa import VQATask, build_vqa_model
+from polyfuse.nn.models.vqa import build_vqa_model
+from polyfuse.tasks.vqa import VQATask
 
 __all__ = [
     "PREDICTION_FIELDS",

@@ -33,7 +33,7 @@ from polyfuse.nn.counter import Counter
 from polyfuse.nn.registry import create
 from polyfuse.nn.text import QuestionEncoder
 
-__all__ = ["BanVQA", "FusionVQA", "answer_classifier", "image_mask"]
+__all__ = ["BanVQA", "FusionVQA", "answer_classifier", "build_vqa_model", "image_mask"]
 
 
 def _normed_linear(in_features: int, out_features: int) -> nn.Linear:
@@ -231,3 +231,35 @@ class FusionVQA(nn.Module):
         _check_batch(tokens, image, boxes, self.image_dim, "FusionVQA")
         fused = self.fusion([image, self.question(tokens)], masks=[image_mask(image), None])
         return self.classifier(fused), None
+
+
+def build_vqa_model(
+    model_config: Mapping[str, Any],
+    num_words: int,
+    num_answers: int,
+    image_dim: int,
+    *,
+    fusion_options: Mapping[str, Any] | None = None,
+    word_vectors: Tensor | None = None,
+) -> nn.Module:
+    """``model.fusion: ban``: :class:`BanVQA` (with the counter unless
+    ``model.vqa.counter_objects`` is null); any other fusion name:
+    :class:`FusionVQA` with ``fusion_options`` (``model.options.<name>``).
+    Both take ``model.vqa.second_embedding_dim`` (ban-vqa's ``--op c`` question encoder).
+
+    ``model_config`` is the resolved ``model`` section."""
+    settings = model_config["vqa"]
+    common = {
+        "hidden_dim": int(settings["hidden_dim"]),
+        "embedding_dim": int(settings["embedding_dim"]),
+        "second_embedding_dim": settings.get("second_embedding_dim"),
+        "word_vectors": word_vectors,
+        "classifier_dropout": float(settings["classifier_dropout"]),
+    }
+    if model_config["fusion"] == "ban":
+        return BanVQA(
+            num_words, num_answers, image_dim, glimpses=int(settings["glimpses"]),
+            counter_objects=settings["counter_objects"], dropout=float(settings["dropout"]),
+            attention_dropout=float(settings["attention_dropout"]), **common,
+        )  # fmt: skip
+    return FusionVQA(model_config["fusion"], num_words, num_answers, image_dim, fusion_options=fusion_options, **common)
