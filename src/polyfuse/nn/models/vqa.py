@@ -21,14 +21,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils import parametrizations
 
 from polyfuse.functional.bilinear import (
     bilinear_attention_logits,
     bilinear_attention_map,
     bilinear_attention_pooling,
 )
-from polyfuse.nn.ban import BAN
+from polyfuse.nn.ban import BAN, weight_normed_linear
 from polyfuse.nn.counter import Counter
 from polyfuse.nn.registry import create
 from polyfuse.nn.text import QuestionEncoder
@@ -36,15 +35,14 @@ from polyfuse.nn.text import QuestionEncoder
 __all__ = ["BanVQA", "FusionVQA", "answer_classifier", "build_vqa_model", "image_mask"]
 
 
-def _normed_linear(in_features: int, out_features: int) -> nn.Linear:
-    return parametrizations.weight_norm(nn.Linear(in_features, out_features), dim=None)
-
-
 def answer_classifier(in_dim: int, num_answers: int, *, dropout: float = 0.5) -> nn.Sequential:
     """The reference two-layer classifier: linear to 2 * in_dim, ReLU, dropout, linear to A
     (ban-vqa's ``SimpleClassifier``, weight-normalised layers)."""
     return nn.Sequential(
-        _normed_linear(in_dim, 2 * in_dim), nn.ReLU(), nn.Dropout(dropout), _normed_linear(2 * in_dim, num_answers)
+        weight_normed_linear(in_dim, 2 * in_dim),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        weight_normed_linear(2 * in_dim, num_answers),
     )
 
 
@@ -133,7 +131,7 @@ class BanVQA(nn.Module):
         self.count_projections = (
             None
             if counter_objects is None
-            else nn.ModuleList(_normed_linear(counter_objects + 1, hidden_dim) for _ in range(glimpses))
+            else nn.ModuleList(weight_normed_linear(counter_objects + 1, hidden_dim) for _ in range(glimpses))
         )
         self.classifier = answer_classifier(hidden_dim, num_answers, dropout=classifier_dropout)
 
