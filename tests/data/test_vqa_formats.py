@@ -173,7 +173,7 @@ def test_glove(tmp_path):
     table, found = load_glove(path, ["cat", "bird", "dog"], dim=3)
     assert found == 2
     torch.testing.assert_close(table, torch.tensor([[4.0, 5, 6], [0, 0, 0], [1, 2, 3]]))
-    with pytest.raises(ValueError, match="line 1: 3 numbers, expected 4"):
+    with pytest.raises(ValueError, match=r"line 1: word .dog. has 3 values, expected 4"):
         load_glove(path, ["dog"], dim=4)
     with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         load_glove(tmp_path / "nope.txt", ["dog"])

@@ -87,7 +87,7 @@ def text_encoder(kind: str, corpus: RetrievalCorpus | None = None, *, trainable:
         if corpus is None:
             raise ValueError("--text bow needs the corpus, whose words make its vocabulary")
         return BagOfWordsEncoder(sorted({word for caption in corpus.captions for word in caption.split()}))
-    return MiniLMEncoder(trainable=trainable) if kind == "minilm" else StaticWordEncoder(kind, trainable=trainable)
+    return MiniLMEncoder(trainable=trainable) if kind == "minilm" else StaticWordEncoder.from_file(kind, trainable=trainable)
 
 
 def saved_text_encoder(saved: dict, corpus: RetrievalCorpus | None = None):
