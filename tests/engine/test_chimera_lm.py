@@ -65,9 +65,9 @@ def _corpus(tmp_path):
 
 
 def test_held_out_topic_lm_uses_fixed_masks_and_equals_eq3_by_hand(tiny_encoder, tmp_path):
+    from polyfuse.nn.models.chimera import ChimeraRetrievalModel
     from polyfuse.tasks.chimera import held_out_masked_captions, held_out_topic_lm
     from polyfuse.tasks.chimera_lm import LMHeadSettings, lm_head_for
-    from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 
     train, val = _corpus(tmp_path)
     head, _ = lm_head_for(tiny_encoder, train.captions, val.captions, None, LMHeadSettings(epochs=1))

@@ -1,13 +1,13 @@
 """Checkpoints of an older ``polyfuse retrieval train`` (``seed<N>.safetensors``, settings as
 a dict) across the MAN layer-norm and zero-start changes: old layouts still load, through
-:func:`polyfuse.tasks.retrieval_task.legacy_checkpoint` into the task type's module."""
+:func:`polyfuse.tasks.retrieval.legacy_checkpoint` into the task type's module."""
 
 import torch
 
 from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
+from polyfuse.nn.models.retrieval import RetrievalModel
 from polyfuse.tasks.registry import task_spec
-from polyfuse.tasks.retrieval import RetrievalModel
-from polyfuse.tasks.retrieval_task import legacy_checkpoint
+from polyfuse.tasks.retrieval import legacy_checkpoint
 
 # the settings an older polyfuse wrote (its RetrievalSettings dataclass, as a dict)
 _OLD = {"epochs": 30, "batch_size": 32, "lr": 1e-3, "weight_decay": 1e-4, "loss": "margin", "margin": 0.2,

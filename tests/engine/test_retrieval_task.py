@@ -1,4 +1,4 @@
-"""Task type ``retrieval`` (polyfuse.tasks.retrieval_task): its config section, its batches,
+"""Task type ``retrieval`` (polyfuse.tasks.retrieval): its config section, its batches,
 its whole-split ranking against a brute-force oracle, and resume equal to an uninterrupted run."""
 
 import lightning as L
@@ -10,7 +10,7 @@ from polyfuse.data.retrieval import DistinctVideoBatches
 from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsModelCheckpoint
 from polyfuse.engine.seeding import ReseedEachEpoch
 from polyfuse.tasks.registry import task_spec
-from polyfuse.tasks.retrieval_task import RetrievalConfig
+from polyfuse.tasks.retrieval import RetrievalConfig
 
 
 def _config(tmp_path, **section):

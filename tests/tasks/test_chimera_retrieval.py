@@ -5,7 +5,7 @@ import torch
 
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.nn.chimera import Chimera
-from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
+from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 
 
 def _inputs():

@@ -8,7 +8,7 @@ embeddings exist. The block of scores alone takes ``chunk x N x 4`` bytes.
     python -m polyfuse.bench.retrieval --out docs/benchmarks/retrieval.json
 
 Also timed: embedding and ranking 1,000 synthetic captions against 1,000 synthetic
-videos through a :class:`polyfuse.tasks.retrieval.RetrievalModel` (MAN over 2 experts).
+videos through a :class:`polyfuse.nn.models.retrieval.RetrievalModel` (MAN over 2 experts).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def measure_end_to_end(size: int = 1000) -> dict:
     import torch
 
     from polyfuse.data.synthetic_retrieval import bag_of_words, make_synthetic_retrieval
-    from polyfuse.tasks.retrieval import RetrievalModel
-    from polyfuse.tasks.retrieval_task import rank_metrics
+    from polyfuse.nn.models.retrieval import RetrievalModel
+    from polyfuse.tasks.retrieval import rank_metrics
 
     torch.set_num_threads(1)
     corpus, vocabulary = make_synthetic_retrieval(size, steps=8, dim=32)

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-# polyfuse.tasks.retrieval.VIDEO_FUSIONS, written out: the parser must not import torch
+# polyfuse.nn.models.retrieval.VIDEO_FUSIONS, written out: the parser must not import torch
 FUSIONS = ("man", "concat", "mean", "gating", "gating+man", "mean+man")
 PRECISIONS = ("32-true", "bf16-mixed")
 #: the columns of the tables (docs/RESULTS.md)
@@ -292,7 +292,7 @@ def _load(args: argparse.Namespace):
         raise ValueError(f"{path}: a Chimera model of an older `polyfuse retrieval chimera`; retrain it with "
                          "`polyfuse train --config configs/msvd/chimera/<row>.yaml`")
     if "polyfuse" not in checkpoint and "settings" in checkpoint:
-        from polyfuse.tasks.retrieval_task import legacy_checkpoint
+        from polyfuse.tasks.retrieval import legacy_checkpoint
 
         state, extras = legacy_checkpoint(checkpoint, str(path))
         section = extras["config"]["retrieval"]

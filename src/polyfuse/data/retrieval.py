@@ -125,7 +125,7 @@ def text_encoder(kind: str, vocabulary: Sequence[str] | None = None, *, word_vec
     if kind == "glove":
         if not word_vectors:
             raise ValueError("text: glove needs word_vectors (a GloVe-format vectors file)")
-        return StaticWordEncoder(word_vectors, trainable=trainable)
+        return StaticWordEncoder.from_file(word_vectors, trainable=trainable)
     if kind == "minilm":
         return MiniLMEncoder(trainable=trainable)
     raise ValueError(f"unknown text encoder {kind!r}; expected minilm, glove or bow")

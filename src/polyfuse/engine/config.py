@@ -45,7 +45,7 @@ _PATH_KEYS = (
 )
 # Captioning: caption and split files, and a mapping modality -> feature file (each value a path).
 _PATH_KEYS += (("captioning", "captions"), ("captioning", "splits"), ("decoder", "word_vectors_file"))
-# task.type retrieval and chimera (polyfuse.tasks.retrieval_task, polyfuse.tasks.chimera)
+# task.type retrieval and chimera (polyfuse.tasks.retrieval, polyfuse.tasks.chimera)
 _PATH_KEYS += tuple((section, key) for section in ("retrieval", "chimera") for key in ("source", "captions", "word_vectors"))
 _PATH_MAPPINGS = (("captioning", "features"), *((section, key) for section in ("retrieval", "chimera")
                                                  for key in ("experts", "splits")))

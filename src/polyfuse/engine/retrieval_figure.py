@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
-from polyfuse.tasks.retrieval import RetrievalModel
+from polyfuse.nn.models.retrieval import RetrievalModel
 
 __all__ = ["RankedVideo", "draw_ranking", "embed_corpus", "rank_videos"]
 

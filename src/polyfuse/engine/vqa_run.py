@@ -34,8 +34,8 @@ def plot_vqa_checkpoint_attention(
 
     import numpy as np
 
-    from polyfuse.text import tokenize_question as tokenize
     from polyfuse.engine.vqa_report import plot_vqa_attention
+    from polyfuse.text import tokenize_question as tokenize
 
     config = extras["config"]
     if config["model"]["fusion"] != "ban":

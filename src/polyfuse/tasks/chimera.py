@@ -59,8 +59,8 @@ from polyfuse.functional.chimera_word_losses import (
 )
 from polyfuse.functional.contrastive import max_margin_ranking_loss
 from polyfuse.metrics.retrieval import query_targets, ranks_from_scores, text_video_retrieval
+from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 from polyfuse.tasks.chimera_lm import lm_head_for, masked_batch, tokenized
-from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
 from polyfuse.tasks.groups import own_group, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 
@@ -194,7 +194,7 @@ def score_metrics(scores: Tensor, caption_videos: Sequence[str], video_ids: Sequ
 
 
 class ChimeraTask(L.LightningModule):
-    """Training and scoring of a :class:`~polyfuse.tasks.chimera_retrieval.ChimeraRetrievalModel`.
+    """Training and scoring of a :class:`~polyfuse.nn.models.chimera.ChimeraRetrievalModel`.
 
     ``switches``: the row's ``tlm``, ``hlm``, ``distortion``, ``topic_lm``. The frozen
     ``encoder`` (masked captions are encoded every step) and ``lm_head`` (L_T) are held
