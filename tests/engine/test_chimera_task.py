@@ -18,11 +18,10 @@ from polyfuse.tasks.registry import task_spec
 WORDS = ["dog", "cat", "car", "man", "runs", "sits", "a"]
 
 
-@pytest.fixture(scope="module")
-def encoder_folder(tmp_path_factory):
+def write_tiny_bert(folder):
+    """A 1-layer BERT of hidden size 8 over :data:`WORDS`, saved as a MiniLM folder."""
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    folder = tmp_path_factory.mktemp("tiny_bert")
     vocabulary = {word: i for i, word in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
     BertTokenizerFast(vocab=vocabulary).save_pretrained(folder)
     torch.manual_seed(0)
@@ -32,7 +31,13 @@ def encoder_folder(tmp_path_factory):
     return folder
 
 
-def _corpus_files(folder):
+@pytest.fixture(scope="module")
+def encoder_folder(tmp_path_factory):
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+def write_corpus_files(folder):
+    """12 videos of one expert ('app'), two captions each, split 8 / 2 / 2; the ``chimera`` section's keys."""
     g = np.random.default_rng(1)
     ids = [f"v{i}" for i in range(12)]
     np.savez(folder / "app.npz", video_ids=np.array(ids), features=g.standard_normal((12, 5, 6)).astype("float32"))
@@ -46,7 +51,7 @@ def _corpus_files(folder):
 
 
 def _config(tmp_path, encoder_folder, **section):
-    section = {**_corpus_files(tmp_path), "encoder_path": str(encoder_folder), "num_topics": 3,
+    section = {**write_corpus_files(tmp_path), "encoder_path": str(encoder_folder), "num_topics": 3,
                "hyperbolic_dim": 3, **section}
     return {"seed": 2, "output_dir": str(tmp_path / "runs"), "chimera": ChimeraConfig(**section).model_dump(),
             "data": {"batch_size": 3, "eval_batch_size": 3}, "optim": {"lr": 1e-3, "weight_decay": 1e-4},
