@@ -167,3 +167,27 @@ def test_bf16_mixed_training_follows_float32(tmp_path):
     assert torch.isfinite(mixed).all() and mixed[-1] < mixed[0]
     assert not torch.equal(mixed, single)
     torch.testing.assert_close(mixed, single, rtol=0.005, atol=0)
+
+
+class _FirstBatches(L.Callback):
+    def __init__(self):
+        self.videos = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_index):
+        if batch_index == 0:
+            self.videos.append(batch["features"][0].sum().item())
+
+
+def test_a_trainer_draws_other_batches_each_epoch_and_the_same_ones_again_for_a_seed(tmp_path):
+    """Lightning sets the sampler's epoch (on ``batch_sampler.sampler``): each epoch its own
+    order, the same orders again for the same seed."""
+    spec = task_spec("retrieval")
+    config = _config(tmp_path)
+    firsts = []
+    for _ in range(2):
+        data = spec.build_data(config)
+        record = _FirstBatches()
+        _trainer(tmp_path, 3, enable_checkpointing=False, limit_val_batches=0, callbacks=[record]).fit(
+            spec.build_module(config, data), datamodule=data.datamodule)
+        firsts.append(record.videos)
+    assert len(set(firsts[0])) == 3 and firsts[0] == firsts[1]

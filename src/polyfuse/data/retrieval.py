@@ -237,6 +237,9 @@ class DistinctVideoBatches(Sampler[list[tuple[int, int]]]):
         self.batch_size = int(batch_size)
         self.seed = int(seed)
         self.epoch = 0
+        # Lightning calls set_epoch before each epoch on a loader's ``sampler`` and on its
+        # ``batch_sampler.sampler``, not on the batch sampler itself: this is both.
+        self.sampler = self
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
