@@ -1,6 +1,6 @@
 """Task type ``chimera`` (polyfuse.tasks.chimera) on a tiny BERT saved as a MiniLM folder
 (nothing downloads): Table 4's masked training with L_T, whole-split scores against a
-pair-by-pair oracle, resume equal to an uninterrupted run, a checkpoint's test numbers."""
+pair-by-pair oracle, the held-out L_T. Resume, evaluate and predict: tests/tasks/test_task_contract.py."""
 
 import json
 
@@ -10,8 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from polyfuse.engine.checkpoints import SafetensorsCheckpointIO, SafetensorsModelCheckpoint
-from polyfuse.engine.seeding import ReseedEachEpoch
+from polyfuse.engine.checkpoints import SafetensorsCheckpointIO
 from polyfuse.tasks.chimera import ABLATION_ROWS, ChimeraConfig
 from polyfuse.tasks.registry import task_spec
 
@@ -133,33 +132,3 @@ def test_the_held_out_lt_uses_fixed_masks_and_is_reported_for_a_row_without_lt(t
     trainer = _trainer(1, enable_checkpointing=False)
     trainer.fit(module, datamodule=data.datamodule)
     assert "train/topic_lm" not in trainer.callback_metrics and float(trainer.callback_metrics["val/topic_lm"]) > 0
-
-
-def test_resume_equals_uninterrupted_and_a_checkpoint_gives_the_test_numbers(tmp_path, encoder_folder):
-    spec = task_spec("chimera")
-    config = _config(tmp_path, encoder_folder, shuffled_test=False)
-
-    def run(epochs, folder, resume=None):
-        L.seed_everything(config["seed"])
-        data = spec.build_data(config)
-        module = spec.build_module(config, data)
-        spec.prepare_module(module, config, data, resume is not None)
-        last = SafetensorsModelCheckpoint(dirpath=str(folder), filename="last", monitor=None, save_top_k=1,
-                                          enable_version_counter=False)
-        trainer = _trainer(epochs, callbacks=[ReseedEachEpoch(config["seed"]), last])
-        trainer.fit(module, datamodule=data.datamodule, ckpt_path=resume)
-        return module, trainer, data
-
-    whole, whole_trainer, data = run(2, tmp_path / "whole")
-    run(1, tmp_path / "cut")
-    resumed, resumed_trainer, _ = run(2, tmp_path / "cut2", resume=str(tmp_path / "cut" / "last.safetensors"))
-    for name, value in whole.state_dict().items():
-        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0, msg=name)
-    assert float(resumed_trainer.callback_metrics["train/loss"]) == float(whole_trainer.callback_metrics["train/loss"])
-    (result,) = whole_trainer.test(whole, datamodule=data.datamodule, verbose=False)
-    extras = spec.checkpoint_extras(config, data)
-    loaded = spec.load_module(whole.state_dict(), extras, None)
-    test_data = spec.checkpoint_data(extras, split="test")
-    again = loaded.evaluate(spec.loader(test_data, "test"))
-    for key in ("t2v_R@1", "v2t_R@1", "t2v_MeanR", "rsum"):
-        assert again[key] == pytest.approx(result[f"test/{key}"], abs=1e-4)
