@@ -13,6 +13,8 @@ until the function runs). The rules:
     e  nothing pickled: no ``weights_only=False``, no ``import pickle``
     f  no branch on a task's name outside src/polyfuse/tasks/ (a comparison or a
        ``match`` against a string equal to a registered task type)
+    g  bench/ uses the engine's public API only: the names ``polyfuse.engine`` exports
+       (``from polyfuse.engine import train``), never a module of engine/
 
 :data:`KNOWN_VIOLATIONS` lists the ``(file, rule)`` pairs that exist today and are
 being removed; the test allows them and fails once one of them is gone, so the list
@@ -79,6 +81,7 @@ RULES = {
     "d": "private name imported from another file",
     "e": "pickle",
     "f": "branch on a task's name outside tasks/",
+    "g": "bench/ reaches below the engine's public API",
 }
 
 # Task types that may not be compared against outside tasks/ (rule f); the names that
@@ -88,7 +91,6 @@ TASK_NAMES = {"sentiment", "traits", "classification", "vqa", "captioning", "ret
 # (file relative to src/polyfuse, rule): violations that exist today and are being
 # removed on other branches of issue 25. Remove an entry when its violation is gone.
 KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    ("bench/choices.py", "d"),  # polyfuse.demo._MAN
     ("cli/plot.py", "f"),
     ("cli/retrieval.py", "f"),  # becomes a thin alias of polyfuse train / compare
     ("data/formats/vqa.py", "c"),  # answer normalisation moves to the ground floor (text.py)
@@ -96,7 +98,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     ("data/prepare.py", "f"),
     ("data/vqa_data.py", "c"),
     ("engine/build.py", "f"),
-    ("engine/captioning_plot.py", "d"),  # captioning_runs._data_for
     ("engine/captioning_runs.py", "a"),  # engine.run <-> engine.captioning_runs
     ("engine/captioning_runs.py", "f"),
     ("engine/compare.py", "f"),
@@ -107,7 +108,8 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     ("engine/schema.py", "f"),
     ("engine/vqa_schema.py", "f"),
     ("metrics/captioning.py", "c"),  # imports data.formats.captioning
-    ("bench/peers.py", "d"),  # bench.measure._quiet_stderr
+    ("bench/approximation.py", "g"),  # engine.run's data_for, partition_key, quiet_trainer, prefixed_metrics
+    ("bench/retrieval.py", "g"),  # engine.retrieval.evaluate_retrieval
 }
 
 
@@ -381,8 +383,29 @@ def _task_branches() -> Iterator[Violation]:
                                 f"compares with task name(s) {sorted(set(found))}: {ast.unparse(node)[:80]}")
 
 
+def _engine_exports() -> set[str]:
+    """The keys of ``_EXPORTS`` in engine/__init__.py: the engine's public names."""
+    for node in _nodes("polyfuse.engine", ast.Assign):
+        if ast.unparse(node.targets[0]) == "_EXPORTS" and isinstance(node.value, ast.Dict):
+            return {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
+    raise AssertionError("engine/__init__.py defines no _EXPORTS dict")
+
+
+def _bench_on_public_engine() -> Iterator[Violation]:
+    """Rule g."""
+    exports = _engine_exports()
+    for edge in EDGES:
+        if _floor_key(edge.source) != "bench" or _floor_key(edge.target) != "engine":
+            continue
+        outside = [name for name in edge.names if name not in exports]
+        if edge.target != "polyfuse.engine" or outside:
+            what = ", ".join(outside) if edge.target == "polyfuse.engine" else edge.target
+            yield Violation(_relpath(edge.source), edge.line, "g",
+                            f"{edge.source} imports {what}, not an export of polyfuse.engine")
+
+
 def _violations() -> list[Violation]:
-    found = {*_cycles(), *_floors(), *_private_names(), *_pickles(), *_task_branches()}
+    found = {*_cycles(), *_floors(), *_private_names(), *_pickles(), *_task_branches(), *_bench_on_public_engine()}
     return sorted(found, key=lambda v: (v.file, v.line, v.rule, v.detail))
 
 

@@ -39,6 +39,7 @@ from polyfuse.tasks.captioning import CaptioningTask, VideoCaptioner
 __all__ = [
     "build_captioning_data",
     "build_captioning_task",
+    "checkpoint_captioning_data",
     "evaluate_captioning",
     "initialise_word_embeddings",
     "is_captioning_checkpoint",
@@ -214,7 +215,9 @@ def load_captioning_model(checkpoint: str | Path) -> tuple[CaptioningTask, dict[
     return task, {**extras, "config": config}
 
 
-def _data_for(extras: Mapping[str, Any]) -> CaptioningData:
+def checkpoint_captioning_data(extras: Mapping[str, Any]) -> CaptioningData:
+    """The captioning data a checkpoint applies to (its configuration's feature files, its
+    vocabulary), refused when the features do not fit the checkpoint."""
     data = build_captioning_data(extras["config"], vocabulary=extras["label_info"]["vocabulary"])
     if data.input_dims != list(extras["input_dims"]):
         raise ValueError(
@@ -243,7 +246,7 @@ def _quiet_trainer(config: Mapping[str, Any]):
 def evaluate_captioning(checkpoint: str | Path, *, split: str = "test") -> dict[str, float]:
     """Caption metrics and loss of a checkpoint on one split (beam search as configured)."""
     task, extras = load_captioning_model(checkpoint)
-    data = _data_for(extras)
+    data = checkpoint_captioning_data(extras)
     task.references = data.captions
     module = CaptioningDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
     results = _quiet_trainer(extras["config"]).test(task, dataloaders=module.video_loader(_videos(data, split)), verbose=False)
@@ -253,7 +256,7 @@ def evaluate_captioning(checkpoint: str | Path, *, split: str = "test") -> dict[
 def predict_captioning(checkpoint: str | Path, *, split: str = "all", out: str | Path | None = None) -> dict[str, str]:
     """The generated caption of every video of ``split``; written as JSON {video: caption} to ``out``."""
     task, extras = load_captioning_model(checkpoint)
-    data = _data_for(extras)
+    data = checkpoint_captioning_data(extras)
     module = CaptioningDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
     with torch.no_grad():
         outputs = _quiet_trainer(extras["config"]).predict(task, dataloaders=module.video_loader(_videos(data, split)))
