@@ -15,6 +15,7 @@ until the function runs). The rules:
        ``match`` against a string equal to a registered task type)
     g  bench/ uses the engine's public API only: the names ``polyfuse.engine`` exports
        (``from polyfuse.engine import train``), never a module of engine/
+    h  figures in one place: matplotlib is imported in figures/ only
 
 :data:`KNOWN_VIOLATIONS` lists the ``(file, rule)`` pairs that exist today and are
 being removed; the test allows them and fails once one of them is gone, so the list
@@ -82,6 +83,7 @@ RULES = {
     "e": "pickle",
     "f": "branch on a task's name outside tasks/",
     "g": "bench/ reaches below the engine's public API",
+    "h": "matplotlib outside figures/",
 }
 
 # Task types that may not be compared against outside tasks/ (rule f); the names that
@@ -404,8 +406,20 @@ def _bench_on_public_engine() -> Iterator[Violation]:
                             f"{edge.source} imports {what}, not an export of polyfuse.engine")
 
 
+def _matplotlib() -> Iterator[Violation]:
+    """Rule h."""
+    for module in MODULES:
+        if _floor_key(module) == "figures":
+            continue
+        for node in _nodes(module, ast.Import, ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(name.split(".")[0] == "matplotlib" for name in names):
+                yield Violation(_relpath(module), node.lineno, "h", "imports matplotlib; draw in polyfuse.figures")
+
+
 def _violations() -> list[Violation]:
-    found = {*_cycles(), *_floors(), *_private_names(), *_pickles(), *_task_branches(), *_bench_on_public_engine()}
+    found = {*_cycles(), *_floors(), *_private_names(), *_pickles(), *_task_branches(), *_bench_on_public_engine(),
+             *_matplotlib()}
     return sorted(found, key=lambda v: (v.file, v.line, v.rule, v.detail))
 
 

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.data.datamodule import FusionDataModule
     from polyfuse.engine.build import quiet_lightning
     from polyfuse.engine.run import data_for, load_model, partition_key
+    from polyfuse.figures.attention import draw_ban_maps, draw_man_attention
 
     quiet_lightning()
     task, extras = load_model(args.checkpoint)
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     title = sample_title(f"{args.split} sample {args.sample} (row {row}): prediction {prediction}{label}")
     centre = int(batch["centre"][0]) if "centre" in batch else None
     if attention["kind"] == "man":
-        path = plots.plot_man_attention(attention, args.out, title=title, centre=centre)
+        path = draw_man_attention(attention, args.out, title=title, centre=centre)
     else:
-        path = plots.plot_ban_maps(attention, args.out, title=title)
+        path = draw_ban_maps(attention, args.out, title=title)
     print(f"wrote {Path(path)}")
     return 0

@@ -215,7 +215,7 @@ def plot_vqa_checkpoint_attention(
     split: str = "test",
     images: str | Path | None = None,
 ) -> list[Path]:
-    """PNG figures of BAN's attention (:func:`polyfuse.engine.vqa_report.plot_vqa_attention`)
+    """PNG figures of BAN's attention (:func:`polyfuse.figures.vqa.draw_vqa_attention`)
     for questions of ``split``: those of ``question_ids``, or the ``sample``-th. One
     question is written to ``out``; several to ``<out stem>_<question id>.png``. The
     image under the maps comes from ``images`` (a folder of ``<image id>.png|jpg``),
@@ -225,7 +225,7 @@ def plot_vqa_checkpoint_attention(
     import numpy as np
 
     from polyfuse.data.formats.vqa import tokenize
-    from polyfuse.engine.vqa_report import plot_vqa_attention
+    from polyfuse.figures.vqa import draw_vqa_attention
 
     config = extras["config"]
     if config["model"]["fusion"] != "ban":
@@ -272,5 +272,5 @@ def plot_vqa_checkpoint_attention(
         answer = extras["label_info"]["answers"][int(logits.argmax())]
         title = f"{question.question}  predicted: {answer}  (answers: {', '.join(dict.fromkeys(question.answers))})"
         path = out if len(rows) == 1 else out.with_name(f"{out.stem}_{question.question_id}{out.suffix or '.png'}")
-        written.append(plot_vqa_attention(attention[0], words, grid, picture, path, title=title))
+        written.append(draw_vqa_attention(attention[0], words, grid, picture, path, title=title))
     return written
