@@ -349,33 +349,54 @@ def _registered_task_names() -> set[str]:
     return names
 
 
-def _task_constants(node: ast.AST, names: set[str]) -> list[str]:
-    """The task names among the string constants of a compared expression (a constant or
-    a literal tuple, list or set of constants)."""
+def _task_constants(node: ast.AST, names: set[str], aliases: dict[str, str]) -> list[str]:
+    """The task names among the string constants of a compared expression: a constant,
+    a module-level name bound to one (``VQA = "vqa"``, in ``aliases``), or a literal
+    tuple, list or set of those."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value] if node.value in names else []
+    if isinstance(node, ast.Name) and node.id in aliases:
+        return [aliases[node.id]]
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [n for element in node.elts for n in _task_constants(element, names)]
+        return [n for element in node.elts for n in _task_constants(element, names, aliases)]
     return []
 
 
+def _task_name_aliases(module: str, names: set[str]) -> dict[str, str]:
+    """Module-level names bound to a task name (``VQA = "vqa"``)."""
+    aliases = {}
+    for stmt in MODULES[module][1].body:
+        if (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+                and stmt.value.value in names):
+            aliases |= {t.id: stmt.value.value for t in stmt.targets if isinstance(t, ast.Name)}
+    return aliases
+
+
 def _task_branches() -> Iterator[Violation]:
-    """Rule f: ``x == "vqa"``, ``x in ("vqa", ...)``, ``match x: case "vqa"`` outside tasks/."""
+    """Rule f outside tasks/: ``x == "vqa"``, ``x in ("vqa", ...)``, ``case "vqa":``, the
+    same with a module constant ``VQA = "vqa"``, and a dispatch table indexed in place
+    (``{"vqa": ..., ...}[x]``, ``{"vqa": ...}.get(x)``)."""
     names = _registered_task_names()
     comparisons = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
     for module in MODULES:
         if module == "polyfuse.tasks" or module.startswith("polyfuse.tasks."):
             continue
-        for node in _nodes(module, ast.Compare, ast.MatchValue):
+        aliases = _task_name_aliases(module, names)
+        for node in _nodes(module, ast.Compare, ast.MatchValue, ast.Subscript, ast.Call):
             found: list[str] = []
             if isinstance(node, ast.Compare) and any(isinstance(op, comparisons) for op in node.ops):
                 for operand in [node.left, *node.comparators]:
-                    found += _task_constants(operand, names)
+                    found += _task_constants(operand, names, aliases)
             elif isinstance(node, ast.MatchValue):
-                found = _task_constants(node.value, names)
+                found = _task_constants(node.value, names, aliases)
+            elif isinstance(node, (ast.Subscript, ast.Call)):
+                table = node.value if isinstance(node, ast.Subscript) else (
+                    node.func.value if isinstance(node.func, ast.Attribute) and node.func.attr == "get" else None)
+                if isinstance(table, ast.Dict):
+                    found = [n for key in table.keys if key is not None for n in _task_constants(key, names, aliases)]
             if found:
                 yield Violation(_relpath(module), node.lineno, "f",
-                                f"compares with task name(s) {sorted(set(found))}: {ast.unparse(node)[:80]}")
+                                f"branches on task name(s) {sorted(set(found))}: {ast.unparse(node)[:80]}")
 
 
 def _engine_exports() -> set[str]:
@@ -459,6 +480,8 @@ def test_checker_sees_function_local_and_relative_imports():
 def test_checker_sees_task_branches():
     names = {"vqa", "captioning"}
     compare = ast.parse('task.type in ("vqa", "other")').body[0].value
-    assert _task_constants(compare.comparators[0], names) == ["vqa"]
-    assert _task_constants(ast.parse('"tabular"').body[0].value, names) == []
+    assert _task_constants(compare.comparators[0], names, {}) == ["vqa"]
+    assert _task_constants(ast.parse("kind == CAPTIONS").body[0].value.comparators[0], names,
+                           {"CAPTIONS": "captioning"}) == ["captioning"]
+    assert _task_constants(ast.parse('"tabular"').body[0].value, names, {}) == []
     assert re.search("rule f", str(Violation("engine/run.py", 3, "f", "x"))) is not None
