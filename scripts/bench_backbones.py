@@ -23,8 +23,13 @@ from pathlib import Path
 import torch
 
 from polyfuse.bench.measure import machine_info, time_interleaved
-from polyfuse.engine.build import build_task
 from polyfuse.engine.config import deep_merge, load_config, resolve_config
+from polyfuse.tasks.registry import task_spec
+
+
+def build_task(config, input_dims, names, label_info):
+    """The task module of config's task type around a new backbone."""
+    return task_spec(config["task"]["type"]).module_for(config, input_dims, names, label_info)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "mosi" / "backbones"

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from polyfuse.data.formats.captioning import UNKNOWN
-from polyfuse.engine import captioning_runs as cr
+from polyfuse.engine.run import load_model, prefixed_metrics, quiet_trainer
+from polyfuse.tasks.registry import task_spec
 
 
 def main() -> None:
@@ -30,16 +31,15 @@ def main() -> None:
     args = parser.parse_args()
     for folder in args.runs:
         checkpoint = folder / "checkpoints/best.safetensors"
-        task, extras = cr.load_captioning_model(checkpoint)
+        task, extras = load_model(checkpoint)
         task.allow_unknown = True
-        data = cr._data_for(extras)
-        task.references = data.captions
-        module = cr.CaptioningDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
-        videos = cr._videos(data, "test")
-        trainer = cr._quiet_trainer(extras["config"])
-        metrics = cr._metrics(trainer.test(task, dataloaders=module.video_loader(videos), verbose=False), "test")
+        spec = task_spec("captioning")
+        data = spec.checkpoint_data(extras, split="test")
+        spec.bind(task, data)
+        (loader,) = spec.loaders(data, "test").values()
+        metrics = prefixed_metrics(quiet_trainer(extras["config"]).test(task, dataloaders=loader, verbose=False), "test")
         with torch.no_grad():
-            outputs = cr._quiet_trainer(extras["config"]).predict(task, dataloaders=module.video_loader(videos))
+            outputs = quiet_trainer(extras["config"]).predict(task, dataloaders=loader)
         captions = {video: caption for batch in outputs for video, caption in batch.items()}
         original = json.loads((folder / "results.json").read_text())
         rows = [r for r in csv.DictReader((folder / "csv/version_0/metrics.csv").open()) if r.get("val/loss")]

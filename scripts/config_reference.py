@@ -109,7 +109,7 @@ def render() -> str:
         "The keyword arguments of each fusion module's constructor, read from its",
         "signature; the module itself checks their ranges when it is built. Before that, every",
         "integer option (and every integer of a list option) is at most 65536",
-        "(`polyfuse.engine.sizes.MAX_SIZE`), so an enormous size is refused naming its key before",
+        "(`polyfuse.sizes.MAX_SIZE`), so an enormous size is refused naming its key before",
         "anything is allocated; `max_elements` and `max_fused_size` (limits themselves) are at",
         "most 2**40, `seed` at most 2**32 - 1.",
         "",

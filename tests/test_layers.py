@@ -64,6 +64,10 @@ TOP_LEVEL: dict[str, str] = {
     "_checks": "ground",
     "_precision": "ground",
     "text": "ground",
+    # atomic file writes and the size bounds of a configuration: the standard library
+    # (and pydantic's Field), used by data/, tasks/ and engine/ alike.
+    "atomic": "ground",
+    "sizes": "ground",
     # converts other libraries' BAN checkpoints into nn modules: a user of nn/, as a
     # task is, and nothing below imports it.
     "interop": "tasks",
@@ -93,25 +97,19 @@ TASK_NAMES = {"sentiment", "traits", "classification", "vqa", "captioning", "ret
 # (file relative to src/polyfuse, rule): violations that exist today and are being
 # removed on other branches of issue 25. Remove an entry when its violation is gone.
 KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    ("cli/plot.py", "f"),
+    ("bench/approximation.py", "g"),  # engine.run's apply_checkpoint, quiet_trainer, prefixed_metrics
+    ("bench/retrieval.py", "g"),  # engine.retrieval.evaluate_retrieval
     ("cli/retrieval.py", "f"),  # becomes a thin alias of polyfuse train / compare
-    ("data/formats/vqa.py", "c"),  # answer normalisation moves to the ground floor (text.py)
-    ("data/formats/word_vectors.py", "b"),  # imports engine.captioning_schema, nn.sentence_encoder
-    ("data/prepare.py", "f"),
-    ("data/vqa_data.py", "c"),
-    ("engine/build.py", "f"),
-    ("engine/captioning_runs.py", "a"),  # engine.run <-> engine.captioning_runs
-    ("engine/captioning_runs.py", "f"),
-    ("engine/compare.py", "f"),
+    ("data/formats/word_vectors.py", "b"),  # imports nn.sentence_encoder
     ("engine/compat.py", "f"),
     ("engine/retrieval_runs.py", "f"),
-    ("engine/run.py", "a"),
-    ("engine/run.py", "f"),
-    ("engine/schema.py", "f"),
-    ("engine/vqa_schema.py", "f"),
-    ("metrics/captioning.py", "c"),  # imports data.formats.captioning
-    ("bench/approximation.py", "g"),  # engine.run's data_for, partition_key, quiet_trainer, prefixed_metrics
-    ("bench/retrieval.py", "g"),  # engine.retrieval.evaluate_retrieval
+    ("engine/vqa_run.py", "a"),  # engine.vqa_run <-> tasks.vqa
+    ("tasks/__init__.py", "a"),  # tasks.registry's _load_builtin imports polyfuse.tasks
+    ("tasks/captioning.py", "a"),
+    ("tasks/registry.py", "a"),
+    ("tasks/tabular.py", "a"),
+    ("tasks/vqa.py", "a"),
+    ("tasks/vqa.py", "b"),  # imports engine.vqa_run, engine.vqa_report
 }
 
 

@@ -78,12 +78,12 @@ def test_output_path_that_is_a_directory_and_permission_errors(trained, tmp_path
     folder.mkdir()
     assert main(["predict", "--checkpoint", checkpoint, "--out", str(folder)]) == EXIT_SYSTEM
     assert f"{folder}: it is a directory; give a file path" in error_line(capsys)
-    import polyfuse.engine.rundir as rundir
+    import polyfuse.atomic as atomic
 
     def denied(*args, dir=None, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(dir))
 
-    monkeypatch.setattr(rundir.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", denied)
     assert main(["predict", "--checkpoint", checkpoint, "--out", str(tmp_path / "p.csv")]) == EXIT_SYSTEM
     assert f"cannot write or read {tmp_path}: permission denied" in error_line(capsys)
     assert not (tmp_path / "p.csv").exists()

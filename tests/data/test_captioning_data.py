@@ -14,9 +14,9 @@ from polyfuse.data.formats.captioning import (
     load_captions,
     load_splits,
     load_video_features,
-    ptb_tokenize,
 )
 from polyfuse.metrics.captioning import java_available
+from polyfuse.text import ptb_tokenize
 
 MSVD = Path(__file__).resolve().parents[3] / "shared" / "data" / "msvd"
 

@@ -42,7 +42,7 @@ def npz_file(tmp_path):
 
 
 def test_npz_shapes_lengths_and_padding(npz_file):
-    data = prepare_data(load_arrays(npz_file), data_config(), TASK)
+    data = prepare_data(load_arrays(npz_file), data_config(), TASK, label_kind="score")
     assert data.modalities == ["seq", "vec"]
     assert data.input_dims == [4, 3]
     assert data.features[0].shape == (40, 5, 4) and data.features[1].shape == (40, 1, 3)
@@ -59,8 +59,8 @@ def test_h5_reads_like_npz(tmp_path, npz_file):
     with h5py.File(path, "w") as handle:
         for key, value in arrays().items():
             handle[key] = value.astype("S") if value.dtype.kind == "U" else value
-    from_h5 = prepare_data(load_arrays(path), data_config(), TASK)
-    from_npz = prepare_data(load_arrays(npz_file), data_config(), TASK)
+    from_h5 = prepare_data(load_arrays(path), data_config(), TASK, label_kind="score")
+    from_npz = prepare_data(load_arrays(npz_file), data_config(), TASK, label_kind="score")
     for a, b in zip(from_h5.features, from_npz.features, strict=True):
         np.testing.assert_array_equal(a, b)
     for key in ("train", "valid", "test"):
@@ -69,7 +69,7 @@ def test_h5_reads_like_npz(tmp_path, npz_file):
 
 def test_standardised_on_training_rows_only(tmp_path):
     raw = arrays()
-    data = prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK)
+    data = prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK, label_kind="score")
     train = data.partitions["train"].rows
     real = np.arange(5)[None, :] < raw["seq_lengths"][train][:, None]
     steps = data.features[0][train][real]
@@ -80,7 +80,7 @@ def test_standardised_on_training_rows_only(tmp_path):
     changed["vec"] = raw["vec"].copy()
     held_out = np.setdiff1d(np.arange(40), train)
     changed["vec"][held_out] += 1000.0
-    again = prepare_data(load_source(_save(tmp_path, changed, "changed.npz")), data_config(), TASK)
+    again = prepare_data(load_source(_save(tmp_path, changed, "changed.npz")), data_config(), TASK, label_kind="score")
     np.testing.assert_array_equal(again.stats["vec"].mean, data.stats["vec"].mean)
     np.testing.assert_allclose(again.features[1][train], data.features[1][train])
 
@@ -88,7 +88,7 @@ def test_standardised_on_training_rows_only(tmp_path):
 def test_constant_feature_becomes_zero_not_nan(tmp_path):
     raw = arrays()
     raw["vec"][:, 1] = 7.0
-    data = prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK)
+    data = prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK, label_kind="score")
     assert np.all(data.features[1][:, 0, 1] == 0.0)
 
 
@@ -103,17 +103,17 @@ def test_nonfinite_error_names_file_modality_and_row(tmp_path):
     raw["vec"][17, 2] = np.nan
     path = _save(tmp_path, raw)
     with pytest.raises(ValueError, match=r"f\.npz: modality 'vec' has NaN at row 17 \(step 0, feature 2\)"):
-        prepare_data(load_source(path), data_config(), TASK)
+        prepare_data(load_source(path), data_config(), TASK, label_kind="score")
     raw["vec"][17, 2] = np.inf
     with pytest.raises(ValueError, match=r"modality 'vec' has Inf at row 17"):
-        prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK)
+        prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK, label_kind="score")
 
 
 def test_nonfinite_in_padding_is_ignored(tmp_path):
     raw = arrays()
     row = int(np.flatnonzero(raw["seq_lengths"] < 5)[0])
     raw["seq"][row, 4] = np.nan
-    data = prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK)
+    data = prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK, label_kind="score")
     assert np.isfinite(data.features[0]).all()
 
 
@@ -122,7 +122,7 @@ def test_nonfinite_imputation_is_logged(tmp_path, caplog, policy):
     raw = arrays()
     raw["vec"][3, 0] = np.nan
     with caplog.at_level(logging.WARNING):
-        data = prepare_data(load_source(_save(tmp_path, raw)), data_config(nonfinite=policy), TASK)
+        data = prepare_data(load_source(_save(tmp_path, raw)), data_config(nonfinite=policy), TASK, label_kind="score")
     assert "imputing 1 non-finite value(s) of modality 'vec'" in caplog.text
     stats = data.stats["vec"]
     value = data.features[1][3, 0, 0]
@@ -153,23 +153,23 @@ def test_broken_files_give_clear_errors(tmp_path):
 def test_mismatched_arrays_give_clear_errors(tmp_path):
     raw = arrays()
     with pytest.raises(ValueError, match=r"no array 'text' \(wanted as a modality\); arrays in the file: label, seq"):
-        prepare_data(load_source(_save(tmp_path, raw)), data_config(modalities=["text"]), TASK)
+        prepare_data(load_source(_save(tmp_path, raw)), data_config(modalities=["text"]), TASK, label_kind="score")
     short = dict(raw, vec=raw["vec"][:39])
     with pytest.raises(ValueError, match="modality 'vec' has 39 rows, 'seq' has 40"):
-        prepare_data(load_source(_save(tmp_path, short)), data_config(), TASK)
+        prepare_data(load_source(_save(tmp_path, short)), data_config(), TASK, label_kind="score")
     bad_lengths = dict(raw, seq_lengths=np.where(np.arange(40) == 5, 9, raw["seq_lengths"]))
     with pytest.raises(ValueError, match=r"'seq_lengths' is 9 at row 5; every length must lie in \[0, 5\]"):
-        prepare_data(load_source(_save(tmp_path, bad_lengths)), data_config(), TASK)
+        prepare_data(load_source(_save(tmp_path, bad_lengths)), data_config(), TASK, label_kind="score")
     bad_split = dict(raw, split=np.array(["train"] * 39 + ["holdout"]))
     with pytest.raises(ValueError, match=r"unknown split value\(s\) \['holdout'\]"):
-        prepare_data(load_source(_save(tmp_path, bad_split)), data_config(), TASK)
+        prepare_data(load_source(_save(tmp_path, bad_split)), data_config(), TASK, label_kind="score")
     bad_label = dict(raw, label=np.where(np.arange(40) == 8, np.nan, raw["label"]).astype(np.float32))
     with pytest.raises(ValueError, match="the label of row 8 is not finite"):
-        prepare_data(load_source(_save(tmp_path, bad_label)), data_config(), TASK)
+        prepare_data(load_source(_save(tmp_path, bad_label)), data_config(), TASK, label_kind="score")
     with pytest.raises(ValueError, match="name the modalities"):
-        prepare_data(load_source(_save(tmp_path, raw)), data_config(modalities=None), TASK)
+        prepare_data(load_source(_save(tmp_path, raw)), data_config(modalities=None), TASK, label_kind="score")
     with pytest.raises(ValueError, match=r"no array 'nope' \(wanted as group\)"):
-        prepare_data(load_source(_save(tmp_path, raw)), data_config(group="nope"), TASK)
+        prepare_data(load_source(_save(tmp_path, raw)), data_config(group="nope"), TASK, label_kind="score")
 
 
 def test_labels_per_task(tmp_path):
@@ -177,16 +177,16 @@ def test_labels_per_task(tmp_path):
     raw["traits"] = np.stack([np.arange(40) % 7 + 1, np.arange(40) % 5 + 1], axis=1).astype(np.float32)
     raw["kind"] = np.array(["cat", "dog", "eel", "dog"] * 10)
     path = _save(tmp_path, raw)
-    traits = prepare_data(load_source(path), data_config(label="traits"), {"type": "traits"})
+    traits = prepare_data(load_source(path), data_config(label="traits"), {"type": "traits"}, label_kind="scores")
     assert traits.targets.shape == (40, 2)
     assert traits.label_info == {
         "names": ["t0", "t1"], "ranges": [[1.0, 7.0], [1.0, 5.0]], "columns": [0, 1], "checked": [False, False]
     }
-    classes = prepare_data(load_source(path), data_config(label="kind"), {"type": "classification"})
+    classes = prepare_data(load_source(path), data_config(label="kind"), {"type": "classification"}, label_kind="class")
     assert classes.label_info == {"classes": ["cat", "dog", "eel"]}
     assert classes.targets[:4].tolist() == [0, 1, 2, 1]
     with pytest.raises(ValueError, match="sentiment labels must have shape"):
-        prepare_data(load_source(path), data_config(label="traits"), TASK)
+        prepare_data(load_source(path), data_config(label="traits"), TASK, label_kind="score")
 
 
 def test_synthetic_source():

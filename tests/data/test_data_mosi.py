@@ -25,7 +25,7 @@ CONFIG = {
 @pytest.fixture(scope="module")
 def mosi():
     table = load_arrays(MOSI)
-    return table, prepare_data(table, CONFIG, {"type": "sentiment"})
+    return table, prepare_data(table, CONFIG, {"type": "sentiment"}, label_kind="score")
 
 
 def test_split_bclstm_partitions(mosi):

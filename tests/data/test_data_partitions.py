@@ -89,7 +89,7 @@ def test_windows_stay_inside_their_partition(tmp_path):
         "modalities": ["a", "b"], "split": "split", "validation_fraction": 0.25,
         "context": {"group_by": "video", "order_by": "start", "window": 4},
     }
-    data = prepare_data(load_source(str(tmp_path / "ctx.npz")), config, {"type": "sentiment"})
+    data = prepare_data(load_source(str(tmp_path / "ctx.npz")), config, {"type": "sentiment"}, label_kind="score")
     for key, part in data.partitions.items():
         real = part.windows[part.windows >= 0]
         assert np.isin(real, part.rows).all(), key
@@ -108,14 +108,13 @@ def test_windows_stay_inside_their_partition(tmp_path):
     with pytest.raises(ValueError, match="contextual mode needs one vector per row"):
         raw["a"] = raw["a"][:, None, :].repeat(2, axis=1)
         np.savez(tmp_path / "seq.npz", **raw)
-        prepare_data(load_source(str(tmp_path / "seq.npz")), config, {"type": "sentiment"})
+        prepare_data(load_source(str(tmp_path / "seq.npz")), config, {"type": "sentiment"}, label_kind="score")
 
 
 def test_batches_are_cut_to_the_longest_real_sequence():
     data = prepare_data(
         load_source("synthetic:samples=40,lengths=12/12/12,min_length_fraction=0.5"),
-        {"modalities": ["m0", "m1", "m2"], "split": "split"}, {"type": "classification"},
-    )
+        {"modalities": ["m0", "m1", "m2"], "split": "split"}, {"type": "classification"}, label_kind="class")
     batch = next(iter(FusionDataModule(data, batch_size=4).loader("train")))
     for x, mask in zip(batch["inputs"], batch["masks"], strict=True):
         assert x.shape[1] == int(mask.sum(dim=1).max())

@@ -96,7 +96,8 @@ def load_and_prepare(path: Path, config: dict, *, modalities=("a", "b")):
         table = load_source(str(path))
         data = {"modalities": list(modalities) if modalities else list(table.modalities),
                 "split": "split", "padding": config["padding"], "nonfinite": config["nonfinite"]}
-        return prepare_data(table, data, config["task"])
+        kind = {"sentiment": "score", "traits": "scores", "classification": "class"}[config["task"]["type"]]
+        return prepare_data(table, data, config["task"], label_kind=kind)
     finally:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()

@@ -29,8 +29,8 @@ def test_npz_trait_labels_outside_their_range_are_refused_with_their_row(tmp_pat
     task = {"type": "traits", "target_names": ["x", "y"], "target_ranges": {"y": [1, 5]}}
     with pytest.raises(ValueError, match=rf"^{path} row 17: label y = 5\.5 lies outside its range \[1, 5\] "
                                          r"\(task.target_ranges\)"):
-        prepare_data(table, DATA, task)
-    prepared = prepare_data(table, DATA, {**task, "out_of_range": "clip"})
+        prepare_data(table, DATA, task, label_kind="scores")
+    prepared = prepare_data(table, DATA, {**task, "out_of_range": "clip"}, label_kind="scores")
     assert prepared.targets[17, 1] == 5.0 and prepared.label_info["ranges"][1] == [1.0, 5.0]
     assert prepared.label_info["checked"] == [False, True]  # x: from the training labels, not checked
 
@@ -40,12 +40,12 @@ def test_npz_sentiment_range_is_checked_and_recorded(tmp_path):
     labels[26] = -3.25
     path = write_npz(tmp_path / "s.npz", labels)
     table = load_source(str(path))
-    prepared = prepare_data(table, DATA, {"type": "sentiment"})  # no range: nothing to check
+    prepared = prepare_data(table, DATA, {"type": "sentiment"}, label_kind="score")  # no range: nothing to check
     assert prepared.label_info == {}
     with pytest.raises(ValueError, match=rf"^{path} row 26: label label = -3\.25 lies outside its range \[-3, 3\]"):
-        prepare_data(table, DATA, {"type": "sentiment", "target_ranges": [[-3, 3]]})
+        prepare_data(table, DATA, {"type": "sentiment", "target_ranges": [[-3, 3]]}, label_kind="score")
     with pytest.raises(ValueError, match="a sentiment task takes one"):
-        prepare_data(table, DATA, {"type": "sentiment", "target_ranges": [[-3, 3], [0, 1]]})
+        prepare_data(table, DATA, {"type": "sentiment", "target_ranges": [[-3, 3], [0, 1]]}, label_kind="score")
 
 
 def test_cli_refuses_an_out_of_range_label_in_one_line(tmp_path, capsys):

@@ -27,13 +27,13 @@ DATA = {"modalities": ["x", "y"], "split": "split", "standardize": False}
 def test_left_padding_is_applied_to_an_npz(tmp_path):
     x, lengths = left_padded(tmp_path / "f.npz")
     table = load_source(str(tmp_path / "f.npz"))
-    prepared = prepare_data(table, {**DATA, "padding": "left"}, {"type": "sentiment"})
+    prepared = prepare_data(table, {**DATA, "padding": "left"}, {"type": "sentiment"}, label_kind="score")
     np.testing.assert_array_equal(prepared.lengths[0], lengths)
     for row, length in enumerate(lengths):  # by hand: the last `length` steps, now first, then zeros
         np.testing.assert_array_equal(prepared.features[0][row, :length], x[row, 4 - length:])
         assert not prepared.features[0][row, length:].any()
     # auto (the default) reads the generic layout: every step real, nothing moved
-    prepared = prepare_data(table, DATA, {"type": "sentiment"})
+    prepared = prepare_data(table, DATA, {"type": "sentiment"}, label_kind="score")
     np.testing.assert_array_equal(prepared.lengths[0], [4] * 6)
     np.testing.assert_array_equal(prepared.features[0], x)
 
@@ -42,4 +42,4 @@ def test_padding_and_a_lengths_array_are_refused_together(tmp_path):
     left_padded(tmp_path / "g.npz", with_lengths=True)
     table = load_source(str(tmp_path / "g.npz"))
     with pytest.raises(ValueError, match=r"g\.npz: data\.padding: right and the array 'x_lengths' both say"):
-        prepare_data(table, {**DATA, "padding": "right"}, {"type": "sentiment"})
+        prepare_data(table, {**DATA, "padding": "right"}, {"type": "sentiment"}, label_kind="score")

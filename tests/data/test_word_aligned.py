@@ -75,7 +75,7 @@ def test_errors_name_the_file_and_array(tmp_path):
     table = load_word_aligned(folder)  # ranges are checked where the task names them
     with pytest.raises(ValueError, match=r"y_train\.h5 row \d+: label t\d = 7\.\d+ lies outside its range \[1, 7\] "
                                          r"\(task.target_ranges\)"):
-        prepare_data(table, POM_DATA, {"type": "traits", "target_ranges": [[1, 7]] * 3})
+        prepare_data(table, POM_DATA, {"type": "traits", "target_ranges": [[1, 7]] * 3}, label_kind="scores")
     folder = make_dir(tmp_path / "c")
     (folder / "video_valid.h5").unlink()
     with pytest.raises(ValueError, match=r"modality 'video' is present in split\(s\) \['train', 'test'\] but missing in \['valid'\]"):
@@ -93,7 +93,7 @@ def test_mmmo_scale_is_checked_by_name(tmp_path):
     folder = make_dir(tmp_path, targets=1, low=0.0, high=0.5, name="mmmo")
     with pytest.raises(ValueError, match=r"y_train\.h5 row 0: label label = 0\.\d+ lies outside its range \[1, 5\] "
                                          r"\(the documented scale of mmmo\)"):
-        prepare_data(load_source(str(folder)), POM_DATA, {"type": "sentiment"})
+        prepare_data(load_source(str(folder)), POM_DATA, {"type": "sentiment"}, label_kind="score")
 
 
 def test_traits_with_a_missing_modality_train_end_to_end_on_mult(tmp_path):
@@ -123,20 +123,20 @@ def test_trait_ranges_come_from_the_documented_scale_not_the_training_maximum(tm
     table = load_word_aligned(make_dir(tmp_path, low=1.0, high=4.5))
     assert table.arrays["label"].max() < 4.5
     task = {"type": "traits", "target_names": ["confident", "Reserved", "hum"]}
-    prepared = prepare_data(table, POM_DATA, task)
+    prepared = prepare_data(table, POM_DATA, task, label_kind="scores")
     assert prepared.label_info["ranges"] == [[1.0, 7.0], [1.0, 5.0], [1.0, 5.0]]
     assert prepared.label_info["checked"] == [True] * 3
     # the config still wins over the documented scale, per column or per name
-    prepared = prepare_data(table, POM_DATA, {**task, "target_ranges": [[0, 9]] * 3})
+    prepared = prepare_data(table, POM_DATA, {**task, "target_ranges": [[0, 9]] * 3}, label_kind="scores")
     assert prepared.label_info["ranges"] == [[0.0, 9.0]] * 3
-    prepared = prepare_data(table, POM_DATA, {**task, "target_ranges": {"hum": [0, 6]}})
+    prepared = prepare_data(table, POM_DATA, {**task, "target_ranges": {"hum": [0, 6]}}, label_kind="scores")
     assert prepared.label_info["ranges"] == [[1.0, 7.0], [1.0, 5.0], [0.0, 6.0]]
 
 
 def test_ranges_from_training_labels_are_announced(caplog):
     raw = np.array([[1.2], [5.6], [3.0]], dtype=np.float32)
     with caplog.at_level("WARNING"):
-        _, info = encode_labels(raw, "traits", np.arange(3), {"type": "traits"}, origin="f.npz")
+        _, info = encode_labels(raw, "scores", np.arange(3), {"type": "traits"}, origin="f.npz")
     assert info["ranges"] == [[1.0, 6.0]]
     assert "f.npz: trait ranges taken from the training labels (t0 [1.0, 6.0])" in caplog.text
 
@@ -147,16 +147,16 @@ def test_one_trait_on_request_by_name_or_column(tmp_path):
     names = ["confident", "passionate", "voice"]
     for wanted, column in ((["passionate"], 1), ([2], 2)):
         task = {"type": "traits", "target_names": names, "targets": wanted}
-        prepared = prepare_data(table, POM_DATA, task)
+        prepared = prepare_data(table, POM_DATA, task, label_kind="scores")
         np.testing.assert_array_equal(prepared.targets, labels[:, [column]])
         assert prepared.label_info == {
             "names": [names[column]], "ranges": [[1.0, 7.0]], "columns": [column], "checked": [True]
         }
     # two traits, in the order asked for
-    prepared = prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": ["voice", 0]})
+    prepared = prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": ["voice", 0]}, label_kind="scores")
     np.testing.assert_array_equal(prepared.targets, labels[:, [2, 0]])
     # a checkpoint's label_info reads the same columns back
-    again, info = encode_labels(labels, "traits", np.arange(len(labels)), {"type": "traits"}, origin="x",
+    again, info = encode_labels(labels, "scores", np.arange(len(labels)), {"type": "traits"}, origin="x",
                                 label_info=prepared.label_info)
     np.testing.assert_array_equal(again, labels[:, [2, 0]])
     assert info["names"] == ["voice", "confident"]
@@ -164,7 +164,7 @@ def test_one_trait_on_request_by_name_or_column(tmp_path):
                             ([3], r"names column 3; the labels have 3 \(0 to 2\)"),
                             ([1, "passionate"], r"names a target twice")):
         with pytest.raises(ValueError, match=message):
-            prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": wanted})
+            prepare_data(table, POM_DATA, {"type": "traits", "target_names": names, "targets": wanted}, label_kind="scores")
 
 
 def _cli_config(tmp_path, folder, **data):
@@ -225,18 +225,18 @@ def test_a_real_pom_release_is_read_unnamed_and_its_one_to_five_traits_score_ma5
         handle["d1"][2, 1] = 0.667
     table = load_word_aligned(folder)
     with caplog.at_level("WARNING"):
-        prepared = prepare_data(table, POM_DATA, {"type": "traits"})
+        prepared = prepare_data(table, POM_DATA, {"type": "traits"}, label_kind="scores")
     assert prepared.label_info["checked"] == [False, False]
     assert "trait ranges taken from the training labels" in caplog.text and "documents scales" in caplog.text
     # named, humorous is 1-5: the label is refused naming the file and the row within it
     task = {"type": "traits", "target_names": ["confident", "humorous"]}
     with pytest.raises(ValueError, match=rf"^{folder / 'y_test.h5'} row 2: label humorous = 0\.667 lies outside its "
                                          r"range \[1, 5\] \(the documented scale of pom\); fix the file"):
-        prepare_data(table, POM_DATA, task)
+        prepare_data(table, POM_DATA, task, label_kind="scores")
     # clipped on request, said in the log; MA5 for humorous, MA7 for confident
     caplog.clear()
     with caplog.at_level("WARNING"):
-        prepared = prepare_data(table, POM_DATA, {**task, "out_of_range": "clip"})
+        prepared = prepare_data(table, POM_DATA, {**task, "out_of_range": "clip"}, label_kind="scores")
     row = np.flatnonzero((table.arrays["split"] == "test") & (table.arrays["sample_index"] == 2))[0]
     assert prepared.targets[row, 1] == 1.0 and prepared.targets[row, 0] == table.arrays["label"][row, 0]
     assert f"{folder / 'y_test.h5'}: clipped 1 label(s) of humorous into its range [1, 5]" in caplog.text
@@ -254,7 +254,7 @@ def test_a_checkpoint_keeps_checking_its_ranges(tmp_path):
     info = {"names": ["reserved"], "ranges": [[1.0, 5.0]], "columns": [0], "checked": [True]}
     with pytest.raises(ValueError, match=r"^f\.npz row 1: label reserved = 6 lies outside its range \[1, 5\] "
                                          r"\(the checkpoint's range\)"):
-        encode_labels(raw, "traits", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=info)
+        encode_labels(raw, "scores", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=info)
     old = {key: value for key, value in info.items() if key != "checked"}  # written before ranges were checked
-    labels, _ = encode_labels(raw, "traits", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=old)
+    labels, _ = encode_labels(raw, "scores", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=old)
     np.testing.assert_array_equal(labels, raw)

@@ -141,8 +141,8 @@ def test_a_checkpoint_from_before_the_bilstm_encoder_still_loads(tmp_path: Path,
     linear encoder it was trained with, and the changed defaults are named in warnings."""
     import logging
 
-    from polyfuse.engine.captioning_runs import evaluate_captioning
     from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
+    from polyfuse.engine.run import evaluate as evaluate_captioning
 
     _write_data(tmp_path)
     run = tmp_path / "run"
@@ -165,7 +165,7 @@ def test_a_checkpoint_from_before_the_bilstm_encoder_still_loads(tmp_path: Path,
 
 def test_word_vectors_initialise_the_embedding_and_the_reference_oov_is_counted(tmp_path: Path) -> None:
     from polyfuse.engine import load_config, resolve_config
-    from polyfuse.engine.captioning_runs import (
+    from polyfuse.tasks.captioning import (
         build_captioning_data,
         build_captioning_task,
         initialise_word_embeddings,

@@ -4,9 +4,14 @@ module, and wrong settings are refused with messages that say what to write."""
 import pytest
 import torch
 
-from polyfuse.engine.build import build_task
 from polyfuse.engine.config import load_config, resolve_config
 from polyfuse.nn.backbones import LSTMLMF, MulT
+from polyfuse.tasks.registry import task_spec
+
+
+def build_task(config, input_dims, names, label_info):
+    """The task module of config's task type around a new backbone."""
+    return task_spec(config["task"]["type"]).module_for(config, input_dims, names, label_info)
 
 CONFIGS = "configs/mosi/backbones"
 

@@ -7,7 +7,12 @@ import torch
 
 from polyfuse.data.datamodule import FusionDataModule
 from polyfuse.engine import resolve_config, seed_everything
-from polyfuse.engine.build import build_data, build_task
+from polyfuse.tasks.registry import task_spec
+
+
+def build_task(config, input_dims, names, label_info):
+    """The task module of config's task type around a new backbone."""
+    return task_spec(config["task"]["type"]).module_for(config, input_dims, names, label_info)
 
 
 @pytest.mark.parametrize(
@@ -24,7 +29,7 @@ def test_predictions_do_not_depend_on_the_batch_size(tiny_config, fusion, option
         model={"fusion": fusion, "options": {fusion: options}},
     ))
     seed_everything(0)
-    data = build_data(config)
+    data = task_spec(config["task"]["type"]).build_data(config).prepared
     task = build_task(config, data.input_dims, data.modalities, data.label_info).eval()
     outputs = {}
     for batch_size in (400, 7):

@@ -134,7 +134,7 @@ def test_the_configuration_reference_is_up_to_date():
 def test_man_exact_limit_counts_tuples_not_sizes():
     """MAN's exact_limit is a number of tuples (default 2^16): it takes values beyond the
     bound on layer sizes, up to the element bound."""
-    from polyfuse.engine.sizes import MAX_ELEMENTS_OPTION, MAX_SIZE
+    from polyfuse.sizes import MAX_ELEMENTS_OPTION, MAX_SIZE
 
     accepted = resolve_config({"model": {"fusion": "man", "options": {"man": {"exact_limit": 1 << 20}}}})
     assert accepted["model"]["options"]["man"]["exact_limit"] == 1 << 20 > MAX_SIZE

@@ -12,7 +12,12 @@ import torch
 import yaml
 
 from polyfuse.engine import read_checkpoint, resolve_config, seed_everything, train
-from polyfuse.engine.build import build_data, build_task
+from polyfuse.tasks.registry import task_spec
+
+
+def build_task(config, input_dims, names, label_info):
+    """The task module of config's task type around a new backbone."""
+    return task_spec(config["task"]["type"]).module_for(config, input_dims, names, label_info)
 
 
 def free_port():
@@ -49,7 +54,7 @@ def test_two_processes_match_one(tiny_config, tmp_path):
     # Training moved the weights well beyond the tolerance: the comparison has teeth.
     seed_everything(config.get("seed", 0))
     resolved = resolve_config(config)
-    data = build_data(resolved)
+    data = task_spec(resolved["task"]["type"]).build_data(resolved).prepared
     initial = build_task(resolved, data.input_dims, data.modalities, data.label_info).state_dict()
     moved = max((one["state_dict"][k] - initial[k]).abs().max().item() for k in initial)
     assert moved > 1e-2

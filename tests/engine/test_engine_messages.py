@@ -32,7 +32,7 @@ def test_nan_is_never_a_class(tmp_path):
 
     def prepare(labels):
         np.savez(path, x=np.ones((8, 2), np.float32), label=np.array(labels), split=split)
-        return prepare_data(load_arrays(path), {"modalities": ["x"], "split": "split"}, {"type": "classification"})
+        return prepare_data(load_arrays(path), {"modalities": ["x"], "split": "split"}, {"type": "classification"}, label_kind="class")
 
     with pytest.raises(ValueError, match=r"the label of row 1 is not finite \(NaN / Inf\); it cannot be a class"):
         prepare([0.0, np.nan, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0])

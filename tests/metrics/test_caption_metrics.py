@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from polyfuse.metrics.captioning import caption_metrics, java_available
+from polyfuse.metrics.captioning import CaptionMetrics, caption_metrics, java_available
 
 REFERENCES = {"a": ["A man is walking."], "b": ["The chef cuts green onions slowly"]}
 HYPOTHESES = {"a": "a man is running", "b": "the chef cuts green onions slowly"}
@@ -90,3 +91,53 @@ def test_a_caption_that_tokenises_to_nothing_is_scored_as_pycocoevalcap_scores_i
     # By hand: 3 + 6 + 0 of 4 + 6 + 0 generated words match; the closest reference lengths
     # are 4, 6 and 4 (the shorter of 4 and 6 from 0), so BLEU's brevity penalty is exp(1 - 14 / 10).
     assert scores["BLEU-1"] == pytest.approx(9 / 10 * math.exp(1 - 14 / 10), abs=1e-6)
+
+
+def _hand_scores() -> dict[str, float]:
+    """The values of test_scores_match_hand_computation, as a dict."""
+    p = [(3 + 6) / (4 + 6), (2 + 5) / (3 + 5), (1 + 4) / (2 + 4), (0 + 3) / (1 + 3)]
+    scores = {f"BLEU-{n}": math.prod(p[:n]) ** (1 / n) for n in range(1, 5)}
+    scores["ROUGE-L"] = (0.75 + 1.0) / 2
+    scores["CIDEr-D"] = (10 * (3 / 4 + 2 / 3 + 1 / 2 + 0) / 4 + 10) / 2
+    return scores
+
+
+def test_caption_metric_over_batches_scores_the_whole_corpus() -> None:
+    metric = CaptionMetrics(meteor=False, java=False)
+    metric.update(["a"], ["a man is sitting"], [REFERENCES["a"]])
+    metric.update(["b", "a"], [HYPOTHESES["b"], HYPOTHESES["a"]], [REFERENCES["b"], REFERENCES["a"]])
+    scores = metric.compute()  # "a" twice: its last caption counts, as in a dict
+    for key, value in _hand_scores().items():
+        assert scores[key] == pytest.approx(value, abs=1e-6), key
+    # CIDEr-D's document frequencies come from the whole corpus: one video alone scores 0
+    alone = caption_metrics({"b": REFERENCES["b"]}, {"b": HYPOTHESES["b"]}, java=False, meteor=False)
+    assert alone["CIDEr-D"] == 0.0
+    metric.reset()
+    with pytest.warns(UserWarning, match="before the ``update``"), pytest.raises(ValueError, match="no generated captions"):
+        metric.compute()
+
+
+def test_caption_metric_states_are_tensors_merged_as_processes_would_be() -> None:
+    # two processes' states concatenated as DDP's gather does; non-ASCII text survives
+    first, second = CaptionMetrics(meteor=False, java=False), CaptionMetrics(meteor=False, java=False)
+    first.update(["vidéo a"], [HYPOTHESES["a"]], [REFERENCES["a"]])
+    second.update(["b"], [HYPOTHESES["b"]], [REFERENCES["b"]])
+    assert first.records[0].dtype == torch.uint8
+    first.merge_state(second)
+    scores = first.compute()
+    for key, value in _hand_scores().items():
+        assert scores[key] == pytest.approx(value, abs=1e-6), key
+    direct = caption_metrics({"vidéo a": ["café crème"], "b": REFERENCES["b"]},
+                             {"vidéo a": "un café crème", "b": HYPOTHESES["b"]}, java=False, meteor=False)  # fmt: skip
+    metric = CaptionMetrics(meteor=False, java=False)
+    metric.update(["vidéo a", "b"], ["un café crème", HYPOTHESES["b"]], [["café crème"], REFERENCES["b"]])
+    assert metric.compute() == direct
+
+
+def test_caption_metric_refuses_bad_input() -> None:
+    metric = CaptionMetrics(meteor=False, java=False)
+    with pytest.raises(ValueError, match="2 videos, 1 generated captions and 2 reference lists"):
+        metric.update(["a", "b"], ["x"], [["x"], ["y"]])
+    metric.update(["a", "c"], ["a man", "a cat"], [REFERENCES["a"], None])
+    with pytest.raises(ValueError, match="no reference captions for video 'c'"):
+        metric.compute()

@@ -1,17 +1,19 @@
-"""VQA accuracy against hand-computed values of the official evaluation."""
+"""VQA accuracy against hand-computed values of the official evaluation, and the
+training-time VQAScore against the official evaluation on answer strings (the oracle of
+tests/metrics/vqa_oracle.py)."""
 
 from __future__ import annotations
 
-import pytest
+import random
 
-from polyfuse.metrics.vqa import (
-    VQAAccuracy,
-    normalize_answer,
-    process_digit_article,
-    process_punctuation,
-    soft_score,
-    vqa_accuracy,
-)
+import pytest
+import torch
+from tests.metrics.vqa_oracle import VQAAccuracy
+
+from polyfuse.data.formats.vqa import VQAQuestion
+from polyfuse.data.vqa_data import answer_table
+from polyfuse.metrics.vqa import VQAScore, soft_score
+from polyfuse.text import normalize_answer, process_digit_article, process_punctuation, vqa_accuracy
 
 
 # Expected values worked out by hand from the rules of the official VQA 2.0 script
@@ -166,3 +168,47 @@ def test_bad_input():
         for types in (["x"], ["x", "y", "z"]):  # too few, too many
             with pytest.raises(ValueError, match=rf"^VQAAccuracy.update: {name} has {len(types)} entries, expected 2$"):
                 VQAAccuracy().update(["a", "b"], [["a"], ["b"]], **{name: types})
+
+
+VOCABULARY = ["yes", "no", "2", "3", "red", "blue"]
+POOL = ["yes", "no", "two", "2", "3", "three", "red", "Red.", "blue", "green", "a dog"]
+
+
+def _questions(count: int, seed: int) -> list[VQAQuestion]:
+    rng = random.Random(seed)
+    questions = []
+    for i in range(count):
+        answers = tuple(rng.choice(POOL) for _ in range(10))
+        kind = rng.choice(["yes/no", "number", "other"])
+        questions.append(VQAQuestion(i, i // 3, f"question {i}", answers, kind, kind))
+    return questions
+
+
+def test_vqa_score_equals_the_official_accuracy():
+    questions = _questions(60, seed=0)
+    ids, scores = answer_table(questions, VOCABULARY)
+    types = ["number", "other", "yes/no"]
+    type_index = torch.tensor([types.index(q.answer_type) for q in questions])
+    predicted = torch.randint(0, len(VOCABULARY), (len(questions),), generator=torch.Generator().manual_seed(1))
+    metric = VQAScore(types)
+    for batch in (slice(0, 25), slice(25, 60)):  # accumulated over batches
+        metric.update(predicted[batch], ids[batch], scores[batch], type_index[batch])
+    values = metric.compute()
+    oracle = VQAAccuracy()  # the official evaluation on the answer strings
+    oracle.update([VOCABULARY[p] for p in predicted.tolist()], [q.answers for q in questions],
+                  [q.answer_type for q in questions])  # fmt: skip
+    expected = oracle.compute()
+    assert float(values["acc"]) == pytest.approx(expected["overall"] / 100, abs=1e-6)
+    for name in types:
+        assert float(values[f"acc/{name}"]) == pytest.approx(expected["per_answer_type"][name] / 100, abs=1e-6)
+
+
+def test_vqa_score_refuses_bad_shapes():
+    metric = VQAScore(["yes/no"])
+    ids, scores = torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"^VQAScore.update: predicted \(2, 1\) must be \(B,\)"):
+        metric.update(torch.zeros(2, 1, dtype=torch.long), ids, scores, torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^VQAScore.update: answer_scores \(2, 2\) must be \(2, 3\)"):
+        metric.update(torch.zeros(2, dtype=torch.long), ids, scores[:, :2], torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^VQAScore.update: type index 1 but 1 type names$"):
+        metric.update(torch.zeros(2, dtype=torch.long), ids, scores, torch.ones(2, dtype=torch.long))

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary
-from polyfuse.engine.captioning_schema import CaptioningConfig
-from polyfuse.tasks.captioning import CaptioningTask, VideoCaptioner
+from polyfuse.tasks.captioning import CaptioningConfig, CaptioningTask, VideoCaptioner
 
 WORDS = ["<pad>", "<bos>", "<eos>", UNKNOWN, "a", "dog", "runs"]
 

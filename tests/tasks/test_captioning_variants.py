@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyfuse.engine.captioning_schema import VARIANTS, variant_settings
 from polyfuse.nn.decoding import MeanPoolContext
-from polyfuse.tasks.captioning import VideoCaptioner
+from polyfuse.tasks.captioning import VARIANTS, VideoCaptioner, variant_settings
 
 # Written out from HOCA Table 2 for three modalities (0 image, 1 motion, 2 audio).
 EXPECTED = {

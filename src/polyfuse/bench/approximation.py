@@ -243,19 +243,21 @@ def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | 
     """A trained MAN checkpoint with had attention (gerf, ARF) and exact attention:
     the task metrics of each and the relative error |had - exact| / |exact| of the MAN
     fusion output over the split (Frobenius norm over all its samples)."""
-    from polyfuse.engine import load_model
+    from polyfuse.engine.run import apply_checkpoint, prefixed_metrics, quiet_trainer
     from polyfuse.nn.man import MultiLinearAttentionLayer
 
-    task, extras = load_model(checkpoint)
+    applied = apply_checkpoint(checkpoint, split=split, source=source)
+    task, extras = applied.module, applied.extras
     layers = [module for module in task.modules() if isinstance(module, MultiLinearAttentionLayer)]
     if not layers:
         raise ValueError(f"{checkpoint}: no MAN layer in this model")
-    loader, test_metrics = _checkpoint_split(task, extras, split, source)
+    (loader,) = applied.loaders().values()
     fusion = layers[-1]  # the last MAN layer's fused output (B, G c)
+    trainer = quiet_trainer(extras["config"])
 
     def metrics() -> dict[str, float]:
         task.stage_metrics["test"].reset()
-        return test_metrics()
+        return prefixed_metrics(trainer.test(task, dataloaders=loader, verbose=False), "test")
 
     def fused_outputs() -> torch.Tensor:
         captured: list[torch.Tensor] = []
@@ -285,23 +287,3 @@ def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | 
     for name in ("had_gerf", "had_arf"):
         result[f"relative_error_{name}"] = float((outputs[name] - outputs["exact"]).norm()) / norm
     return result
-
-
-def _checkpoint_split(task: Any, extras: dict[str, Any], split: str,
-                      source: str | None) -> tuple[Any, Callable[[], dict[str, float]]]:
-    """The evaluation loader of one split of a checkpoint's data, and the test metrics of
-    the (modified, in memory) ``task`` over it, as ``polyfuse evaluate`` computes them.
-
-    The one place where the benchmark reaches below the engine's public API: polyfuse.engine
-    evaluates a checkpoint *file* (``evaluate``), not a loaded module whose attention was
-    switched. It needs from the engine (issue 25): the data a checkpoint applies to, as a
-    loader of one split (``TaskSpec.checkpoint_data`` + ``TaskSpec.loader``), and the
-    metrics of a loaded module over it (an ``evaluate`` that takes a module and its extras).
-    """
-    from polyfuse.data.datamodule import FusionDataModule
-    from polyfuse.engine.run import data_for, partition_key, prefixed_metrics, quiet_trainer
-
-    data = data_for(extras, source, None, require_labels=True)
-    loader = FusionDataModule(data, batch_size=1, eval_batch_size=256).loader(partition_key(data, split))
-    trainer = quiet_trainer(extras["config"])
-    return loader, lambda: prefixed_metrics(trainer.test(task, dataloaders=loader, verbose=False), "test")

@@ -85,31 +85,28 @@ def run(args: argparse.Namespace) -> int:
         path = plots.plot_learning_curves(args.run_dir, args.out)
         print(f"wrote {path}")
         return 0
-    from polyfuse.data.datamodule import FusionDataModule
     from polyfuse.engine.build import quiet_lightning
-    from polyfuse.engine.run import data_for, load_model, partition_key
+    from polyfuse.engine.run import apply_checkpoint, load_model
     from polyfuse.figures.attention import draw_ban_maps, draw_man_attention
+    from polyfuse.tasks.registry import task_spec
 
     quiet_lightning()
     task, extras = load_model(args.checkpoint)
-    if extras["config"]["task"]["type"] == "vqa":
-        from polyfuse.engine.vqa_run import plot_vqa_checkpoint_attention
-
-        if args.data or args.modalities:
-            raise ValueError("--data and --modalities do not apply to a VQA checkpoint: it reads its data.vqa section")
-        ids = _question_ids(args.question_ids) if args.question_ids else None
-        for path in plot_vqa_checkpoint_attention(
-            task, extras, args.out, question_ids=ids, sample=args.sample, split=args.split, images=args.images
-        ):
+    own = task_spec(extras["config"]["task"]["type"]).attention_figures(
+        task, extras, args.out, split=args.split, sample=args.sample,
+        question_ids=_question_ids(args.question_ids) if args.question_ids else None, images=args.images,
+        source=args.data, modalities=args.modalities,
+    )
+    if own is not None:
+        for path in own:
             print(f"wrote {path}")
         return 0
     if args.question_ids or args.images:
         raise ValueError("--question-ids and --images apply to VQA checkpoints only")
-    data = data_for(
-        extras, args.data, ["all"] if args.split == "all" else None, require_labels=False, modalities=args.modalities
-    )
-    partition_key(data, args.split)
-    batch = FusionDataModule(data, batch_size=1).sample(args.split, args.sample)
+    applied = apply_checkpoint(args.checkpoint, split=args.split, source=args.data, modalities=args.modalities,
+                               require_labels=False)
+    task = applied.module
+    batch = applied.data.datamodule.sample(args.split, args.sample)
     attention = plots.attention_for_sample(task, batch)
     row = int(batch["row"][0])
     prediction = _short(task.predictions(task(batch))[0])

@@ -28,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--split", default="all", help="all (default) or train, valid, test")
     parser.add_argument(
-        "--top-k", type=int, default=1, metavar="K",
+        "--top-k", type=int, default=None, metavar="K",
         help="VQA: the K best answers per question with their sigmoid scores (columns answer_2, score_2, ... "
         "after the best answer's; default 1)",
     )  # fmt: skip

@@ -28,8 +28,8 @@ def _data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _size(text: str) -> int:
-    """A layer size or count: an integer in [1, MAX_SIZE] (polyfuse.engine.sizes)."""
-    from polyfuse.engine.sizes import MAX_SIZE
+    """A layer size or count: an integer in [1, MAX_SIZE] (polyfuse.sizes)."""
+    from polyfuse.sizes import MAX_SIZE
 
     try:
         value = int(text)

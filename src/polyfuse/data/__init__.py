@@ -3,14 +3,14 @@ contextual windows, standardisation and the Lightning data module."""
 
 from polyfuse.data.arrays import ArrayTable, load_arrays
 from polyfuse.data.context import context_windows
-from polyfuse.data.prepare import TASK_TYPES, Partition, PreparedData, encode_labels, prepare_data
+from polyfuse.data.prepare import LABEL_KINDS, Partition, PreparedData, encode_labels, prepare_data
 from polyfuse.data.sources import is_synthetic, load_source, parse_synthetic, synthetic_table
 from polyfuse.data.splits import carve_groups, resolve_partitions
 from polyfuse.data.standardize import FeatureStats, fit_stats
 from polyfuse.data.synthetic import PlantedInteraction, planted_interaction
 
 __all__ = [
-    "TASK_TYPES",
+    "LABEL_KINDS",
     "ArrayTable",
     "FeatureStats",
     "Partition",

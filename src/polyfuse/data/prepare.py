@@ -26,11 +26,13 @@ from polyfuse.data.formats.word_aligned import move_real_steps_to_front, zero_pa
 from polyfuse.data.splits import resolve_partitions
 from polyfuse.data.standardize import FeatureStats, fit_stats, real_steps
 
-__all__ = ["OUT_OF_RANGE_POLICIES", "TASK_TYPES", "Partition", "PreparedData", "encode_labels", "prepare_data", "trait_key"]
+__all__ = ["LABEL_KINDS", "OUT_OF_RANGE_POLICIES", "Partition", "PreparedData", "encode_labels", "prepare_data", "trait_key"]
 
 log = logging.getLogger(__name__)
 
-TASK_TYPES = ("sentiment", "traits", "classification")
+#: How labels are encoded: one score per row (task.type sentiment), several scores per row
+#: (traits), one class per row (classification). A task spec names its kind.
+LABEL_KINDS = ("score", "scores", "class")
 NONFINITE_POLICIES = ("error", "zero", "mean")
 OUT_OF_RANGE_POLICIES = ("error", "clip")
 
@@ -230,7 +232,7 @@ def _apply_ranges(
 
 def encode_labels(
     raw: np.ndarray,
-    task_type: str,
+    label_kind: str,
     train_rows: np.ndarray,
     task: Mapping[str, Any],
     *,
@@ -242,7 +244,7 @@ def encode_labels(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Targets for the task and what is needed to decode them.
 
-    sentiment: (N,) float32; a range (``task.target_ranges`` with one pair, else
+    ``label_kind`` (:data:`LABEL_KINDS`): score (task.type sentiment): (N,) float32; a range (``task.target_ranges`` with one pair, else
     ``documented_range``) is recorded as ``range`` and checked. traits: (N, k) float32,
     with target names and integer ranges per target: ``task.target_ranges`` (one pair
     per label column, or a mapping from target name to pair), else
@@ -254,16 +256,17 @@ def encode_labels(
     their file and row (``where(row)``), or clipped into it with a warning when
     ``task.out_of_range`` is ``clip``. ``task.targets`` keeps some of the label columns
     only (names of ``task.target_names``, or column indices): one trait on request.
-    classification: (N,) int64 class indices into the sorted class values of the
+    class (task.type classification): (N,) int64 class indices into the sorted class values of the
     training rows. ``label_info`` (from a checkpoint) fixes names, ranges, columns
     and classes.
     """
-    if task_type not in TASK_TYPES:
-        raise ValueError(f"unknown task type {task_type!r}; expected one of {', '.join(TASK_TYPES)}")
+    if label_kind not in LABEL_KINDS:
+        raise ValueError(f"unknown label kind {label_kind!r}; expected one of {', '.join(LABEL_KINDS)}")
+    task_type = task.get("type", label_kind)  # named in messages
     where = where or (lambda row: f"{origin} row {row}")
     policy = task.get("out_of_range", "error")
     documented_source = f"the documented scale of {dataset}" if dataset else "the documented scale of the data"
-    if task_type == "classification":
+    if label_kind == "class":
         values = raw.astype(str) if raw.dtype.kind in "US" else raw
         if values.ndim != 1:
             raise ValueError(f"{origin}: classification labels must have shape (N,), got {raw.shape}")
@@ -281,7 +284,7 @@ def encode_labels(
     if raw.dtype.kind not in "fiub":
         raise ValueError(f"{origin}: labels have dtype {raw.dtype}; a {task_type} task needs numbers")
     labels = raw.astype(np.float32)
-    if task_type == "sentiment":
+    if label_kind == "score":
         if labels.ndim == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
         if labels.ndim != 1:
@@ -373,9 +376,9 @@ def encode_labels(
     }
 
 
-def _check_labels(origin: str, targets: np.ndarray, rows: np.ndarray, task_type: str, label_info: dict) -> None:
+def _check_labels(origin: str, targets: np.ndarray, rows: np.ndarray, label_kind: str, label_info: dict) -> None:
     used = targets[rows]
-    if task_type == "classification":
+    if label_kind == "class":
         bad = np.flatnonzero(used < 0)
         if bad.size:
             raise ValueError(
@@ -394,6 +397,7 @@ def prepare_data(
     data: Mapping[str, Any],
     task: Mapping[str, Any],
     *,
+    label_kind: str,
     stats: Mapping[str, FeatureStats] | None = None,
     label_info: Mapping[str, Any] | None = None,
     partitions: Sequence[str] | None = None,
@@ -405,6 +409,7 @@ def prepare_data(
         table: the arrays of the data source.
         data: the ``data`` configuration (see docs/TRAINING.md).
         task: the ``task`` configuration (``type`` and, for traits, names and ranges).
+        label_kind: how labels are encoded (:data:`LABEL_KINDS`, the task spec's).
         stats: standardisation statistics to use (from a checkpoint) instead of
             fitting them on the training rows.
         label_info: label encoding to use (from a checkpoint).
@@ -413,7 +418,6 @@ def prepare_data(
         require_labels: False to allow a table without the label array (prediction).
     """
     origin = table.origin
-    task_type = task["type"]
     names = data.get("modalities")
     if not names:
         raise ValueError(
@@ -471,11 +475,11 @@ def prepare_data(
         if raw.shape[0] != count:
             raise ValueError(f"{origin}: label array {label_name!r} has {raw.shape[0]} rows, modalities have {count}")
         targets, info = encode_labels(
-            raw, task_type, train_rows, task, origin=origin, label_info=label_info,
+            raw, label_kind, train_rows, task, origin=origin, label_info=label_info,
             documented_range=table.label_range, where=table.where, dataset=table.dataset,
         )
         for rows in rows_of.values():
-            _check_labels(origin, targets, rows, task_type, info)
+            _check_labels(origin, targets, rows, label_kind, info)
 
     features, lengths, fitted = [], [], {}
     for name, (array, length) in zip(names, loaded, strict=True):

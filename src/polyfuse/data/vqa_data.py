@@ -40,7 +40,7 @@ from polyfuse.data.formats.vqa import (
     soft_targets,
     word_vocabulary,
 )
-from polyfuse.metrics.vqa import normalize_answer, vqa_accuracy
+from polyfuse.text import normalize_answer, vqa_accuracy
 
 __all__ = [
     "VQAData",
@@ -104,7 +104,7 @@ class VQAData:
 
 def answer_table(questions: Sequence[VQAQuestion], answers: Sequence[str]) -> tuple[Tensor, Tensor]:
     """Per question, the vocabulary answers that some human gave and the official VQA
-    accuracy of predicting each (:func:`polyfuse.metrics.vqa.vqa_accuracy`): (Q, K) long
+    accuracy of predicting each (:func:`polyfuse.text.vqa_accuracy`): (Q, K) long
     ids (-1 padding) and (Q, K) accuracies. Predicting any other answer scores 0."""
     index = {a: i for i, a in enumerate(answers)}
     rows: list[list[tuple[int, float]]] = []

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from polyfuse.engine.captioning_runs import checkpoint_captioning_data, load_captioning_model
+from polyfuse.engine.run import load_model
 from polyfuse.nn.beam_search import score_captions
+from polyfuse.tasks.captioning import checkpoint_captioning_data
 
 __all__ = ["caption_attention", "plot_caption_attention"]
 
@@ -37,7 +38,7 @@ def _best_checkpoint(run_dir: Path) -> Path:
 def caption_attention(run_dir: str | Path, video: str) -> dict[str, Any]:
     """The generated caption of ``video``, its words' attention per modality, and the references."""
     run_dir = Path(run_dir)
-    task, extras = load_captioning_model(_best_checkpoint(run_dir))
+    task, extras = load_model(_best_checkpoint(run_dir))
     data = checkpoint_captioning_data(extras)
     if video not in data.videos:
         raise ValueError(f"video {video!r} is not in the data of {run_dir} ({len(data.videos)} videos)")

@@ -19,20 +19,16 @@ import json
 import math
 import re
 import statistics
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 import polyfuse.nn
-from polyfuse.engine.build import build_data, monitor_of
+from polyfuse.engine.build import monitor_of
 from polyfuse.engine.config import deep_merge, load_config, resolve_config
 from polyfuse.engine.run import train
-from polyfuse.metrics import metric_values, sentiment_metrics, trait_metrics
+from polyfuse.tasks.registry import task_spec
 
 __all__ = [
     "CONSTANT_ROWS",
@@ -139,12 +135,8 @@ def compare(
     baseline = constant_baselines(base)
     if baseline:
         (out_dir / "baseline.json").write_text(json.dumps(baseline, indent=2) + "\n")
-    (out_dir / "summary.md").write_text(format_summary(summary, baseline) + "\n")
-    if base["task"]["type"] == "vqa":  # one table: accuracy overall and per type
-        from polyfuse.engine.vqa_report import format_vqa_summary, plot_vqa_summary
-
-        (out_dir / "summary.md").write_text(format_vqa_summary(summary) + "\n")
-        plot_vqa_summary(summary, out_dir / "summary.png")
+    own = task_spec(base["task"]["type"]).summary(summary, out_dir)  # e.g. VQA: accuracy per type, a figure
+    (out_dir / "summary.md").write_text((own if own is not None else format_summary(summary, baseline)) + "\n")
     (out_dir / "base_config.json").write_text(json.dumps(base, indent=2) + "\n")
     return records
 
@@ -250,37 +242,7 @@ def constant_baselines(
     constant, the training mean its MSE, so a table of MAE shows the median's row: the
     mean's would flatter every model. Where the two are equal for every target, one
     row ``constant (train mean = median)``. {} for classification."""
-    task_type = config["task"]["type"]
-    if task_type not in ("sentiment", "traits"):
-        return {}
-    unknown = [s for s in statistics if s not in CONSTANT_ROWS]
-    if unknown:
-        raise ValueError(f"unknown constant {unknown[0]!r}; expected one of {', '.join(CONSTANT_ROWS)}")
-    data = build_data(config, partitions=["train", "test"])
-    targets = torch.from_numpy(data.targets).double()
-    train, test = (torch.from_numpy(data.partitions[p].rows) for p in ("train", "test"))
-    # torch.median returns the lower of the two middle values; the mean of both is the usual median
-    constants = {
-        "mean": targets[train].mean(dim=0, keepdim=True),
-        "median": torch.from_numpy(np.median(targets[train].numpy(), axis=0, keepdims=True)),
-    }
-    chosen = {CONSTANT_ROWS[statistic]: statistic for statistic in statistics}
-    if set(statistics) == {"mean", "median"} and torch.equal(constants["mean"], constants["median"]):
-        chosen = {"constant (train mean = median)": "mean"}
-    rows: dict[str, dict[str, float]] = {}
-    for name, statistic in chosen.items():
-        constant = constants[statistic].float().expand(len(test), *targets.shape[1:]).contiguous()
-        actual = targets[test].float()
-        if task_type == "sentiment":
-            with warnings.catch_warnings():  # torchmetrics warns of the zero variance, corr is NaN anyway
-                warnings.filterwarnings("ignore", message=r".*variance of predictions or target is close to zero.*")
-                values = sentiment_metrics(constant, actual)
-            values["corr"] = torch.tensor(float("nan"))  # undefined for a constant prediction
-        else:
-            info = data.label_info
-            values = trait_metrics(constant, actual, ranges=info["ranges"], names=info["names"])
-        rows[name] = metric_values(values)
-    return rows
+    return task_spec(config["task"]["type"]).baselines(config, statistics)
 
 
 def _header(key: str) -> str:

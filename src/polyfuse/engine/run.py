@@ -18,7 +18,6 @@ The test partition is evaluated once, after training, with the best checkpoint.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import os
 import re
@@ -30,14 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from polyfuse import __version__
-from polyfuse.data import FeatureStats, PreparedData
-from polyfuse.data.datamodule import FusionDataModule
-from polyfuse.engine.build import build_data, build_task, build_trainer, monitor_of
+from polyfuse.engine.build import build_trainer, monitor_of
 from polyfuse.engine.checkpoints import (
     check_extras,
     check_finite_state,
@@ -51,7 +47,6 @@ from polyfuse.engine.divergence import divergence_message
 from polyfuse.engine.errors import DivergenceError, RunInterrupted
 from polyfuse.engine.rundir import (
     RunDirLock,
-    atomic_temp_path,
     atomic_write_text,
     check_data_hashes,
     claim_run_dir,
@@ -60,16 +55,16 @@ from polyfuse.engine.rundir import (
 )
 from polyfuse.engine.seeding import seed_everything
 from polyfuse.engine.threads import thread_plan_for
-from polyfuse.tasks import FusionTask
+from polyfuse.tasks.registry import TaskData, TaskSpec, task_spec
 
 __all__ = [
+    "AppliedCheckpoint",
     "RunInterrupted",
     "RunResult",
-    "data_for",
+    "apply_checkpoint",
     "evaluate",
     "is_worker",
     "load_model",
-    "partition_key",
     "predict",
     "prefixed_metrics",
     "quiet_trainer",
@@ -130,14 +125,6 @@ def resolve_resume(resume: str | Path) -> tuple[Path, dict[str, Any], Path]:
     if not checkpoint.is_file():
         raise FileNotFoundError(f"cannot resume: no checkpoint {checkpoint} (did the first epoch finish?)")
     return run_dir, load_config(config_path), checkpoint
-
-
-def _stats_to_tensors(stats: Mapping[str, FeatureStats]) -> dict[str, dict[str, torch.Tensor]]:
-    return {name: {"mean": torch.from_numpy(s.mean), "std": torch.from_numpy(s.std)} for name, s in stats.items()}
-
-
-def _stats_from_tensors(stored: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, FeatureStats]:
-    return {name: FeatureStats(s["mean"].numpy(), s["std"].numpy()) for name, s in stored.items()}
 
 
 def prefixed_metrics(results: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
@@ -216,7 +203,7 @@ def _train(
             lock.release()
 
 
-def _check_resume_checkpoint(path: Path, task: FusionTask, config: Mapping[str, Any]) -> None:
+def _check_resume_checkpoint(path: Path, task: Any, config: Mapping[str, Any], spec: TaskSpec) -> None:
     """Refuse a checkpoint of another model, or one with NaN weights or statistics."""
     checkpoint = read_checkpoint(path)
     extras = checkpoint.get("polyfuse")
@@ -224,11 +211,14 @@ def _check_resume_checkpoint(path: Path, task: FusionTask, config: Mapping[str, 
     state = checkpoint.get("state_dict")
     if not isinstance(state, Mapping):
         raise ValueError(f"{path}: not a polyfuse training checkpoint (no state_dict)")
-    if resolve_config(extras["config"])["model"] != config["model"]:
-        raise ValueError(
-            f"cannot resume from {path}: it was trained with another model configuration than "
-            f"the run's config.yaml (model.fusion {extras['config'].get('model', {}).get('fusion')!r})"
-        )
+    saved = resolve_config(defaults_then(extras["config"]))
+    for section in spec.model_sections:
+        if saved.get(section) != config.get(section):
+            fusion = f" (model.fusion {extras['config'].get('model', {}).get('fusion')!r})" if section == "model" else ""
+            raise ValueError(
+                f"cannot resume from {path}: it was trained with another {section} configuration than "
+                f"the run's config.yaml{fusion}"
+            )
     expected = task.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -243,32 +233,6 @@ def _check_resume_checkpoint(path: Path, task: FusionTask, config: Mapping[str, 
     check_finite_state(state, path)
 
 
-def _run_parts(config: dict[str, Any]) -> tuple[Any, Any, dict[str, int], int]:
-    """Data module, task (its checkpoint extras set), partition sizes and training steps
-    per epoch of a run; ``task.type: vqa`` has its own (:mod:`polyfuse.engine.vqa_run`)."""
-    if config["task"]["type"] == "vqa":
-        from polyfuse.engine.vqa_run import vqa_run_parts
-
-        return vqa_run_parts(config)
-    data = build_data(config)
-    if not len(data.partitions["valid"]):
-        raise ValueError("the validation partition is empty")
-    datamodule = FusionDataModule(
-        data, batch_size=config["data"]["batch_size"], eval_batch_size=config["data"]["eval_batch_size"],
-        seed=int(config["seed"]),
-    )
-    task = build_task(config, data.input_dims, data.modalities, data.label_info)
-    task.checkpoint_extras = {
-        "config": config,
-        "modalities": data.modalities,
-        "input_dims": data.input_dims,
-        "label_info": data.label_info,
-        "stats": _stats_to_tensors(data.stats),
-    }
-    samples = {key: len(p) for key, p in data.partitions.items()}
-    return datamodule, task, samples, -(-len(data.partitions["train"]) // config["data"]["batch_size"])
-
-
 def _train_in(
     config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
 ) -> RunResult:
@@ -277,16 +241,19 @@ def _train_in(
             check_data_hashes(run_dir)
         else:
             record_data_hashes(run_dir, data_files(config))
-    if config["task"]["type"] == "captioning":  # its own data and task: engine/captioning_runs.py
-        from polyfuse.engine.captioning_runs import train_captioning
-
-        return train_captioning(config, run_dir, resume_checkpoint, callbacks)
-    seed_everything(int(config["seed"]))
-    datamodule, task, samples, steps = _run_parts(config)
+    spec = task_spec(config["task"]["type"])
     devices = int(config["trainer"]["devices"])
+    if devices != 1 and spec.distributed is not None:
+        raise ValueError(f"task.type {spec.name} trains on one process ({spec.distributed}): set trainer.devices to 1")
+    seed_everything(int(config["seed"]))
+    data = spec.build_data(config)
+    task = spec.build_module(config, data)
+    task.checkpoint_extras = spec.checkpoint_extras(config, data)
+    datamodule, samples = data.datamodule, data.samples
     if resume_checkpoint is not None:
-        _check_resume_checkpoint(resume_checkpoint, task, config)
-    trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=steps)
+        _check_resume_checkpoint(resume_checkpoint, task, config, spec)
+    prepared = spec.prepare_module(task, config, data, resume_checkpoint is not None)
+    trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=data.steps_per_epoch)
     threads = thread_plan_for(config["trainer"])  # the CLI prints it; results.json records it
     if threads.oversubscribed and not is_worker():
         warnings.warn(threads.describe(), stacklevel=2)
@@ -324,6 +291,7 @@ def _train_in(
     epochs = int(trainer.current_epoch)
     result = RunResult(run_dir, best, validation, test, epochs, seconds, config, checkpoint_epoch(best))
     if trainer.is_global_zero:
+        added = spec.after_test(task, data, run_dir) if samples.get("test") else {}
         monitor, mode = monitor_of(config)
         summary = {
             "best_checkpoint": os.path.relpath(best, run_dir),  # relative: the run may be moved
@@ -338,6 +306,8 @@ def _train_in(
             "samples": samples,
             "threads": threads.to_dict() | {"torch_intra_op": torch.get_num_threads(),
                                             "torch_inter_op": torch.get_num_interop_threads()},
+            **prepared,
+            **added,
         }
         atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
         try:
@@ -349,97 +319,62 @@ def _train_in(
     return result
 
 
-def load_model(checkpoint: str | Path) -> tuple[FusionTask, dict[str, Any]]:
-    """The task module of a checkpoint, weights loaded, in eval mode, and its stored extras."""
+def load_model(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The task module of a checkpoint, weights loaded, in eval mode, and its stored extras
+    (the configuration resolved; an older one built as its version built it)."""
     state_dict, extras = load_state(checkpoint)
-    config = resolve_config(extras["config"])
-    warn_default_changes(config, origin=str(checkpoint))
+    warn_default_changes(extras["config"], origin=str(checkpoint))
+    config = resolve_config(defaults_then(extras["config"]))
     extras = {**extras, "config": config}
-    if config["task"]["type"] == "vqa":
-        from polyfuse.engine.vqa_run import load_vqa_model
-
-        return load_vqa_model(state_dict, extras, checkpoint), extras
-    task = build_task(config, extras["input_dims"], extras["modalities"], extras["label_info"])
-    try:
-        task.load_state_dict(state_dict)
-    except RuntimeError as error:
-        raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
-    task.eval()
-    return task, extras
-
-
-def data_for(
-    extras: Mapping[str, Any],
-    source: str | None,
-    partitions: Sequence[str] | None,
-    require_labels: bool,
-    modalities: Sequence[str] | None = None,
-) -> PreparedData:
-    """The data a checkpoint is applied to.
-
-    ``modalities``: the arrays of ``source`` that stand for the checkpoint's
-    modalities, in its order (e.g. a checkpoint trained on ``synthetic:`` data
-    applied to an npz file whose arrays have other names).
-    """
-    config = extras["config"]
-    trained = list(extras["modalities"])
-    if modalities is not None:
-        modalities = [m.strip() for m in (modalities.split(",") if isinstance(modalities, str) else modalities) if m.strip()]
-        if len(modalities) != len(trained):
-            raise ValueError(
-                f"--modalities names {len(modalities)} arrays {modalities}; the checkpoint was trained "
-                f"on {len(trained)} modalities {trained}"
-            )
-        config = {**config, "data": {**config["data"], "modalities": modalities}}
-    elif source is not None and config["data"]["modalities"] is None:
-        config = {**config, "data": {**config["data"], "modalities": trained}}
-    stats = _stats_from_tensors(extras["stats"])
-    wanted = modalities or trained
-    stats = {new: stats[old] for new, old in zip(wanted, trained, strict=True) if old in stats}
-    data = build_data(
-        config, source=source, stats=stats, label_info=extras["label_info"],
-        partitions=partitions, require_labels=require_labels,
-    )
-    if data.modalities != list(wanted):
-        raise ValueError(
-            f"the data has modalities {data.modalities}, the checkpoint {trained}; "
-            "name the arrays to use with --modalities"
-        )
-    if list(data.input_dims) != list(extras["input_dims"]):
-        raise ValueError(
-            f"the modalities {data.modalities} have feature sizes {data.input_dims}; the checkpoint "
-            f"was trained on sizes {list(extras['input_dims'])}"
-        )
-    return data
-
-
-def _captioning(checkpoint: str | Path, source: str | None, modalities: Sequence[str] | None) -> bool:
-    """Whether a checkpoint is of task.type captioning (which reads its own feature files)."""
-    from polyfuse.engine.captioning_runs import is_captioning_checkpoint
-
-    if not is_captioning_checkpoint(checkpoint):
-        return False
-    if source is not None or modalities is not None:
-        raise ValueError("a captioning checkpoint reads the feature files of its configuration: drop --data / --modalities")
-    return True
-
-
-def partition_key(data: PreparedData, split: str) -> str:
-    if split not in data.partitions:
-        raise ValueError(f"no {split!r} split; have {', '.join(data.partitions)}")
-    if not len(data.partitions[split]):
-        others = [key for key, rows in data.partitions.items() if len(rows)]
-        raise ValueError(
-            f"the {split!r} split of {data.origin} has no rows; "
-            f"choose --split all or one of: {', '.join(others) or '(none)'}"
-        )
-    return split
+    return task_spec(config["task"]["type"]).load_module(state_dict, extras, checkpoint), extras
 
 
 def quiet_trainer(config: Mapping[str, Any]):
+    """A trainer for evaluation and prediction: one process, no progress bar, no logs."""
     config = {**config, "trainer": {**config["trainer"], "devices": 1, "strategy": "auto", "progress_bar": False}}
     trainer, _ = build_trainer(config, None, for_training=False)
     return trainer
+
+
+@dataclass
+class AppliedCheckpoint:
+    """A checkpoint's module (eval mode) and extras, with the data of a split it is applied to."""
+
+    spec: TaskSpec
+    module: Any
+    extras: dict[str, Any]
+    data: TaskData
+    split: str
+
+    def loaders(self) -> dict[str, Any]:
+        """The evaluation loaders of the split, by partition."""
+        return self.spec.loaders(self.data, self.split)
+
+
+def apply_checkpoint(
+    checkpoint: str | Path, *, split: str = "test", source: str | None = None,
+    modalities: Sequence[str] | None = None, require_labels: bool = True, **options: Any,
+) -> AppliedCheckpoint:
+    """Load a checkpoint and the data of ``split`` it is applied to (``source`` and
+    ``modalities`` as ``--data`` / ``--modalities``; ``options`` the task's own
+    prediction options), as :func:`evaluate` and :func:`predict` do."""
+    module, extras = load_model(checkpoint)
+    spec = task_spec(extras["config"]["task"]["type"])
+    unknown = [name for name, value in options.items() if name not in spec.predict_options and value is not None]
+    if unknown:
+        flags = " and ".join("--" + name.replace("_", "-") for name in unknown)
+        raise ValueError(f"{flags} do(es) not apply to a {spec.name} checkpoint")
+    if spec.reads_own_files and (source is not None or modalities is not None):
+        raise ValueError(
+            f"a {spec.name} checkpoint reads the files of its configuration: drop --data / --modalities"
+        )
+    chosen = {name: options.get(name) if options.get(name) is not None else default
+              for name, default in spec.predict_options.items()}
+    data = spec.checkpoint_data(
+        extras, split=split, source=source, modalities=modalities, require_labels=require_labels, **chosen
+    )
+    spec.bind(module, data, **chosen)
+    return AppliedCheckpoint(spec, module, extras, data, split)
 
 
 def evaluate(
@@ -447,22 +382,9 @@ def evaluate(
 ) -> dict[str, float]:
     """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
     for every row of a file without a split)."""
-    if _captioning(checkpoint, source, modalities):
-        from polyfuse.engine.captioning_runs import evaluate_captioning
-
-        return evaluate_captioning(checkpoint, split=split)
-    task, extras = load_model(checkpoint)
-    if extras["config"]["task"]["type"] == "vqa":
-        from polyfuse.engine.vqa_run import evaluate_vqa
-
-        return evaluate_vqa(task, extras, split=split, source=source, modalities=modalities)
-    partitions = ["all"] if split == "all" else None
-    data = data_for(extras, source, partitions, require_labels=True, modalities=modalities)
-    key = partition_key(data, split)
-    datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
-    trainer = quiet_trainer(extras["config"])
-    task.stage_metrics["test"].reset()
-    results = trainer.test(task, dataloaders=datamodule.loader(key), verbose=False)
+    applied = apply_checkpoint(checkpoint, split=split, source=source, modalities=modalities)
+    (loader,) = applied.loaders().values()
+    results = quiet_trainer(applied.extras["config"]).test(applied.module, dataloaders=loader, verbose=False)
     return prefixed_metrics(results, "test")
 
 
@@ -473,81 +395,27 @@ def predict(
     split: str = "all",
     out: str | Path | None = None,
     modalities: Sequence[str] | None = None,
-    images: str | Path | None = None,
-    top_k: int = 1,
+    **options: Any,
 ) -> list[dict[str, Any]]:
-    """Predictions of a checkpoint for the rows of a data source, optionally as a CSV.
+    """Predictions of a checkpoint for the rows of ``split`` (``all``: every row, labels
+    optional) of its data or of ``source``, optionally written to ``out``.
 
-    ``split``: ``all`` (every row, labels optional) or a partition name. Each
-    record holds ``row``, ``id`` (when ``data.id`` names an array), the prediction
-    (``prediction``; ``prediction_<target>`` for traits; ``prediction`` as the class
-    value and ``prob_<class>`` for classification) and ``label`` when known.
-    Captioning checkpoints: records ``id`` and ``caption``, written as JSON
-    ``{video_id: caption}``. VQA checkpoints: ``source`` a questions file about the
-    images of ``images``, and the ``top_k`` best answers of each question
-    (:func:`polyfuse.engine.vqa_run.predict_vqa`).
+    The records are the task's (:meth:`~polyfuse.tasks.registry.TaskSpec.records`):
+    sentiment, traits and classification give ``row``, ``id`` (when ``data.id`` names an
+    array), the prediction (``prediction``; ``prediction_<target>`` for traits;
+    ``prediction`` as the class value and ``prob_<class>`` for classification) and
+    ``label`` when known, as CSV; captioning ``id`` and ``caption``, as JSON
+    ``{video_id: caption}``; VQA the answers of each question, as CSV, and takes the
+    options ``images`` (new questions about new images, ``source`` their questions file)
+    and ``top_k``.
     """
-    if _captioning(checkpoint, source, modalities):
-        if images is not None or top_k != 1:
-            raise ValueError("--images and --top-k apply to a VQA checkpoint only")
-        from polyfuse.engine.captioning_runs import predict_captioning
-
-        captions = predict_captioning(checkpoint, split=split, out=out)
-        return [{"id": video, "caption": caption} for video, caption in captions.items()]
-    task, extras = load_model(checkpoint)
-    if extras["config"]["task"]["type"] == "vqa":
-        from polyfuse.engine.vqa_run import predict_vqa
-
-        return predict_vqa(
-            task, extras, split=split, out=out, source=source, modalities=modalities, images=images, top_k=top_k
-        )
-    if images is not None or top_k != 1:
-        raise ValueError("--images and --top-k apply to a VQA checkpoint only")
-    data = data_for(extras, source, ["all"] if split == "all" else None, require_labels=False, modalities=modalities)
-    key = partition_key(data, split)
-    datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
-    trainer = quiet_trainer(extras["config"])
-    outputs = trainer.predict(task, dataloaders=datamodule.loader(key))
-    rows = torch.cat([o["row"] for o in outputs]).numpy()
-    predictions = torch.cat([o["prediction"] for o in outputs]).numpy()
-    records = _records(extras, data, rows, predictions)
+    applied = apply_checkpoint(checkpoint, split=split, source=source, modalities=modalities, require_labels=False,
+                               **options)
+    trainer = quiet_trainer(applied.extras["config"])
+    with torch.no_grad():
+        outputs = {key: trainer.predict(applied.module, dataloaders=loader) or []
+                   for key, loader in applied.loaders().items()}
+    records = applied.spec.records(applied.module, outputs, applied.data, applied.extras)
     if out is not None:
-        _write_csv(records, Path(out))
+        applied.spec.write_records(records, Path(out))
     return records
-
-
-def _records(extras: Mapping[str, Any], data: PreparedData, rows: np.ndarray, predictions: np.ndarray) -> list[dict[str, Any]]:
-    task_type = extras["config"]["task"]["type"]
-    info = extras["label_info"]
-    records = []
-    for i, row in enumerate(rows.tolist()):
-        record: dict[str, Any] = {"row": row}
-        if data.ids is not None:
-            record["id"] = data.ids[row].item()
-        if task_type == "sentiment":
-            record["prediction"] = float(predictions[i])
-            if data.targets is not None:
-                record["label"] = float(data.targets[row])
-        elif task_type == "traits":
-            for j, name in enumerate(info["names"]):
-                record[f"prediction_{name}"] = float(predictions[i, j])
-            if data.targets is not None:
-                for j, name in enumerate(info["names"]):
-                    record[f"label_{name}"] = float(data.targets[row, j])
-        else:
-            classes = info["classes"]
-            record["prediction"] = classes[int(predictions[i].argmax())]
-            for c, value in enumerate(classes):
-                record[f"prob_{value}"] = float(predictions[i, c])
-            if data.targets is not None and data.targets[row] >= 0:
-                record["label"] = classes[int(data.targets[row])]
-        records.append(record)
-    return records
-
-
-def _write_csv(records: Sequence[Mapping[str, Any]], path: Path) -> None:
-    fields = list(records[0]) if records else ["row"]
-    with atomic_temp_path(path) as temp, temp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(records)

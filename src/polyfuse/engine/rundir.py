@@ -13,14 +13,14 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
+
+from polyfuse.atomic import atomic_temp_path, atomic_write_text, write_bytes
 
 __all__ = [
     "DATA_HASHES_NAME", "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "check_data_hashes",
@@ -116,28 +116,6 @@ def claim_run_dir(path: Path, *, generated: bool, fresh: bool = True) -> tuple[P
     return path, lock
 
 
-@contextlib.contextmanager
-def atomic_temp_path(path: Path) -> Iterator[Path]:
-    """A unique temporary path beside ``path``; renamed onto ``path`` when the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    os.close(fd)
-    temp = Path(name)
-    try:
-        try:
-            yield temp
-            os.replace(temp, path)
-        except OSError as error:  # a full disk: name the file being written, not its temporary name
-            if error.filename in (None, str(temp), temp) and error.errno is not None:
-                raise OSError(error.errno, error.strerror or str(error), str(path)) from None
-            raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
-
-
 def file_digest(path: Path) -> str:
     """The sha256 of a file's content, or of a folder's files (their relative names and
     contents, in sorted order)."""
@@ -177,19 +155,3 @@ def check_data_hashes(run_dir: Path) -> None:
                 f"cannot resume {run_dir}: {path} ({key}) changed since the run started (sha256 {sha256[:12]}..., "
                 f"now {now[:12]}...); resume with the original file or start a new run"
             )
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and flush it to the disk (inside :func:`atomic_temp_path`)."""
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (write a temporary file, then rename)."""
-    with atomic_temp_path(Path(path)) as temp, temp.open("w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())

@@ -14,6 +14,7 @@ import difflib
 import functools
 import inspect
 import math
+import re
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -30,9 +31,9 @@ from pydantic import (
     model_validator,
 )
 
-from polyfuse.engine.captioning_schema import CaptioningConfig, DecoderConfig
-from polyfuse.engine.sizes import MAX_SIZE, SizeInt, option_bound
-from polyfuse.engine.vqa_schema import VQADataConfig, VQAModelConfig, check_vqa_config
+from polyfuse.sizes import MAX_SIZE, SizeInt, option_bound
+from polyfuse.tasks.registry import available_tasks, task_spec, task_specs
+from polyfuse.tasks.vqa import VQADataConfig, VQAModelConfig
 
 __all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config"]
 
@@ -68,7 +69,7 @@ _Range = Annotated[list[float], Field(min_length=2, max_length=2), AfterValidato
 class TaskConfig(_Section):
     """What is predicted and how it is scored."""
 
-    type: str = Field("sentiment", description="sentiment | traits | classification | vqa | captioning (polyfuse.tasks.TASKS)")
+    type: str = Field("sentiment", description="a registered task type (polyfuse.tasks.registry): sentiment | traits | classification | vqa | captioning | ...")
     loss: str = Field("l1", description="regression loss: l1 | mse | smooth_l1")
     target_names: list[str] | None = Field(None, description="traits: one name per target column")
     target_ranges: list[_Range] | dict[str, _Range] | None = Field(
@@ -92,7 +93,7 @@ class TaskConfig(_Section):
         import polyfuse.tasks
 
         # Read at validation time: task types added to the registry are accepted.
-        known, what = (polyfuse.tasks.TASKS, "task type") if info.field_name == "type" else (polyfuse.tasks.LOSSES, "loss")
+        known, what = (available_tasks(), "task type") if info.field_name == "type" else (polyfuse.tasks.LOSSES, "loss")
         if value not in known:
             raise ValueError(f"unknown {what} {value!r}{_suggest(value, known)}; expected one of {', '.join(known)}")
         return value
@@ -254,7 +255,7 @@ class TrainerConfig(_Section):
         return value
 
 
-class RunConfig(_Section):
+class _RunConfigBase(_Section):
     """A whole run configuration."""
 
     name: str | None = Field(None, description="run name: the directory under output_dir (default: config file name)")
@@ -269,8 +270,6 @@ class RunConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="model section")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optim section")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="trainer section")
-    captioning: CaptioningConfig | None = Field(None, description="task.type captioning: features, captions, splits, generation")
-    decoder: DecoderConfig | None = Field(None, description="task.type captioning: the caption decoder (default section when captioning)")
 
     @field_validator("polyfuse_version")
     @classmethod
@@ -289,33 +288,49 @@ class RunConfig(_Section):
         return None if value is None else safe_run_name(value)
 
     @model_validator(mode="after")
-    def _captioning_sections(self) -> RunConfig:
-        if self.task.type == "captioning":
-            if self.captioning is None:
-                raise ValueError("task.type captioning needs a captioning section (features, captions, splits)")
-            if self.decoder is None:
-                self.decoder = DecoderConfig()
-        return self
-
-    @model_validator(mode="after")
-    def _optimizer_applies(self) -> RunConfig:
-        if self.task.type == "captioning" and (self.optim.optimizer, self.optim.scheduler) != ("adamw", "none"):
-            raise ValueError(
-                "task.type captioning trains with AdamW and no schedule; remove optim.optimizer and optim.scheduler "
-                f"(got {self.optim.optimizer!r}, {self.optim.scheduler!r})"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _epochs(self) -> RunConfig:
+    def _epochs(self) -> _RunConfigBase:
         if self.trainer.min_epochs > self.trainer.max_epochs:
             raise ValueError(
                 f"trainer.min_epochs ({self.trainer.min_epochs}) exceeds trainer.max_epochs ({self.trainer.max_epochs})"
             )
-        check_vqa_config(self)
-        if self.task.type == "vqa" and self.model.vqa is None:
-            self.model.vqa = VQAModelConfig()
         return self
+
+    @model_validator(mode="after")
+    def _task_sections(self) -> _RunConfigBase:
+        """The sections of another task type are refused, the task's required ones
+        demanded; then the task's own rules (:meth:`~polyfuse.tasks.registry.TaskSpec.check_config`)."""
+        spec = task_spec(self.task.type)
+        for other in task_specs():
+            for path in other.sections:
+                if path not in spec.sections and _section_at(self, path) is not None:
+                    raise ValueError(f"{path} is only used by task.type {other.name} (task.type is {self.task.type!r})")
+        for path in spec.required_sections:
+            if _section_at(self, path) is None:
+                raise ValueError(f"task.type {spec.name} needs a {path} section")
+        spec.check_config(self)
+        return self
+
+
+def _section_at(config: BaseModel, path: str) -> Any:
+    node: Any = config
+    for part in path.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+def _run_config() -> type[BaseModel]:
+    """RunConfig: the shared sections and, optional, the top-level sections of every
+    registered task type (:attr:`~polyfuse.tasks.registry.TaskSpec.config_sections`)."""
+    fields: dict[str, Any] = {}
+    for spec in task_specs():
+        for name, section in spec.config_sections.items():
+            summary = (section.__doc__ or name).strip().splitlines()[0]
+            summary = re.sub(r"\s*\(task\.type \w+\)", "", summary).rstrip(".")
+            fields[name] = (section | None, Field(None, description=f"task.type {spec.name}: {summary}"))
+    return create_model("RunConfig", __base__=_RunConfigBase, __doc__=_RunConfigBase.__doc__, **fields)
+
+
+RunConfig = _run_config()
 
 
 class _KeyError(ValueError):
@@ -375,7 +390,7 @@ class _Options(BaseModel):
             if isinstance(number, int) and not isinstance(number, bool) and number > bound:
                 raise ValueError(
                     f"{number} is over the bound of {bound}"
-                    f"{' on sizes (polyfuse.engine.sizes.MAX_SIZE)' if bound == MAX_SIZE else ''}"
+                    f"{' on sizes (polyfuse.sizes.MAX_SIZE)' if bound == MAX_SIZE else ''}"
                 )
         return value
 
@@ -458,7 +473,8 @@ def format_errors(error: ValidationError, prefix: tuple[str, ...] = (), model: t
 def error_model(error: ValidationError) -> type[BaseModel] | None:
     """The model class a validation error came from (by its title)."""
     for model in (RunConfig, TaskConfig, DataConfig, ContextConfig, ModelConfig, EncoderConfig, OptimConfig, TrainerConfig,
-                  VQADataConfig, VQAModelConfig, CaptioningConfig, DecoderConfig):
+                  VQADataConfig, VQAModelConfig,
+                  *(section for spec in task_specs() for section in spec.config_sections.values())):
         if model.__name__ == error.title:
             return model
     return None

@@ -1,4 +1,17 @@
-"""Evaluation metrics: update/compute classes and their functional twins."""
+"""Evaluation metrics: torchmetrics ``Metric`` classes and their functional twins.
+
+| task | Metric | functional twin |
+|---|---|---|
+| sentiment (MOSI) | :class:`SentimentMetrics` | :func:`sentiment_metrics` |
+| traits (POM) | :class:`TraitMetrics` | :func:`trait_metrics` |
+| classification | :class:`ClassificationMetrics` | :func:`classification_metrics` |
+| VQA | :class:`~polyfuse.metrics.vqa.VQAScore` | :func:`~polyfuse.metrics.vqa.vqa_accuracy` |
+| captioning | :class:`~polyfuse.metrics.captioning.CaptionMetrics` | :func:`~polyfuse.metrics.captioning.caption_metrics` |
+| retrieval | :class:`~polyfuse.metrics.retrieval.TextVideoRetrieval` | :func:`~polyfuse.metrics.retrieval.text_video_retrieval` |
+
+The VQA, captioning and retrieval metrics live in their modules (``polyfuse.metrics.vqa``
+...), imported on use.
+"""
 
 from polyfuse.metrics.classes import (
     ClassificationMetrics,

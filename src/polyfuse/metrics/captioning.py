@@ -3,25 +3,35 @@
 The captions are tokenised as the MS COCO caption evaluation does: Stanford's
 PTBTokenizer (Java, shipped with pycocoevalcap), lower-cased, punctuation dropped.
 Without Java the PTB tokenisation falls back to its Python twin
-:func:`polyfuse.data.formats.captioning.ptb_tokenize` and METEOR (a Java program) is
+:func:`polyfuse.text.ptb_tokenize` and METEOR (a Java program) is
 not scored: its value is None and ``errors["METEOR"]`` says why; the other metrics
 are scored all the same. pycocoevalcap's ``Cider`` is CIDEr-D (clipped n-gram
 counts, Gaussian length penalty, sigma 6, times 10), with document frequencies
 from the references scored. A generated caption that tokenises to nothing (empty, or
 punctuation only) is scored as it is, as pycocoevalcap called directly scores it: no
 n-gram matches, and length 0 in BLEU's brevity penalty.
+
+:class:`CaptionMetrics` is the torchmetrics ``Metric`` of :func:`caption_metrics`: it
+collects each video's generated caption and references over batches and scores them
+all at ``compute()`` (corpus-level metrics: document frequencies and BLEU's counts are
+taken over the whole split, not averaged over batches).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from polyfuse.data.formats.captioning import ptb_tokenize
+import torch
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
-__all__ = ["CAPTION_METRICS", "caption_metrics", "java_available"]
+from polyfuse.text import ptb_tokenize
+
+__all__ = ["CAPTION_METRICS", "CaptionMetrics", "caption_metrics", "java_available"]
 
 CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
@@ -114,3 +124,69 @@ def caption_metrics(
     result["tokenizer"] = "PTB (Java)" if java else "PTB (Python)"
     result["errors"] = errors
     return result
+
+
+class CaptionMetrics(Metric):
+    """:func:`caption_metrics` of the captions generated over batches.
+
+    ``update(videos, hypotheses, references)``: per video of a batch, its id, its
+    generated caption and its reference captions (raw text; None: it has none, which
+    ``compute()`` refuses naming the video). ``compute()`` returns the
+    dict of :func:`caption_metrics` (scores, ``tokenizer``, ``errors``) over every video
+    added, in the order added; a video added twice counts once (its last caption, in
+    the place of its first), as a dict updated batch by batch.
+
+    Strings are not tensors: each video's ``[id, hypothesis, references]`` is kept as the
+    UTF-8 bytes of its JSON text (one uint8 tensor per batch, and its length per video),
+    so the states are tensors that torchmetrics concatenates across processes under DDP
+    (``dist_reduce_fx="cat"``) like any other, and are decoded back at ``compute()``.
+    (The captioning task itself trains and tests on one process.)
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    def __init__(self, *, meteor: bool = True, java: bool | None = None) -> None:
+        super().__init__()
+        self.meteor, self.java = bool(meteor), java
+        self.add_state("records", default=[], dist_reduce_fx="cat")  # uint8 UTF-8 JSON, concatenated
+        self.add_state("record_lengths", default=[], dist_reduce_fx="cat")  # bytes per video
+
+    def update(self, videos: Sequence[str], hypotheses: Sequence[str],
+               references: Sequence[Sequence[str] | None]) -> None:
+        if not len(videos) == len(hypotheses) == len(references):
+            raise ValueError(
+                f"CaptionMetrics.update: {len(videos)} videos, {len(hypotheses)} generated captions and "
+                f"{len(references)} reference lists; expected one of each per video"
+            )
+        if isinstance(videos, str) or isinstance(hypotheses, str):
+            raise ValueError("CaptionMetrics.update: videos and hypotheses are lists, one entry per video")
+        texts = [
+            json.dumps([str(video), caption, refs if refs is None or isinstance(refs, str) else list(refs)]).encode("utf-8")
+            for video, caption, refs in zip(videos, hypotheses, references, strict=True)
+        ]
+        if not texts:
+            return
+        data = bytearray(b"".join(texts))
+        self.records.append(torch.frombuffer(data, dtype=torch.uint8).to(self.device))
+        self.record_lengths.append(torch.tensor([len(t) for t in texts], dtype=torch.long, device=self.device))
+
+    def _decoded(self) -> tuple[dict[str, list[str]], dict[str, str]]:
+        if isinstance(self.record_lengths, list) and not self.record_lengths:
+            return {}, {}
+        data = dim_zero_cat(self.records).cpu().numpy().tobytes()
+        references: dict[str, list[str]] = {}
+        hypotheses: dict[str, str] = {}
+        start = 0
+        for length in dim_zero_cat(self.record_lengths).tolist():
+            video, caption, refs = json.loads(data[start : start + length].decode("utf-8"))
+            start += length
+            hypotheses[video] = caption  # as dict.update: the last copy counts
+            if refs is not None:
+                references[video] = refs
+        return references, hypotheses
+
+    def compute(self) -> dict[str, Any]:
+        references, hypotheses = self._decoded()
+        return caption_metrics(references, hypotheses, meteor=self.meteor, java=self.java)

@@ -17,6 +17,11 @@ item and the count, never ranked: a NaN at the correct item would otherwise be r
 The similarity matrix is never held whole: :func:`retrieval_ranks` walks the
 queries in chunks of ``chunk_size`` rows, so its peak extra memory is
 ``chunk_size x G`` scores (4 bytes each in float32), linear in the chunk.
+
+Text-video retrieval in both directions (``C`` captions, ``N`` videos):
+:func:`text_video_retrieval` scores a whole split at once, from embeddings or from a
+(C, N) score matrix; :class:`TextVideoRetrieval` is its torchmetrics ``Metric``, which
+accumulates the same over batches (a validation epoch) and computes it once.
 """
 
 from __future__ import annotations
@@ -26,16 +31,20 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 __all__ = [
     "RECALL_KS",
     "RetrievalMetrics",
+    "TextVideoRetrieval",
     "chance_recall",
     "chunked_similarity",
     "query_targets",
     "ranks_from_scores",
     "retrieval_metrics",
     "retrieval_ranks",
+    "text_video_retrieval",
 ]
 
 RECALL_KS = (1, 5, 10)
@@ -238,3 +247,182 @@ def chance_recall(targets: Tensor, ks: Sequence[int] = RECALL_KS) -> dict[int, f
             total += 1.0 - miss
         out[int(k)] = 100.0 * total / len(counts)
     return out
+
+
+def _video_targets(caption_video: Tensor, num_videos: int) -> Tensor:
+    """(N, C) bool: True where caption c describes video n. Raises, naming them, when
+    videos have no caption (a video-to-text query needs one)."""
+    targets = torch.zeros(num_videos, caption_video.numel(), dtype=torch.bool)
+    targets[caption_video, torch.arange(caption_video.numel())] = True
+    missing = (~targets.any(dim=1)).nonzero().flatten()
+    if missing.numel():
+        raise ValueError(f"text-video retrieval: videos {missing[:10].tolist()} have no caption ({missing.numel()} such videos)")
+    return targets
+
+
+def text_video_retrieval(
+    caption_video: Tensor,
+    *,
+    texts: Tensor | None = None,
+    videos: Tensor | None = None,
+    scores: Tensor | None = None,
+    ks: Sequence[int] = RECALL_KS,
+    chunk_size: int = 1024,
+    chance: bool = True,
+) -> dict[str, float]:
+    """Recall@K, MedR and MeanR of text-to-video (``t2v_``) and video-to-text (``v2t_``)
+    retrieval over one split, and (``chance``) the recall of a random ranking
+    (``chance_t2v_R@K``, ``chance_v2t_R@K``): the keys of the retrieval runs.
+
+    Text to video: each caption queries the N videos, one correct. Video to text: each
+    video queries the C captions, all of its captions correct (its rank is its
+    best-placed caption's). Ranks as :func:`retrieval_ranks` (pessimistic ties).
+
+    Args:
+        caption_video: (C,) long, the video (row of ``videos``, column of ``scores``) of
+            each caption.
+        texts: (C, d) caption embeddings and videos: (N, d) video embeddings, scored by
+            inner product (normalise them first for cosine scores); or
+        scores: (C, N) the score of every caption-video pair (any scorer).
+    """
+    if (scores is None) == (texts is None and videos is None):
+        raise ValueError("text-video retrieval: give texts and videos, or scores, not both")
+    if scores is None and (texts is None or videos is None):
+        raise ValueError("text-video retrieval: texts and videos go together")
+    num_captions, num_videos = (texts.shape[0], videos.shape[0]) if scores is None else tuple(scores.shape[:2])
+    if (not isinstance(caption_video, Tensor) or caption_video.dtype != torch.long
+            or caption_video.shape != (num_captions,)):
+        raise ValueError(f"text-video retrieval: caption_video must be a ({num_captions},) int64 tensor of video rows")
+    if num_captions and bool(((caption_video < 0) | (caption_video >= num_videos)).any()):
+        raise ValueError(f"text-video retrieval: caption_video must lie in [0, {num_videos})")
+    caption_video = caption_video.cpu()
+    video_targets = _video_targets(caption_video, num_videos)  # (N, C)
+    if scores is None:
+        t2v = retrieval_ranks(texts, videos, caption_video, chunk_size=chunk_size)
+        v2t = retrieval_ranks(videos, texts, video_targets, chunk_size=chunk_size)
+    else:
+        t2v = ranks_from_scores(scores, caption_video)
+        v2t = ranks_from_scores(scores.T, video_targets)
+    out: dict[str, float] = {}
+    for name, ranks, targets, gallery in (
+        ("t2v_", t2v, video_targets.T, num_videos),
+        ("v2t_", v2t, video_targets, num_captions),
+    ):
+        out.update(retrieval_metrics(ranks, gallery, ks).as_dict(name))
+        if chance:
+            out.update({f"chance_{name}R@{k}": v for k, v in chance_recall(targets, ks).items()})
+    return out
+
+
+def _first_of_each_row(rows: Tensor) -> Tensor:
+    """Positions of the first occurrence of each distinct value of ``rows`` (M,), in the
+    order of the values."""
+    order = torch.argsort(rows, stable=True)
+    ordered = rows[order]
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return order[first]
+
+
+def _gathered(state: list[Tensor] | Tensor) -> Tensor | None:
+    if isinstance(state, list) and not state:
+        return None
+    return dim_zero_cat(state)
+
+
+class TextVideoRetrieval(Metric):
+    """:func:`text_video_retrieval` over a split that arrives in batches.
+
+    ``update(caption_rows=, caption_video=, texts=, videos=, video_rows=)`` or
+    ``update(caption_rows=, caption_video=, scores=)``, with any of the parts in any
+    call (a batch of captions, a batch of videos, or pairs of both):
+
+    * ``caption_rows`` (B,) long: each caption's row in the split, its id;
+      ``caption_video`` (B,) long: the row of its video;
+    * ``texts`` (B, d): their embeddings, and ``videos`` (B_v, d) with ``video_rows``
+      (B_v,) long: video embeddings and their rows; or
+    * ``scores`` (B, N): each caption's score against every video of the split (column
+      n: video row n).
+
+    A row given twice counts once, its first copy (a loader of caption-video pairs
+    repeats each video; DDP's sampler pads with repeats), so the result is that of the
+    whole split whatever the batches and the number of processes. States are tensors
+    concatenated across processes under DDP (``dist_reduce_fx="cat"``). ``compute()``
+    returns the keys of :func:`text_video_retrieval` as floats.
+    """
+
+    full_state_update = False
+    is_differentiable = False
+
+    def __init__(self, *, ks: Sequence[int] = RECALL_KS, chunk_size: int = 1024, chance: bool = True) -> None:
+        super().__init__()
+        self.ks, self.chunk_size, self.chance = tuple(int(k) for k in ks), int(chunk_size), bool(chance)
+        for name in ("caption_rows", "caption_video", "texts", "scores", "videos", "video_rows"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(
+        self,
+        *,
+        caption_rows: Tensor | None = None,
+        caption_video: Tensor | None = None,
+        texts: Tensor | None = None,
+        scores: Tensor | None = None,
+        videos: Tensor | None = None,
+        video_rows: Tensor | None = None,
+    ) -> None:
+        if texts is not None and scores is not None:
+            raise ValueError("TextVideoRetrieval.update: give texts or scores, not both")
+        captions = texts if texts is not None else scores
+        if (captions is None) != (caption_rows is None) or (caption_rows is None) != (caption_video is None):
+            raise ValueError(
+                "TextVideoRetrieval.update: caption_rows, caption_video and texts (or scores) go together"
+            )
+        if (videos is None) != (video_rows is None):
+            raise ValueError("TextVideoRetrieval.update: videos and video_rows go together")
+        for name, rows, values in (("caption", caption_rows, captions), ("video", video_rows, videos)):
+            if rows is None:
+                continue
+            if rows.dtype != torch.long or rows.dim() != 1 or values.dim() != 2 or values.shape[0] != rows.shape[0]:
+                raise ValueError(
+                    f"TextVideoRetrieval.update: {name}_rows {tuple(rows.shape)} must be (B,) int64 "
+                    f"beside (B, ...) values, got {tuple(values.shape)}"
+                )
+        if caption_rows is not None:
+            if caption_video.shape != caption_rows.shape or caption_video.dtype != torch.long:
+                raise ValueError(
+                    f"TextVideoRetrieval.update: caption_video {tuple(caption_video.shape)} must be "
+                    f"{tuple(caption_rows.shape)} int64"
+                )
+            self.caption_rows.append(caption_rows)
+            self.caption_video.append(caption_video)
+            (self.texts if texts is not None else self.scores).append(captions.detach())
+        if video_rows is not None:
+            self.video_rows.append(video_rows)
+            self.videos.append(videos.detach())
+
+    def compute(self) -> dict[str, float]:
+        caption_rows, caption_video = _gathered(self.caption_rows), _gathered(self.caption_video)
+        texts, scores = _gathered(self.texts), _gathered(self.scores)
+        videos, video_rows = _gathered(self.videos), _gathered(self.video_rows)
+        if caption_rows is None:
+            raise ValueError("TextVideoRetrieval.compute: no caption was added")
+        if texts is not None and scores is not None:
+            raise ValueError("TextVideoRetrieval.compute: some updates gave texts, others scores; give one kind")
+        keep = _first_of_each_row(caption_rows)
+        caption_video = caption_video[keep].cpu()
+        options = {"ks": self.ks, "chunk_size": self.chunk_size, "chance": self.chance}
+        if scores is not None:
+            return text_video_retrieval(caption_video, scores=scores[keep], **options)
+        if videos is None:
+            raise ValueError("TextVideoRetrieval.compute: captions were added as texts but no video was")
+        video_keep = _first_of_each_row(video_rows)
+        video_rows = video_rows[video_keep].cpu()  # ascending
+        position = torch.searchsorted(video_rows, caption_video).clamp_max(video_rows.numel() - 1)
+        unknown = (video_rows[position] != caption_video).nonzero().flatten()
+        if unknown.numel():
+            first = int(unknown[0])
+            raise ValueError(
+                f"TextVideoRetrieval.compute: caption row {int(caption_rows[keep][first])} belongs to video row "
+                f"{int(caption_video[first])}, which no update gave ({unknown.numel()} such captions)"
+            )
+        return text_video_retrieval(position, texts=texts[keep], videos=videos[video_keep], **options)

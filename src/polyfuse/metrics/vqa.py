@@ -1,27 +1,17 @@
 """The VQA accuracy of Antol et al. (ICCV 2015) as the official VQA 2.0 evaluation computes it.
 
-The official script is ``PythonEvaluationTools/vqaEvaluation/vqaEval.py`` of
-github.com/GT-Vision-Lab/VQA, as it stands since commit a013f00 (2021, "Fixed processing
-answers bug"); these are its rules, written anew:
+The answer rules of the official script (whitespace, :func:`normalize_answer` only when
+the human answers differ, the mean over the ten leave-one-out subsets of nine humans of
+``min(#matching / 3, 1)``) live in :mod:`polyfuse.text`, which the data use too (the
+answer vocabulary, the soft targets, each candidate answer's accuracy); they are
+re-exported here as the functional side of the metric.
 
-1. Every answer, predicted or human, has newlines and tabs replaced by spaces and is
-   stripped.
-2. Only when the ten human answers of a question are **not all the same string**, the
-   prediction and every human answer are normalised (:func:`normalize_answer`):
-   :func:`process_punctuation` then :func:`process_digit_article`. When all humans gave
-   the same string, nothing is normalised and the prediction must equal it exactly
-   ("Yes." and "yes!" score 0 against ten "yes"; "don't know" scores 1 against ten
-   "don't know").
-3. ``accuracy = mean over i of min(#{j != i : answers[j] == prediction} / 3, 1)``, the
-   mean over the ten leave-one-out subsets of nine humans.
-
-The version in the repository between 2016 and 2021 (458a8b2, current when VQA 2.0 was
-released) normalised the prediction always and the human answers with
-:func:`process_punctuation` only; its first version (07aecec, the 2015 beta) had another
-punctuation list (with ``:`` and ``'``, without ``!``, ``-``, ``{``, ``}``).
-
-Per-type breakdowns (yes/no, number, other; question types) average each question's
-accuracy, as the official script does.
+:class:`VQAScore` accumulates the accuracy over batches, overall and per answer type
+(yes/no, number, other), each the mean of its questions' accuracies as the official
+script computes them. It does not apply the rules to strings at every batch: the data
+give each question its candidate answers and their accuracies, computed once with
+:func:`vqa_accuracy` (:func:`polyfuse.data.vqa_data.answer_table`), and the metric
+looks the predicted answer up among them.
 
 :func:`soft_score` is the training target of BAN and its predecessors,
 ``min(#humans that gave the answer / 3, 1)``.
@@ -29,148 +19,23 @@ accuracy, as the official script does.
 
 from __future__ import annotations
 
-import functools
-import re
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+# The official answer rules, shared with the data; part of this module's API.
+from polyfuse.text import normalize_answer, process_digit_article, process_punctuation, vqa_accuracy
 
 __all__ = [
-    "VQAAccuracy",
+    "VQAScore",
     "normalize_answer",
     "process_digit_article",
     "process_punctuation",
     "soft_score",
     "vqa_accuracy",
 ]
-
-# The tables of the official script (``manualMap``, ``articles``, ``punct``,
-# ``contractions``), entry for entry.
-_NUMBER_WORDS = {
-    "none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4",
-    "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10",
-}  # fmt: skip
-_ARTICLES = frozenset({"a", "an", "the"})
-# No ":", "'", "." (periods have their own rule), "*", "#", "&", "%", "$" among them.
-_PUNCTUATION = [";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!"]  # fmt: skip
-# The official ``periodStrip`` is "(?!<=\d)(\.)(?!\d)": its "(?!<=\d)" is a look-ahead
-# for the text "<=digit", never true at a ".", so the rule is: a period not followed by a
-# digit. Python 2 compiled it without re.UNICODE, so \d is an ASCII digit (re.ASCII).
-_PERIOD = re.compile(r"(?!<=\d)(\.)(?!\d)", re.ASCII)
-# The script passes re.UNICODE (32) as ``sub``'s third argument, which is ``count``:
-# at most 32 periods of an answer are removed.
-_PERIOD_COUNT = int(re.UNICODE)
-_COMMA_BETWEEN_DIGITS = re.compile(r"(\d)(,)(\d)", re.ASCII)
-# Keys are matched against lower-cased words, so the four keys with a capital "I" never
-# match; "somebody'd" is mapped to "somebodyd" (sic). Both kept as the script has them.
-_CONTRACTIONS = {
-    "aint": "ain't", "arent": "aren't", "cant": "can't", "couldve": "could've", "couldnt": "couldn't",
-    "couldn'tve": "couldn't've", "couldnt've": "couldn't've", "didnt": "didn't", "doesnt": "doesn't",
-    "dont": "don't", "hadnt": "hadn't", "hadnt've": "hadn't've", "hadn'tve": "hadn't've", "hasnt": "hasn't",
-    "havent": "haven't", "hed": "he'd", "hed've": "he'd've", "he'dve": "he'd've", "hes": "he's",
-    "howd": "how'd", "howll": "how'll", "hows": "how's", "Id've": "I'd've", "I'dve": "I'd've", "Im": "I'm",
-    "Ive": "I've", "isnt": "isn't", "itd": "it'd", "itd've": "it'd've", "it'dve": "it'd've", "itll": "it'll",
-    "let's": "let's", "maam": "ma'am", "mightnt": "mightn't", "mightnt've": "mightn't've",
-    "mightn'tve": "mightn't've", "mightve": "might've", "mustnt": "mustn't", "mustve": "must've",
-    "neednt": "needn't", "notve": "not've", "oclock": "o'clock", "oughtnt": "oughtn't", "ow's'at": "'ow's'at",
-    "'ows'at": "'ow's'at", "'ow'sat": "'ow's'at", "shant": "shan't", "shed've": "she'd've",
-    "she'dve": "she'd've", "she's": "she's", "shouldve": "should've", "shouldnt": "shouldn't",
-    "shouldnt've": "shouldn't've", "shouldn'tve": "shouldn't've", "somebody'd": "somebodyd",
-    "somebodyd've": "somebody'd've", "somebody'dve": "somebody'd've", "somebodyll": "somebody'll",
-    "somebodys": "somebody's", "someoned": "someone'd", "someoned've": "someone'd've",
-    "someone'dve": "someone'd've", "someonell": "someone'll", "someones": "someone's",
-    "somethingd": "something'd", "somethingd've": "something'd've", "something'dve": "something'd've",
-    "somethingll": "something'll", "thats": "that's", "thered": "there'd", "thered've": "there'd've",
-    "there'dve": "there'd've", "therere": "there're", "theres": "there's", "theyd": "they'd",
-    "theyd've": "they'd've", "they'dve": "they'd've", "theyll": "they'll", "theyre": "they're",
-    "theyve": "they've", "twas": "'twas", "wasnt": "wasn't", "wed've": "we'd've", "we'dve": "we'd've",
-    "weve": "we've", "werent": "weren't", "whatll": "what'll", "whatre": "what're", "whats": "what's",
-    "whatve": "what've", "whens": "when's", "whered": "where'd", "wheres": "where's", "whereve": "where've",
-    "whod": "who'd", "whod've": "who'd've", "who'dve": "who'd've", "wholl": "who'll", "whos": "who's",
-    "whove": "who've", "whyll": "why'll", "whyre": "why're", "whys": "why's", "wont": "won't",
-    "wouldve": "would've", "wouldnt": "wouldn't", "wouldnt've": "wouldn't've", "wouldn'tve": "wouldn't've",
-    "yall": "y'all", "yall'll": "y'all'll", "y'allll": "y'all'll", "yall'd've": "y'all'd've",
-    "y'alld've": "y'all'd've", "y'all'dve": "y'all'd've", "youd": "you'd", "youd've": "you'd've",
-    "you'dve": "you'd've", "youll": "you'll", "youre": "you're", "youve": "you've",
-}  # fmt: skip
-
-
-def _clean_whitespace(text: str) -> str:
-    """Step 1 of the official script: newlines and tabs become spaces, ends stripped."""
-    return text.replace("\n", " ").replace("\t", " ").strip()
-
-
-# Answers repeat: VQA 2.0 has ~4M answers, far fewer distinct ones.
-@functools.lru_cache(maxsize=1 << 16)
-def process_punctuation(text: str) -> str:
-    """The official ``processPunctuation``.
-
-    Each mark of the list is removed where the text has it next to a space (``mark + " "``
-    or ``" " + mark`` anywhere in the text) or where the text has a comma between two
-    digits; otherwise it is replaced by a space. Then up to 32 periods not followed by a
-    digit are removed. Case and spacing are left as they are.
-
-    >>> process_punctuation("t-shirt"), process_punctuation("yes!"), process_punctuation("1,000 dollars!")
-    ('t shirt', 'yes ', '1000 dollars')
-    """
-    out = text
-    strip_all = _COMMA_BETWEEN_DIGITS.search(text) is not None
-    for mark in _PUNCTUATION:
-        if strip_all or mark + " " in text or " " + mark in text:
-            out = out.replace(mark, "")
-        else:
-            out = out.replace(mark, " ")
-    return _PERIOD.sub("", out, count=_PERIOD_COUNT)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def process_digit_article(text: str) -> str:
-    """The official ``processDigitArticle``: lower case, split on whitespace, number words
-    "none" and "zero" to "ten" to digits, articles "a", "an", "the" dropped, then each
-    remaining word looked up in the contraction table ("dont" -> "don't"); words joined by
-    one space.
-
-    >>> process_digit_article("The Two dont")
-    "2 don't"
-    """
-    words = [_NUMBER_WORDS.get(word, word) for word in text.lower().split()]
-    words = [_CONTRACTIONS.get(word, word) for word in words if word not in _ARTICLES]
-    return " ".join(words)
-
-
-def normalize_answer(text: str) -> str:
-    """The official normalisation of an answer: whitespace cleaned, then
-    :func:`process_punctuation`, then :func:`process_digit_article`. The official
-    accuracy applies it only to questions whose human answers differ
-    (:func:`vqa_accuracy`).
-
-    >>> normalize_answer("Two dogs.")
-    '2 dogs'
-    """
-    return process_digit_article(process_punctuation(_clean_whitespace(text)))
-
-
-def vqa_accuracy(prediction: str, answers: Sequence[str]) -> float:
-    """Official VQA 2.0 accuracy of one prediction against the human answers, in [0, 1].
-
-    Whitespace cleaned; the prediction and the answers normalised only when the cleaned
-    answers are not all the same string; then
-    ``mean over i of min(#{j != i : answers[j] == prediction} / 3, 1)``.
-
-    Raises:
-        ValueError: ``answers`` is empty.
-    """
-    if len(answers) == 0:
-        raise ValueError("vqa_accuracy: the question has no human answers")
-    prediction = _clean_whitespace(prediction)
-    answers = [_clean_whitespace(answer) for answer in answers]
-    if len(set(answers)) > 1:
-        prediction = normalize_answer(prediction)
-        answers = [normalize_answer(answer) for answer in answers]
-    matches = sum(answer == prediction for answer in answers)
-    total = 0.0
-    for answer in answers:  # leave this human out
-        total += min((matches - (answer == prediction)) / 3.0, 1.0)
-    return total / len(answers)
 
 
 def soft_score(count: int | float) -> float:
@@ -180,55 +45,59 @@ def soft_score(count: int | float) -> float:
     return min(count / 3.0, 1.0)
 
 
-class VQAAccuracy:
-    """Accumulates official VQA accuracy overall and per answer / question type.
+class VQAScore(Metric):
+    """Official VQA accuracy accumulated over batches, overall and per answer type.
 
-    ``update(predictions, answers, answer_types, question_types)`` takes lists of
-    one entry per question; ``compute()`` returns percentages:
-    ``{"overall": ..., "per_answer_type": {...}, "per_question_type": {...}}``.
+    Shapes: ``B`` questions of a batch, ``K`` candidate answers of a question, ``T``
+    type names.
+
+    ``update(predicted, answer_ids, answer_scores, types)``: predicted (B,) answer
+    indices; answer_ids (B, K) long and answer_scores (B, K), the accuracy
+    (:func:`vqa_accuracy`) of each candidate answer of the question, -1 pads; an answer
+    outside the candidates scores 0. types (B,) long in [0, T) (-1: a type unseen in
+    training, counted overall only). ``compute()`` gives ``acc`` and ``acc/<type name>``
+    (types with questions only) as fractions in [0, 1].
+
+    The states are sums (float64), added across processes under DDP.
     """
 
-    def __init__(self) -> None:
-        self.reset()
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
 
-    def reset(self) -> None:
-        self._scores: list[float] = []
-        self._by_answer_type: dict[str, list[float]] = defaultdict(list)
-        self._by_question_type: dict[str, list[float]] = defaultdict(list)
+    def __init__(self, type_names: Sequence[str]) -> None:
+        super().__init__()
+        self.type_names = list(type_names)
+        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("type_total", torch.zeros(len(self.type_names), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("type_count", torch.zeros(len(self.type_names), dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(
-        self,
-        predictions: Sequence[str],
-        answers: Sequence[Sequence[str]],
-        answer_types: Sequence[str] | None = None,
-        question_types: Sequence[str] | None = None,
-    ) -> None:
-        if len(predictions) != len(answers):
+    def update(self, predicted: Tensor, answer_ids: Tensor, answer_scores: Tensor, types: Tensor) -> None:
+        batch = predicted.shape[0] if predicted.dim() == 1 else None
+        if batch is None or answer_ids.dim() != 2 or answer_ids.shape[0] != batch:
             raise ValueError(
-                f"VQAAccuracy.update: {len(predictions)} predictions but {len(answers)} answer lists"
+                f"VQAScore.update: predicted {tuple(predicted.shape)} must be (B,) and answer_ids "
+                f"{tuple(answer_ids.shape)} (B, K)"
             )
-        for name, types in [("answer_types", answer_types), ("question_types", question_types)]:
-            if types is not None and len(types) != len(predictions):
-                raise ValueError(
-                    f"VQAAccuracy.update: {name} has {len(types)} entries, expected {len(predictions)}"
-                )
-        for index, (prediction, human) in enumerate(zip(predictions, answers, strict=True)):
-            score = vqa_accuracy(prediction, human)
-            self._scores.append(score)
-            if answer_types is not None:
-                self._by_answer_type[answer_types[index]].append(score)
-            if question_types is not None:
-                self._by_question_type[question_types[index]].append(score)
+        if answer_scores.shape != answer_ids.shape or types.shape != (batch,):
+            raise ValueError(
+                f"VQAScore.update: answer_scores {tuple(answer_scores.shape)} must be {tuple(answer_ids.shape)} "
+                f"and types {tuple(types.shape)} ({batch},)"
+            )
+        if types.numel() and int(types.max()) >= len(self.type_names):
+            raise ValueError(f"VQAScore.update: type index {int(types.max())} but {len(self.type_names)} type names")
+        hit = (answer_ids == predicted.unsqueeze(1)) & (answer_ids >= 0)  # (B, K)
+        scores = (answer_scores * hit).sum(dim=1).double()  # (B,)
+        self.total += scores.sum()
+        self.count += scores.numel()
+        known = types >= 0
+        self.type_total.index_add_(0, types[known], scores[known])
+        self.type_count.index_add_(0, types[known], torch.ones_like(scores[known]))
 
-    def compute(self) -> dict[str, float | Mapping[str, float]]:
-        if not self._scores:
-            raise ValueError("VQAAccuracy.compute: no question was added")
-
-        def percent(scores: Sequence[float]) -> float:
-            return 100.0 * sum(scores) / len(scores)
-
-        return {
-            "overall": percent(self._scores),
-            "per_answer_type": {k: percent(v) for k, v in sorted(self._by_answer_type.items())},
-            "per_question_type": {k: percent(v) for k, v in sorted(self._by_question_type.items())},
-        }
+    def compute(self) -> dict[str, Tensor]:
+        values = {"acc": (self.total / self.count.clamp_min(1)).float()}
+        for i, name in enumerate(self.type_names):
+            if self.type_count[i] > 0:
+                values[f"acc/{name}"] = (self.type_total[i] / self.type_count[i]).float()
+        return values

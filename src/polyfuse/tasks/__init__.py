@@ -1,9 +1,18 @@
-"""Tasks: Lightning modules that put a head, a loss and metrics on a passed-in model."""
+"""Task types: one file each, with its Lightning module (a head, a loss and metrics on a
+passed-in model) and its registered spec (:mod:`polyfuse.tasks.registry`)."""
 
 from polyfuse.tasks.backbone import ENCODER_TYPES, FusionBackbone, ModalityEncoder
 from polyfuse.tasks.base import SCHEDULERS, FusionTask
 from polyfuse.tasks.captioning import CaptioningTask
-from polyfuse.tasks.tasks import (
+from polyfuse.tasks.registry import (
+    TaskData,
+    TaskSpec,
+    available_tasks,
+    register_task,
+    task_spec,
+    task_specs,
+)
+from polyfuse.tasks.tabular import (
     LOSSES,
     TASKS,
     ClassificationTask,
@@ -12,10 +21,6 @@ from polyfuse.tasks.tasks import (
     task_class,
 )
 from polyfuse.tasks.vqa import VQATask
-
-TASKS["vqa"] = VQATask  # task.type vqa: its own data and model sections (engine/vqa_run.py)
-
-TASKS["captioning"] = CaptioningTask  # type: ignore[assignment]  # its own engine path (engine/captioning_runs.py)
 
 __all__ = [
     "ENCODER_TYPES",
@@ -28,7 +33,13 @@ __all__ = [
     "FusionTask",
     "ModalityEncoder",
     "SentimentTask",
+    "TaskData",
+    "TaskSpec",
     "TraitsTask",
     "VQATask",
+    "available_tasks",
+    "register_task",
     "task_class",
+    "task_spec",
+    "task_specs",
 ]

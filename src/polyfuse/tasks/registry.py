@@ -69,6 +69,10 @@ class TaskSpec:
         default_monitor: the validation metric that picks the best checkpoint, and its mode.
         distributed: None when the task trains with DDP; else why it trains on one process.
         prediction_suffix: the file type ``predict --out`` writes (``.csv`` or ``.json``).
+        predict_options: the task's own options of ``polyfuse predict`` and their
+            defaults (VQA: ``images``, ``top_k``); another task refuses them.
+        reads_own_files: True when a checkpoint reads the files of its configuration
+            only (``--data`` / ``--modalities`` do not apply).
     """
 
     name: ClassVar[str]
@@ -79,6 +83,8 @@ class TaskSpec:
     default_monitor: ClassVar[tuple[str, str]] = ("val/loss", "min")
     distributed: ClassVar[str | None] = None
     prediction_suffix: ClassVar[str] = ".csv"
+    predict_options: ClassVar[dict[str, Any]] = {}
+    reads_own_files: ClassVar[bool] = False
 
     # -- configuration -------------------------------------------------------------
     def check_config(self, config: Any) -> None:
@@ -122,28 +128,50 @@ class TaskSpec:
         raise NotImplementedError
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
-                        modalities: Sequence[str] | None = None, require_labels: bool = True) -> TaskData:
-        """The data a checkpoint is evaluated on or applied to (``source`` and
-        ``modalities`` as ``polyfuse evaluate --data / --modalities``; a task that reads
-        only its configuration's files refuses them)."""
+                        modalities: Sequence[str] | None = None, require_labels: bool = True,
+                        **options: Any) -> TaskData:
+        """The data a checkpoint is evaluated on (``require_labels``) or applied to:
+        ``split`` (``all``: every row), ``source`` and ``modalities`` as ``polyfuse
+        evaluate --data / --modalities`` (None when :attr:`reads_own_files`), and the
+        :attr:`predict_options`."""
         raise NotImplementedError
 
-    def loader(self, data: TaskData, split: str) -> DataLoader:
-        """The evaluation loader of one split (``all``: every row)."""
+    def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
+        """The evaluation loaders of ``split``, by partition name (``all`` may be one
+        partition or several)."""
         raise NotImplementedError
 
-    def records(self, module: L.LightningModule, outputs: Sequence[Any], data: TaskData,
+    def bind(self, module: L.LightningModule, data: TaskData, **options: Any) -> None:
+        """Hand a loaded module what evaluation or prediction on ``data`` needs (reference
+        captions, the number of answers to keep) before the trainer runs it."""
+
+    def records(self, module: L.LightningModule, outputs: Mapping[str, Sequence[Any]], data: TaskData,
                 extras: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Prediction records (one dict per row) from ``Trainer.predict``'s outputs."""
+        """Prediction records (one dict per row) from ``Trainer.predict``'s outputs per
+        partition (the keys of :meth:`loaders`)."""
         raise NotImplementedError
 
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
         """Write ``records`` to ``path`` (atomically)."""
         raise NotImplementedError
 
+    def attention_figures(self, module: L.LightningModule, extras: Mapping[str, Any], out: Path, *,
+                          split: str, sample: int, question_ids: Sequence[int] | None, images: str | None,
+                          source: str | None, modalities: Sequence[str] | None) -> list[Path] | None:
+        """The task's own figures of its model's attention (``polyfuse plot attention``),
+        written to ``out``; None: the engine's figure of one sample's fusion attention."""
+        return None
+
     # -- comparison ----------------------------------------------------------------
-    def summary(self, rows: Sequence[Mapping[str, Any]], out_dir: Path) -> str | None:
-        """An extra table (markdown) for ``polyfuse compare`` over the runs' results, or None."""
+    def baselines(self, config: Mapping[str, Any], statistics: Sequence[str] = ("median", "mean")) -> dict[str, dict[str, float]]:
+        """Test metrics of trivial predictors (``statistics``: the constant predictions of
+        training medians, means), row name -> metrics, shown under a comparison's table;
+        {} for none."""
+        return {}
+
+    def summary(self, summary: Sequence[Mapping[str, Any]], out_dir: Path) -> str | None:
+        """The task's own markdown table for ``polyfuse compare`` (and figures it writes to
+        ``out_dir``) from the mean ± std rows, or None for the engine's table."""
         return None
 
 

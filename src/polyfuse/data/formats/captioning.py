@@ -1,5 +1,6 @@
 """Video captioning data: per-modality feature files keyed by video id, captions,
-splits, the PTB-style tokenisation of the caption metrics, and the vocabulary.
+splits and the vocabulary (words as the caption metrics tokenise them:
+:func:`polyfuse.text.ptb_tokenize`).
 
 Feature files (one per modality; ``PATH#KEY`` picks a group or an array):
 
@@ -20,7 +21,6 @@ Splits: JSON ``{"train": [ids], "val": [ids], "test": [ids]}`` (``valid`` works 
 from __future__ import annotations
 
 import csv
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +30,7 @@ import numpy as np
 
 from polyfuse.data.arrays import NpzArrays, open_h5
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
+from polyfuse.text import ptb_tokenize  # moved to polyfuse.text; kept here for 0.3.x
 
 __all__ = [
     "BEGIN",
@@ -45,29 +46,6 @@ __all__ = [
 ]
 
 PAD, BEGIN, END, UNKNOWN = "<pad>", "<bos>", "<eos>", "<unk>"
-
-# pycocoevalcap's PTBTokenizer: Stanford's PTBTokenizer (-lowerCase), then these
-# tokens are dropped (pycocoevalcap/tokenizer/ptbtokenizer.py, PUNCTUATIONS).
-# Its list names "-LRB-" ... in upper case, but the tokeniser lower-cases first, so
-# brackets stay (as "-lrb-" ...).
-_DROPPED = {"''", "'", "``", "`", ".", "?", "!", ",", ":", "-", "--", "...", ";"}
-_CLITICS = re.compile(r"(?i)([^\W_])(n't|'s|'re|'ll|'ve|'m|'d)\b")
-_PIECES = re.compile(r"(?i)n't|'(?:s|re|ll|ve|m|d)\b|\.\.\.|--|[^\W_]+(?:[-./][^\W_]+)*|\S")
-_BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-", '"': "''", "\u201c": "``", "\u201d": "''", "\u2018": "`", "\u2019": "'"}
-
-
-def ptb_tokenize(caption: str) -> list[str]:
-    """Lower-cased tokens as pycocoevalcap's PTB tokenisation gives them (in Python).
-
-    Words keep inner hyphens, dots and slashes (``t-shirt``, ``3.5``);
-    the clitics ``n't 's 're 'll 've 'm 'd`` are split off; brackets become PTB's
-    ``-lrb-`` ...; the punctuation tokens that the metrics drop are dropped. Checked
-    against the Java tokeniser on MSVD captions (tests/data/test_captioning_data.py).
-    """
-    text = _CLITICS.sub(r"\1 \2", caption.replace("\n", " "))
-    tokens = [_BRACKETS.get(piece, piece.lower()) for piece in _PIECES.findall(text)]
-    return [t for t in tokens if t not in _DROPPED]
-
 
 # ---------------------------------------------------------------------------
 # Features

@@ -12,7 +12,6 @@ Legend for shapes: ``Q`` questions, ``L`` words per question (``max_length``),
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
-from polyfuse.metrics.vqa import normalize_answer
+from polyfuse.text import normalize_answer, tokenize_question
 
 __all__ = [
     "ANSWER_COUNTS",
@@ -129,12 +128,7 @@ def load_vqa(
     return result
 
 
-def tokenize(question: str) -> list[str]:
-    """Lower-case words of a question; commas and question marks dropped, ``'s`` split off
-    (as the bottom-up attention / ban-vqa dictionaries do)."""
-    question = question.lower().replace(",", "").replace("?", "").replace("'s", " 's")
-    return re.sub(r"\s+", " ", question).strip().split(" ") if question.strip() else []
-
+tokenize = tokenize_question  # moved to polyfuse.text; kept for 0.3.x
 
 #: The word that stands for every word outside the vocabulary: the last entry of
 #: :func:`word_vocabulary`, index V - 1 of an embedding of V + 1 rows (V: padding), the
@@ -147,7 +141,7 @@ UNKNOWN_WORD = "<unk>"
 def word_vocabulary(questions: Sequence[VQAQuestion], *, min_count: int = 2) -> list[str]:
     """Words occurring at least ``min_count`` times, most frequent first (ties
     alphabetical), then :data:`UNKNOWN_WORD`."""
-    counts = Counter(word for q in questions for word in tokenize(q.question))
+    counts = Counter(word for q in questions for word in tokenize_question(q.question))
     counts.pop(UNKNOWN_WORD, None)
     return [*sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w)), UNKNOWN_WORD]
 
@@ -205,7 +199,7 @@ def encode_questions(
     unknown = index.get(UNKNOWN_WORD, padding)
     tokens = torch.full((len(questions), max_length), padding, dtype=torch.long)
     for row, q in enumerate(questions):
-        ids = [index.get(w, unknown) for w in tokenize(q.question)][:max_length]
+        ids = [index.get(w, unknown) for w in tokenize_question(q.question)][:max_length]
         tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     return tokens
 

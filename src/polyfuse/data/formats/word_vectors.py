@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-# MINILM_DIM lives in the (torch-free) configuration schema, which checks embed_dim against it.
-from polyfuse.engine.captioning_schema import MINILM_DIM
+#: the size of MiniLM's word-piece embeddings (the captioning section checks decoder.embed_dim against it)
+MINILM_DIM = 384
 
 __all__ = [
     "MINILM_DIM",
