@@ -41,11 +41,12 @@ FLOORS: dict[str, int] = {
     "cli": 9,
     "bench": 8,
     "engine": 7,
-    # figures/ sits just below engine and bench, which draw through it; it draws arrays
-    # and never loads a run or a model, so it imports less than its floor allows
-    # (FIGURES_MAY_IMPORT), and tasks/ below it do not draw.
-    "figures": 6,
-    "tasks": 5,
+    "tasks": 6,
+    # figures/ sits below the floors that draw (engine, bench, and a task spec's
+    # attention figures and comparison figure) and above those that never draw (nn/ owns
+    # parameters, data/ and metrics/ read and score). It draws arrays and never loads a
+    # run or a model, so it imports less than its floor allows: FIGURES_MAY_IMPORT.
+    "figures": 5,
     "nn": 4,
     "data": 3,
     "metrics": 3,
@@ -103,13 +104,11 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     ("data/formats/word_vectors.py", "b"),  # imports nn.sentence_encoder
     ("engine/compat.py", "f"),
     ("engine/retrieval_runs.py", "f"),
-    ("engine/vqa_run.py", "a"),  # engine.vqa_run <-> tasks.vqa
-    ("tasks/__init__.py", "a"),  # tasks.registry's _load_builtin imports polyfuse.tasks
+    ("tasks/__init__.py", "a"),  # tasks.registry._load_builtin imports polyfuse.tasks, which imports each task
     ("tasks/captioning.py", "a"),
     ("tasks/registry.py", "a"),
     ("tasks/tabular.py", "a"),
     ("tasks/vqa.py", "a"),
-    ("tasks/vqa.py", "b"),  # imports engine.vqa_run, engine.vqa_report
 }
 
 

@@ -1,5 +1,7 @@
 """BAN's attention maps of a VQA checkpoint's questions, drawn over their images
-(``polyfuse plot --vqa-attention``); the VQA task itself is :mod:`polyfuse.tasks.vqa`."""
+(``polyfuse plot attention`` on a VQA checkpoint, through
+:meth:`polyfuse.tasks.vqa.VQASpec.attention_figures`): the questions, images and the
+model's maps here, the drawing in :func:`polyfuse.figures.vqa.draw_vqa_attention`."""
 
 from __future__ import annotations
 
@@ -10,13 +12,12 @@ from typing import Any
 import torch
 
 from polyfuse.data.vqa_data import build_vqa_data
-from polyfuse.tasks.vqa import VQATask
 
 __all__ = ["plot_vqa_checkpoint_attention"]
 
 
 def plot_vqa_checkpoint_attention(
-    task: VQATask,
+    task: Any,
     extras: Mapping[str, Any],
     out: str | Path,
     *,

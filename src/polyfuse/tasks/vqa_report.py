@@ -1,6 +1,6 @@
 """A VQA comparison's table and figure (``polyfuse compare`` on a ``task.type: vqa``
-configuration); the figure is drawn by :mod:`polyfuse.figures.vqa`, as is the attention
-figure of ``polyfuse plot attention``."""
+configuration, through :meth:`polyfuse.tasks.vqa.VQASpec.summary`); the figure is drawn
+by :func:`polyfuse.figures.vqa.draw_vqa_summary`."""
 
 from __future__ import annotations
 
