@@ -2,9 +2,10 @@
 
 A function here takes what it draws (arrays, dicts of numbers, rows of a benchmark's
 payload) and the path to write, and returns that path; it never loads a run, a
-checkpoint or a clip. The floor sits just below ``engine/`` and ``bench/``, which load
-what a figure shows and call these; it imports only ``data/``, ``metrics/``,
-``functional/`` and the ground floor (tests/test_layers.py holds it to that).
+checkpoint or a clip. The floor sits below those that load what a figure shows and
+call these (``engine/``, ``bench/``, a task spec's figures in ``tasks/``) and above
+``nn/``, ``data/`` and ``metrics/``, which never draw; it imports only ``data/``,
+``metrics/``, ``functional/`` and the ground floor (tests/test_layers.py holds it to that).
 matplotlib (the ``plots`` extra) is imported inside the functions, Agg backend.
 
 - :mod:`~polyfuse.figures.common`: the pyplot module and the one way a figure is saved.
