@@ -18,7 +18,7 @@ def test_import_polyfuse_does_not_import_torch():
 
 
 def test_the_layers_do_not_import_the_training_stack_or_geoopt():
-    modules = loaded_after("import polyfuse.nn, polyfuse.functional")
+    modules = loaded_after("import polyfuse.nn, polyfuse.nn.backbones, polyfuse.nn.models, polyfuse.functional")
     assert "torch" in modules
     for heavy in ("geoopt", "scipy", "lightning", "torchmetrics", "pydantic", "h5py", "matplotlib"):
         assert heavy not in modules, f"import polyfuse.nn loads {heavy}"
@@ -29,3 +29,14 @@ def test_geoopt_is_imported_on_first_use():
         "import torch, polyfuse.functional as F; F.lorentz_inner(torch.zeros(1, 3), torch.zeros(1, 3))"
     )
     assert "geoopt" in modules
+
+
+def test_the_old_vqa_path_gives_the_moved_models():
+    """``polyfuse.nn.vqa`` (named in the 0.3.x README) re-exports :mod:`polyfuse.nn.models.vqa`."""
+    import polyfuse.nn.models.vqa as moved
+    import polyfuse.nn.vqa as old
+    from polyfuse.nn.backbones import FusionBackbone as moved_backbone
+    from polyfuse.tasks import FusionBackbone
+
+    assert old.BanVQA is moved.BanVQA and old.FusionVQA is moved.FusionVQA and old.image_mask is moved.image_mask
+    assert FusionBackbone is moved_backbone

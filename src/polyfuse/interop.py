@@ -1,7 +1,7 @@
 """Load weights trained by other code bases into polyfuse modules.
 
 :func:`load_ban_vqa` reads a whole state dict of ``BanModel`` from the authors' BAN
-code (github.com/jnhwkim/ban-vqa) into a :class:`polyfuse.nn.vqa.BanVQA`: word
+code (github.com/jnhwkim/ban-vqa) into a :class:`polyfuse.nn.models.vqa.BanVQA`: word
 embedding (one, or two concatenated as ban-vqa's default ``--op c``), question GRU,
 attention, bilinear residual blocks, projections, counter, count projections and
 classifier. Every key the model needs must be in the file (a missing one is an error
@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.nn.ban import BAN
-from polyfuse.nn.vqa import BanVQA
+from polyfuse.nn.models.vqa import BanVQA
 
 __all__ = ["load_ban_fusion", "load_ban_vqa"]
 
@@ -345,7 +345,7 @@ def load_ban_vqa(
     attention_dropout: float = 0.5,
     classifier_dropout: float = 0.5,
 ) -> BanVQA:
-    """Build a :class:`polyfuse.nn.vqa.BanVQA` from a whole state dict of ban-vqa's ``BanModel``.
+    """Build a :class:`polyfuse.nn.models.vqa.BanVQA` from a whole state dict of ban-vqa's ``BanModel``.
 
     Sizes come from the tensors: vocabulary V and embedding size, GRU hidden size H,
     image feature size, attention rank, glimpses G, the counter's objects and pieces,

@@ -65,8 +65,8 @@ def test_the_caption_cache_is_keyed_by_the_encoder_and_never_trusts_a_broken_fil
     from polyfuse.nn.sentence_encoder import StaticWordEncoder
 
     captions = ["dog runs", "a cat sits", "man"]
-    first = StaticWordEncoder(_word_vectors(tmp_path / "a.txt", 0))
-    second = StaticWordEncoder(_word_vectors(tmp_path / "b.txt", 1))
+    first = StaticWordEncoder.from_file(_word_vectors(tmp_path / "a.txt", 0))
+    second = StaticWordEncoder.from_file(_word_vectors(tmp_path / "b.txt", 1))
     cache = tmp_path / ".cache"
     expected = {name: encoder(captions).sentence for name, encoder in (("a", first), ("b", second))}
     assert not torch.allclose(expected["a"], expected["b"])

@@ -96,3 +96,20 @@ def test_splits_and_vocabulary(tmp_path: Path) -> None:
     assert vocab.words == ["<pad>", "<bos>", "<eos>", "<unk>", "a", "dog"]
     assert vocab.encode("A cat, a dog!", max_words=3) == [1, 4, 3, 4, 2]
     assert vocab.decode([4, 5, 2, 4]) == "a dog"
+
+
+def test_the_replayed_sampler_gives_the_order_of_a_loader_built_once():
+    """Oracle: torch's own shuffling loader with a seeded generator, iterated epoch after
+    epoch; the sampler gives each epoch's order from (seed, epoch) alone."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from polyfuse.data.captioning import ReplayedShuffleSampler
+
+    loader = DataLoader(list(range(13)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+    once = [[i for batch in loader for i in batch.tolist()] for _ in range(4)]
+    sampler = ReplayedShuffleSampler(13, seed=7)
+    for epoch in (3, 0, 2, 1):  # any order: a resumed run starts late
+        sampler.set_epoch(epoch)
+        assert list(sampler) == once[epoch]
+    assert len({tuple(order) for order in once}) == 4

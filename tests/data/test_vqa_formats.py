@@ -173,7 +173,7 @@ def test_glove(tmp_path):
     table, found = load_glove(path, ["cat", "bird", "dog"], dim=3)
     assert found == 2
     torch.testing.assert_close(table, torch.tensor([[4.0, 5, 6], [0, 0, 0], [1, 2, 3]]))
-    with pytest.raises(ValueError, match="line 1: 3 numbers, expected 4"):
+    with pytest.raises(ValueError, match=r"line 1: word .dog. has 3 values, expected 4"):
         load_glove(path, ["dog"], dim=4)
     with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         load_glove(tmp_path / "nope.txt", ["dog"])
@@ -268,7 +268,7 @@ def test_adaptive_bottom_up_layout_is_padded_per_image(tmp_path):
 
 
 def test_padded_boxes_do_not_change_the_answer(tmp_path):
-    from polyfuse.nn.vqa import BanVQA, FusionVQA
+    from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 
     h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
     _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]])

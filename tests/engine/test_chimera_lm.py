@@ -99,7 +99,7 @@ def test_held_out_topic_lm_uses_fixed_masks_and_equals_eq3_by_hand(tiny_encoder,
         held_out_topic_lm,
         train_chimera,
     )
-    from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
+    from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 
     train, val = _corpus(tmp_path)
     head, _ = lm_head_for(tiny_encoder, train.captions, val.captions, None, LMHeadSettings(epochs=1))

@@ -7,7 +7,7 @@ import torch
 from polyfuse.engine.checkpoints import write_checkpoint
 from polyfuse.engine.retrieval import RetrievalSettings
 from polyfuse.engine.retrieval_runs import load_checkpoint
-from polyfuse.tasks.retrieval import RetrievalModel
+from polyfuse.nn.models.retrieval import RetrievalModel
 
 
 def _videos():

@@ -7,7 +7,7 @@ import torch
 
 from polyfuse.data.formats.experts import RetrievalCorpus, load_expert
 from polyfuse.engine.retrieval_figure import draw_ranking, rank_videos
-from polyfuse.tasks.retrieval import RetrievalModel
+from polyfuse.nn.models.retrieval import RetrievalModel
 
 IDS = ["a", "b", "c", "d"]
 

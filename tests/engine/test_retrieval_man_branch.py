@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from polyfuse.engine.retrieval import parameter_groups, split_man_branch
-from polyfuse.tasks.retrieval import RetrievalModel
+from polyfuse.nn.models.retrieval import RetrievalModel
 
 
 @pytest.mark.parametrize("fusion", ["mean+man", "gating+man"])

@@ -30,7 +30,7 @@ def test_minilm_matches_sentence_transformers():
 def test_static_encoder_by_hand(tmp_path):
     path = tmp_path / "vec.txt"
     path.write_text("man 1 0\ntomato 0 2\ndog 3 3\n", encoding="utf-8")
-    encoder = StaticWordEncoder(path)
+    encoder = StaticWordEncoder.from_file(path)
     out = encoder(["A man, a tomato!", "dog"])
     assert out.mask.tolist() == [[True, True], [True, False]]
     assert torch.allclose(out.sentence, torch.tensor([[0.5, 1.0], [3.0, 3.0]]))

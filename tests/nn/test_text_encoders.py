@@ -3,6 +3,8 @@ sentence-transformers import, so that mutation runs stay fast); static vectors a
 checks of both by hand. tests/nn/test_sentence_encoder.py compares MiniLM's sentence
 vectors with sentence-transformers' own pipeline."""
 
+import re
+
 import pytest
 import torch
 
@@ -75,7 +77,7 @@ def test_minilm_errors(tmp_path, monkeypatch):
 def test_sentence_list_checks(tmp_path):
     path = tmp_path / "vec.txt"
     path.write_text("man 1 0\n", encoding="utf-8")
-    encoder = StaticWordEncoder(path)
+    encoder = StaticWordEncoder.from_file(path)
     for bad in ("a man", 3):
         with pytest.raises(ValueError, match=r"^sentences must be a list of strings$"):
             encoder(bad)
@@ -90,26 +92,26 @@ def test_sentence_list_checks(tmp_path):
 def test_static_encoder_file_parsing_and_padding(tmp_path):
     path = tmp_path / "vec.txt"
     path.write_text("man 1 0\n\nlonely\ntomato 0 2\ndog 3 3\n", encoding="utf-8")  # short lines skipped
-    encoder = StaticWordEncoder(path)
+    encoder = StaticWordEncoder.from_file(path)
     assert encoder.hidden_size == 2 and encoder.index == {"man": 0, "tomato": 1, "dog": 2}
     assert not encoder.embedding.weight.requires_grad
     out = encoder(["Dog", "(MAN) 'tomato'? cat dog!"])
     assert out.mask.tolist() == [[True, False, False], [True, True, True]]
     torch.testing.assert_close(out.tokens, torch.tensor([[[3.0, 3], [0, 0], [0, 0]], [[1, 0], [0, 2], [3, 3]]]))
     torch.testing.assert_close(out.sentence, torch.tensor([[3.0, 3.0], [4 / 3, 5 / 3]]))
-    assert StaticWordEncoder(path, trainable=True).embedding.weight.requires_grad
+    assert StaticWordEncoder.from_file(path, trainable=True).embedding.weight.requires_grad
     with pytest.raises(ValueError, match=r"^sentence 1 \('no known words'\) has no word in the vectors file$"):
         encoder(["man", "no known words"])
     ragged = tmp_path / "ragged.txt"
     ragged.write_text("man 1 0\ntomato 0 2 5\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=f"^{ragged}:2: word 'tomato' has 3 values, expected 2$"):
-        StaticWordEncoder(ragged)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(ragged))}, line 2: word 'tomato' has 3 values, expected 2$"):
+        StaticWordEncoder.from_file(ragged)
     empty = tmp_path / "empty.txt"
     empty.write_text("\nword\n", encoding="utf-8")
     with pytest.raises(ValueError, match=f"^{empty} holds no word vectors$"):
-        StaticWordEncoder(empty)
+        StaticWordEncoder.from_file(empty)
     with pytest.raises(FileNotFoundError, match=f"^word vectors file {tmp_path / 'none.txt'} does not exist$"):
-        StaticWordEncoder(tmp_path / "none.txt")
+        StaticWordEncoder.from_file(tmp_path / "none.txt")
 
 
 def test_static_encoder_reads_one_value_per_word_and_only_single_spaces(tmp_path):
@@ -117,7 +119,7 @@ def test_static_encoder_reads_one_value_per_word_and_only_single_spaces(tmp_path
     # 840B vectors have such tokens), trailing spaces are dropped, 1-d vectors are valid.
     path = tmp_path / "vectors.txt"
     path.write_text("dog 0.5  \nno\u00a0break 2.0\ncat -1.5\n", encoding="utf-8")
-    encoder = StaticWordEncoder(path)
+    encoder = StaticWordEncoder.from_file(path)
     assert encoder.hidden_size == 1 and list(encoder.index) == ["dog", "no\u00a0break", "cat"]
     torch.testing.assert_close(encoder.embedding.weight[:, 0], torch.tensor([0.5, 2.0, -1.5]))
 
@@ -138,3 +140,24 @@ def test_minilm_loads_only_local_files(monkeypatch):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", spy)
     MiniLMEncoder(max_length=8)
     assert sorted(calls) == [("AutoModel", True), ("AutoTokenizer", True)]
+
+
+def test_static_encoder_from_a_table_looks_words_up_by_hand():
+    vectors = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [5.0, 5.0]])
+    encoder = StaticWordEncoder(["man", "tomato", "dog", "man"], vectors)  # "man" twice: its last row
+    assert encoder.index == {"man": 3, "tomato": 1, "dog": 2} and encoder.hidden_size == 2
+    out = encoder(["The man's dog", "tomato"])  # "man's" is not "man": only punctuation at the ends is stripped
+    torch.testing.assert_close(out.tokens, torch.tensor([[[3.0, 3.0]], [[0.0, 2.0]]]))
+    assert not encoder.embedding.weight.requires_grad
+
+
+def test_static_encoder_refuses_a_path_and_a_table_of_the_wrong_shape(tmp_path):
+    with pytest.raises(ValueError, match=r"^StaticWordEncoder takes words and vectors, got the path '.*vec\.txt': "
+                       r"read a file with StaticWordEncoder\.from_file\(path\)$"):
+        StaticWordEncoder(tmp_path / "vec.txt")  # the constructor of 0.2.0
+    with pytest.raises(ValueError, match=r"^StaticWordEncoder: vectors must be a float tensor of shape \(2, d\), got \(3, 2\)$"):
+        StaticWordEncoder(["a", "b"], torch.zeros(3, 2))
+    with pytest.raises(ValueError, match=r"shape \(1, d\), got \(1, 2\)"):
+        StaticWordEncoder(["a"], torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^StaticWordEncoder: words must be a non-empty list of strings$"):
+        StaticWordEncoder([], torch.zeros(0, 2))

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from polyfuse.data.vqa_data import fit_pca, project_features
 from polyfuse.functional.counting import grid_boxes
+from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 from polyfuse.nn.text import QuestionEncoder
-from polyfuse.nn.vqa import BanVQA, FusionVQA
 from polyfuse.tasks.vqa import vqa_loss
 
 
@@ -136,7 +136,7 @@ def test_question_encoder_checks_and_sizes():
 
 
 def test_image_mask_and_classifier_by_hand():
-    from polyfuse.nn.vqa import answer_classifier, image_mask
+    from polyfuse.nn.models.vqa import answer_classifier, image_mask
 
     image = torch.tensor([[[0.0, 0.0], [1.0, -1.0], [0.0, 2.0]]])
     assert image_mask(image).tolist() == [[False, True, True]]  # |1| + |-1| is not 0
@@ -315,7 +315,7 @@ def test_vqa_models_built_from_a_config_take_the_second_embedding(fusion):
     """model.vqa.second_embedding_dim reaches the question encoder of BanVQA and of
     FusionVQA: a GRU of E + E2 inputs, both tables starting from the GloVe rows when E2 = E."""
     from polyfuse.engine.config import resolve_config
-    from polyfuse.tasks.vqa import build_vqa_model
+    from polyfuse.nn.models.vqa import build_vqa_model
 
     config = resolve_config({
         "task": {"type": "vqa"},

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import polyfuse
-from polyfuse.tasks import FusionBackbone, ModalityEncoder
+from polyfuse.nn.backbones import FusionBackbone, ModalityEncoder
 
 DIMS = (5, 3, 4)
 LENGTHS = ([4, 2, 3], [3, 0, 4], [1, 4, 2])  # per modality, per sample: sample 1 has no audio

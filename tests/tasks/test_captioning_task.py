@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary
-from polyfuse.tasks.captioning import CaptioningConfig, CaptioningTask, VideoCaptioner
+from polyfuse.nn.models.captioner import VideoCaptioner
+from polyfuse.tasks.captioning import CaptioningConfig, CaptioningTask
 
 WORDS = ["<pad>", "<bos>", "<eos>", UNKNOWN, "a", "dog", "runs"]
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from polyfuse.nn.decoding import MeanPoolContext
-from polyfuse.tasks.captioning import VARIANTS, VideoCaptioner, variant_settings
+from polyfuse.nn.models.captioner import VideoCaptioner
+from polyfuse.tasks.captioning import VARIANTS, variant_settings
 
 # Written out from HOCA Table 2 for three modalities (0 image, 1 motion, 2 audio).
 EXPECTED = {

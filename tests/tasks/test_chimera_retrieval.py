@@ -5,7 +5,7 @@ import torch
 
 from polyfuse.functional.pooling import masked_mean
 from polyfuse.nn.chimera import Chimera
-from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
+from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 
 
 def _inputs():
@@ -90,14 +90,14 @@ def test_train_chimera_frozen_and_with_the_text_encoder_fine_tuned(tmp_path):
 
     train, val, path = _tiny_corpus(tmp_path)
     row = ChimeraRow(num_topics=2, hyperbolic_dim=3)
-    frozen = StaticWordEncoder(path)
+    frozen = StaticWordEncoder.from_file(path)
     tokens = {name: encode_tokens(frozen, part.captions) for name, part in (("train", train), ("val", val))}
     model, history = train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=2, batch_size=3,
                                    expert="app")
     assert [h["epoch"] for h in history] == [0, 1]
     metrics = evaluate_chimera(model, val, *tokens["val"], expert="app")
     assert 1.0 <= metrics["t2v_MeanR"] <= 2.0 and metrics["chance_t2v_R@1"] == 50.0  # 2 validation videos
-    tuned = StaticWordEncoder(path, trainable=True)
+    tuned = StaticWordEncoder.from_file(path, trainable=True)
     before = tuned.embedding.weight.detach().clone()
     train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=2, batch_size=3, expert="app",
                   encoder=tuned, text_lr=0.5)
@@ -117,7 +117,7 @@ def test_train_chimera_in_bf16_mixed_follows_float32(tmp_path):
 
     train, val, path = _tiny_corpus(tmp_path)
     row = ChimeraRow(num_topics=2, hyperbolic_dim=3)
-    encoder = StaticWordEncoder(path)
+    encoder = StaticWordEncoder.from_file(path)
     tokens = {name: encode_tokens(encoder, part.captions) for name, part in (("train", train), ("val", val))}
     losses = {}
     for precision in ("32-true", "bf16-mixed"):

@@ -7,11 +7,11 @@ import torch
 
 import polyfuse.nn
 from polyfuse.nn import backbones
-from polyfuse.nn.vqa import BanVQA, FusionVQA
-from polyfuse.tasks.backbone import ENCODER_TYPES, FusionBackbone, ModalityEncoder
-from polyfuse.tasks.captioning import VideoCaptioner
-from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
-from polyfuse.tasks.retrieval import VIDEO_FUSIONS, RetrievalModel
+from polyfuse.nn.backbones import ENCODER_TYPES, FusionBackbone, ModalityEncoder
+from polyfuse.nn.models.captioner import VideoCaptioner
+from polyfuse.nn.models.chimera import ChimeraRetrievalModel
+from polyfuse.nn.models.retrieval import VIDEO_FUSIONS, RetrievalModel
+from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 
 DIMS = [6, 5, 4]
 

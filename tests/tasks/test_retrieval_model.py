@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from polyfuse.cli.retrieval import FUSIONS
-from polyfuse.tasks.retrieval import VIDEO_FUSIONS, ExpertVideoEncoder, RetrievalModel
+from polyfuse.nn.models.retrieval import VIDEO_FUSIONS, ExpertVideoEncoder, RetrievalModel
 
 
 def _batch():
@@ -76,8 +76,8 @@ def test_collaborative_gating_by_hand():
                 total = torch.zeros(4)
                 for j in range(2):
                     if j != i and present[b, j]:
-                        total = total + gating.g(torch.cat([phi[i], phi[j]]))
-                expected = _geu(gating.units[i], phi[i] * torch.sigmoid(gating.h(total)))
+                        total = total + gating.pair_relation(torch.cat([phi[i], phi[j]]))
+                expected = _geu(gating.units[i], phi[i] * torch.sigmoid(gating.attention(total)))
             torch.testing.assert_close(videos[b, 4 * i : 4 * i + 4], expected, rtol=1e-5, atol=1e-6)
     head = model.text_head
     for t in range(2):
@@ -89,6 +89,35 @@ def test_collaborative_gating_by_hand():
                 weights[i] * float(present[b, i]) * torch.dot(units[i], videos[b, 4 * i : 4 * i + 4]) for i in range(2)
             )
             torch.testing.assert_close(texts[t] @ videos[b], score, rtol=1e-5, atol=1e-6)
+
+
+# The keys of collaborative gating's g and h MLPs before they were named (0.3.x and
+# earlier: RetrievalModel(..., fusion="gating+man").state_dict() on main cb0d8ef).
+OLD_GATING_KEYS = {
+    f"video.gating.{old}.{layer}.{kind}": f"video.gating.{new}.{layer}.{kind}"
+    for old, new in (("g", "pair_relation"), ("h", "attention"))
+    for layer in (0, 2)
+    for kind in ("weight", "bias")
+}
+
+
+@pytest.mark.parametrize("fusion", ["gating", "gating+man"])
+def test_a_state_dict_of_the_old_gating_layout_loads_and_gives_the_same_vectors(fusion):
+    torch.manual_seed(0)
+    trained = RetrievalModel(5, [5, 6], embed_dim=4, fusion=fusion, hidden_dim=8).eval()
+    renamed = {new: old for old, new in OLD_GATING_KEYS.items()}
+    old_layout = {renamed.get(key, key): value for key, value in trained.state_dict().items()}
+    assert set(OLD_GATING_KEYS) <= set(old_layout) and not set(OLD_GATING_KEYS.values()) & set(old_layout)
+    torch.manual_seed(1)
+    loaded = RetrievalModel(5, [5, 6], embed_dim=4, fusion=fusion, hidden_dim=8).eval()
+    result = loaded.load_state_dict(old_layout, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert list(loaded.state_dict()) == list(trained.state_dict())
+    features, masks, present = _batch()
+    sentences = torch.randn(2, 5, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(loaded.embed_videos(features, masks, present), trained.embed_videos(features, masks, present),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(loaded.embed_texts(sentences), trained.embed_texts(sentences), rtol=0, atol=0)
 
 
 def test_gating_modulation_depends_on_the_other_expert():

@@ -4,13 +4,8 @@ import pytest
 import torch
 
 import polyfuse
-from polyfuse.tasks import (
-    ClassificationTask,
-    FusionBackbone,
-    ModalityEncoder,
-    SentimentTask,
-    TraitsTask,
-)
+from polyfuse.nn.backbones import FusionBackbone, ModalityEncoder
+from polyfuse.tasks import ClassificationTask, SentimentTask, TraitsTask
 
 DIMS = (5, 3, 4)
 

@@ -61,7 +61,7 @@ def _ban_vqa_train_loop_lrs(lr_default: float, epochs: int) -> list[float]:
 
 
 def test_adamax_with_ban_vqa_warmup_and_decay():
-    from polyfuse.nn.vqa import FusionVQA
+    from polyfuse.nn.models.vqa import FusionVQA
     from polyfuse.tasks.vqa import VQATask
 
     model = FusionVQA("concat", 4, 3, 5, hidden_dim=4, embedding_dim=4)

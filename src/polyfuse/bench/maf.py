@@ -27,7 +27,7 @@ are scored on the test videos.
   PTB tokenisation; without Java its Python twin, and METEOR is left out with a
   note), and the teacher-forced test cross-entropy. The vocabulary and the model
   are those of ``task.type: captioning`` (:class:`~polyfuse.data.formats.captioning.Vocabulary`,
-  :class:`~polyfuse.tasks.captioning.VideoCaptioner` with dropout 0).
+  :class:`~polyfuse.nn.models.captioner.VideoCaptioner` with dropout 0).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from polyfuse.bench.results import result_header
 from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary, ptb_tokenize
 from polyfuse.metrics.captioning import caption_metrics
 from polyfuse.nn.decoding import caption_cross_entropy
-from polyfuse.tasks.captioning import VideoCaptioner
+from polyfuse.nn.models.captioner import VideoCaptioner
 
 __all__ = ["FULL", "QUICK", "MAFBenchSettings", "attention_entropy", "run_maf_bench"]
 

@@ -8,7 +8,7 @@ embeddings exist. The block of scores alone takes ``chunk x N x 4`` bytes.
     python -m polyfuse.bench.retrieval --out docs/benchmarks/retrieval.json
 
 Also timed: embedding and ranking 1,000 synthetic captions against 1,000 synthetic
-videos through a :class:`polyfuse.tasks.retrieval.RetrievalModel` (MAN over 2 experts).
+videos through a :class:`polyfuse.nn.models.retrieval.RetrievalModel` (MAN over 2 experts).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def measure_end_to_end(size: int = 1000) -> dict:
 
     from polyfuse.data.synthetic_retrieval import bag_of_words, make_synthetic_retrieval
     from polyfuse.engine.retrieval import evaluate_retrieval
-    from polyfuse.tasks.retrieval import RetrievalModel
+    from polyfuse.nn.models.retrieval import RetrievalModel
 
     torch.set_num_threads(1)
     corpus, vocabulary = make_synthetic_retrieval(size, steps=8, dim=32)

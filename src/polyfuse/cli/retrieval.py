@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-# polyfuse.tasks.retrieval.VIDEO_FUSIONS and polyfuse.engine.retrieval.LOOP_PRECISIONS,
+# polyfuse.nn.models.retrieval.VIDEO_FUSIONS and polyfuse.engine.retrieval.LOOP_PRECISIONS,
 # written out: the parser must not import torch
 FUSIONS = ("man", "concat", "mean", "gating", "gating+man", "mean+man")
 PRECISIONS = ("32-true", "bf16-mixed")

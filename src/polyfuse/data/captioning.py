@@ -14,7 +14,7 @@ predict batches one video per sample (``captions`` absent).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from polyfuse.data.formats.captioning import (
     VideoFeatures,
@@ -177,6 +177,33 @@ def _pad(sequences: Sequence[Sequence[int]]) -> Tensor:
     return torch.tensor([list(s) + [0] * (length - len(s)) for s in sequences], dtype=torch.long)
 
 
+class ReplayedShuffleSampler(Sampler[int]):
+    """The order of ``DataLoader(..., shuffle=True, generator=Generator().manual_seed(seed))``
+    built once and iterated epoch after epoch, as a function of (seed, epoch): a run
+    resumed at epoch e (Lightning calls :meth:`set_epoch`) trains on the batches of the
+    uninterrupted run. Such a loader draws from its generator, per epoch, the loader
+    iterator's base seed (one int64), the permutation, and the empty remainder's
+    permutation of torch's ``RandomSampler``; the draws of the epochs before are replayed."""
+
+    def __init__(self, size: int, *, seed: int) -> None:
+        self.size, self.seed, self.epoch = int(size), int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed)
+        for _ in range(self.epoch):  # replay the draws of the epochs before
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+            torch.randperm(self.size, generator=generator)
+            torch.randperm(self.size, generator=generator)
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
 class CaptioningDataModule(L.LightningDataModule):
     """Caption-pair batches for training and validation, video batches for test and predict."""
 
@@ -198,15 +225,21 @@ class CaptioningDataModule(L.LightningDataModule):
         return {"inputs": inputs, "masks": masks, "videos": list(videos)}
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed + int(getattr(self.trainer, "current_epoch", 0) or 0))
-        return DataLoader(self._pairs["train"], batch_size=self.batch_size, shuffle=True, generator=generator,
-                          collate_fn=self._pair_batch)
+        return DataLoader(self._pairs["train"], batch_size=self.batch_size,
+                          sampler=ReplayedShuffleSampler(len(self._pairs["train"]), seed=self.seed),
+                          collate_fn=self._pair_batch, generator=self._quiet_generator())
+
+    def _quiet_generator(self) -> torch.Generator:
+        """The loader's own generator: building its iterator never draws from the global RNG."""
+        return torch.Generator().manual_seed(self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self._pairs["valid"], batch_size=self.eval_batch_size, collate_fn=self._pair_batch)
+        return DataLoader(self._pairs["valid"], batch_size=self.eval_batch_size, collate_fn=self._pair_batch,
+                          generator=self._quiet_generator())
 
     def video_loader(self, videos: Sequence[str]) -> DataLoader:
-        return DataLoader(list(videos), batch_size=self.eval_batch_size, collate_fn=self._video_batch)
+        return DataLoader(list(videos), batch_size=self.eval_batch_size, collate_fn=self._video_batch,
+                          generator=self._quiet_generator())
 
     def test_dataloader(self) -> DataLoader:
         return self.video_loader(self.data.splits["test"])

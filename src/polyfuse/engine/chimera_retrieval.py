@@ -46,7 +46,7 @@ from polyfuse.metrics.retrieval import (
     ranks_from_scores,
     retrieval_metrics,
 )
-from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
+from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 
 __all__ = [
     "ABLATION_ROWS", "HELD_OUT_CAPTIONS", "HELD_OUT_MASK_SEED", "TABLE4_ROWS", "ChimeraRow", "encode_tokens",

@@ -41,7 +41,7 @@ from polyfuse.metrics.retrieval import (
     retrieval_metrics,
     retrieval_ranks,
 )
-from polyfuse.tasks.retrieval import RetrievalModel
+from polyfuse.nn.models.retrieval import RetrievalModel
 
 __all__ = [
     "LOOP_PRECISIONS",

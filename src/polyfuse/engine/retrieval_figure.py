@@ -15,7 +15,7 @@ from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.engine.retrieval import embed_corpus
-from polyfuse.tasks.retrieval import RetrievalModel
+from polyfuse.nn.models.retrieval import RetrievalModel
 
 __all__ = ["RankedVideo", "draw_ranking", "rank_videos"]
 

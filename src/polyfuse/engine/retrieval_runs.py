@@ -28,7 +28,7 @@ from polyfuse.engine.retrieval import (
     train_retrieval,
 )
 from polyfuse.engine.rundir import atomic_write_text
-from polyfuse.tasks.retrieval import RetrievalModel
+from polyfuse.nn.models.retrieval import RetrievalModel
 
 __all__ = ["load_corpus", "metrics_table", "read_retrieval_checkpoint", "run_retrieval", "text_encoder"]
 
@@ -87,7 +87,7 @@ def text_encoder(kind: str, corpus: RetrievalCorpus | None = None, *, trainable:
         if corpus is None:
             raise ValueError("--text bow needs the corpus, whose words make its vocabulary")
         return BagOfWordsEncoder(sorted({word for caption in corpus.captions for word in caption.split()}))
-    return MiniLMEncoder(trainable=trainable) if kind == "minilm" else StaticWordEncoder(kind, trainable=trainable)
+    return MiniLMEncoder(trainable=trainable) if kind == "minilm" else StaticWordEncoder.from_file(kind, trainable=trainable)
 
 
 def saved_text_encoder(saved: dict, corpus: RetrievalCorpus | None = None):
@@ -164,7 +164,7 @@ def evaluate_chimera_checkpoint(saved: dict, part: RetrievalCorpus, captions: li
     """Test metrics of a Chimera model saved by :func:`run_chimera_ablation` on ``part``,
     its captions given as ``captions`` (as written, or shuffled)."""
     from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, evaluate_chimera
-    from polyfuse.tasks.chimera_retrieval import ChimeraRetrievalModel
+    from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 
     try:
         row = ChimeraRow(**saved["row"])

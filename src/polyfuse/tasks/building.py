@@ -1,7 +1,7 @@
 """Models from the ``model`` section of a configuration, for every task type.
 
 :func:`build_backbone` builds the model a task's head sits on: encoders, the fusion module
-of ``model.fusion`` and the projection (:class:`~polyfuse.tasks.backbone.FusionBackbone`), or
+of ``model.fusion`` and the projection (:class:`~polyfuse.nn.backbones.fusion.FusionBackbone`), or
 a backbone of :mod:`polyfuse.nn.backbones` named by ``model.backbone``.
 :func:`fusion_options` checks ``model.options.<fusion>`` against the module's signature.
 
@@ -30,7 +30,7 @@ from torch import nn
 
 import polyfuse.nn
 from polyfuse.nn import backbones
-from polyfuse.tasks.backbone import FusionBackbone, ModalityEncoder
+from polyfuse.nn.backbones.fusion import FusionBackbone, ModalityEncoder
 
 __all__ = ["build_backbone", "build_named_backbone", "fusion_options"]
 

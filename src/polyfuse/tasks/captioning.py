@@ -1,9 +1,5 @@
-"""Video captioning (HOCA section 4.4): the encoder-decoder and its Lightning task.
-
-:class:`VideoCaptioner`: an encoder per modality (the paper's bidirectional LSTM,
-section 3.1, :class:`~polyfuse.nn.bilstm.BiLSTMEncoder`; or ``tanh(linear)``; or none)
-and the :class:`~polyfuse.nn.decoding.CaptionDecoder` (LSTM + MAF with the variant's
-attention orders, exact or low-rank HOCA, or the mean-pooled baseline).
+"""Video captioning (HOCA section 4.4): the Lightning task around a
+:class:`~polyfuse.nn.models.captioner.VideoCaptioner`.
 
 :class:`CaptioningTask`: teacher-forced cross-entropy per token (HOCA Eq. 24, label
 smoothing optional; the paper uses neither label smoothing nor scheduled sampling,
@@ -36,78 +32,17 @@ from polyfuse.data.formats.word_vectors import (
 )
 from polyfuse.metrics.captioning import CaptionMetrics
 from polyfuse.nn.beam_search import Generated, beam_search
-from polyfuse.nn.bilstm import BiLSTMEncoder
-from polyfuse.nn.decoding import CaptionDecoder, caption_cross_entropy
+from polyfuse.nn.decoding import caption_cross_entropy
+from polyfuse.nn.models.captioner import VideoCaptioner
 from polyfuse.sizes import SizeInt
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 from polyfuse.text import ptb_tokenize
 
 __all__ = [
-    "ENCODERS", "VARIANTS", "CaptioningConfig", "CaptioningSpec", "CaptioningTask", "DecoderConfig", "VideoCaptioner",
+    "VARIANTS", "CaptioningConfig", "CaptioningSpec", "CaptioningTask", "DecoderConfig",
     "build_captioning_data", "build_captioning_task", "checkpoint_captioning_data", "initialise_word_embeddings",
     "reference_oov", "split_videos", "variant_settings",
 ]
-
-#: the per-modality encoders of :class:`VideoCaptioner`
-ENCODERS = ("bilstm", "linear")
-
-
-class VideoCaptioner(nn.Module):
-    """Per-modality encoders and the caption decoder.
-
-    Args:
-        input_dims: raw feature size d_i per modality.
-        vocab_size: V.
-        orders: MAF orders (``"UBT"`` ...) or None for the mean-pooled baseline.
-        low_rank: Low-Rank HOCA instead of HOCA.
-        max_lengths: the longest sequence per modality (sizes exact HOCA's weights).
-        feature_dim: the encoder's size (``bilstm``: hidden size per direction, the output
-            has ``2 * feature_dim`` features; ``linear``: the output size), or None to
-            feed the raw features.
-        encoder: ``"bilstm"`` (HOCA section 3.1: a bidirectional LSTM per modality over
-            its real steps, both directions concatenated) or ``"linear"``
-            (``tanh(linear)`` per step, the layout of checkpoints before 0.3.0).
-        embed_dim, hidden_dim, attention_dim, rank, combination, dropout: see
-            :class:`~polyfuse.nn.decoding.CaptionDecoder`.
-    """
-
-    def __init__(
-        self, input_dims: Sequence[int], vocab_size: int, *, orders: str | None, low_rank: bool,
-        max_lengths: Sequence[int], feature_dim: int | None = 128, embed_dim: int = 128,
-        hidden_dim: int = 256, attention_dim: int = 64, rank: int = 1, combination: str = "log",
-        dropout: float = 0.5, encoder: str = "bilstm",
-    ) -> None:
-        super().__init__()
-        if encoder not in ENCODERS:
-            raise ValueError(f"VideoCaptioner: unknown encoder {encoder!r}; expected one of {', '.join(ENCODERS)}")
-        self.encoder = encoder if feature_dim is not None else "none"
-        self.encoders: nn.ModuleList
-        if feature_dim is None:
-            self.encoders = nn.ModuleList(nn.Identity() for _ in input_dims)
-            dims = list(input_dims)
-        elif encoder == "bilstm":
-            self.encoders = nn.ModuleList(BiLSTMEncoder(int(d), feature_dim, dropout=dropout) for d in input_dims)
-            dims = [2 * feature_dim] * len(input_dims)
-        else:
-            self.encoders = nn.ModuleList(
-                nn.Sequential(nn.Linear(int(d), feature_dim), nn.Tanh(), nn.Dropout(dropout)) for d in input_dims
-            )
-            dims = [feature_dim] * len(input_dims)
-        self.decoder = CaptionDecoder(
-            dims, vocab_size, embed_dim=embed_dim, hidden_dim=hidden_dim, orders=orders,
-            low_rank=low_rank, attention_dim=attention_dim, rank=rank, max_lengths=list(max_lengths),
-            combination=combination, dropout=dropout,
-        )
-
-    def encode(self, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> list[Tensor]:
-        """Encoded modalities (B, T_i, d'), zero at padded steps."""
-        if self.encoder == "bilstm":
-            return [enc(x, m.bool()) for enc, x, m in zip(self.encoders, inputs, masks, strict=True)]
-        return [enc(x) * m.unsqueeze(-1) for enc, x, m in zip(self.encoders, inputs, masks, strict=True)]
-
-    def forward(self, captions: Tensor, inputs: Sequence[Tensor], masks: Sequence[Tensor]) -> Tensor:
-        """Teacher-forced logits (B, L - 1, V)."""
-        return self.decoder(captions, self.encode(inputs, masks), masks)
 
 
 class CaptioningTask(L.LightningModule):

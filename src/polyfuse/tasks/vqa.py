@@ -1,6 +1,6 @@
-"""Visual question answering as an engine task (``task.type: vqa``): the model built from a
-configuration, binary cross-entropy on soft scores (BAN section 5, following Teney et
-al.) and the official VQA accuracy, overall and per type.
+"""Visual question answering as an engine task (``task.type: vqa``): a model of
+:mod:`polyfuse.nn.models.vqa`, binary cross-entropy on soft scores (BAN section 5,
+following Teney et al.) and the official VQA accuracy, overall and per type.
 
 Legend for shapes: ``B`` questions of a batch, ``A`` answers, ``K`` candidate answers of
 a question (see :mod:`polyfuse.data.vqa_data`), ``T`` types of the breakdown.
@@ -23,14 +23,15 @@ from polyfuse.data.vqa_data import VQAData, VQADataModule, build_vqa_data
 from polyfuse.data.vqa_new_questions import NEW_SPLIT, new_questions_data
 from polyfuse.extract.images import feature_settings
 from polyfuse.metrics.vqa import VQAScore  # moved to polyfuse.metrics.vqa; kept here for 0.3.x
-from polyfuse.nn.vqa import BanVQA, FusionVQA
+from polyfuse.nn.models.vqa import build_vqa_model
 from polyfuse.sizes import SizeInt
 from polyfuse.tasks.base import FusionTask, check_optimizer, log_attention_modes
 from polyfuse.tasks.building import fusion_options
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 
 __all__ = [
-    "PREDICTION_FIELDS", "VQADataConfig", "VQAModelConfig", "VQAScore", "VQASpec", "VQATask", "build_vqa_model", "build_vqa_task", "prediction_fields", "vqa_loss",
+    "PREDICTION_FIELDS", "VQADataConfig", "VQAModelConfig", "VQAScore", "VQASpec", "VQATask", "build_vqa_task",
+    "prediction_fields", "vqa_loss",
 ]
 
 
@@ -40,40 +41,10 @@ def vqa_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.binary_cross_entropy_with_logits(logits, targets, reduction="mean") * targets.shape[1]
 
 
-def build_vqa_model(
-    model_config: Mapping[str, Any],
-    num_words: int,
-    num_answers: int,
-    image_dim: int,
-    *,
-    fusion_options: Mapping[str, Any] | None = None,
-    word_vectors: Tensor | None = None,
-) -> nn.Module:
-    """``model.fusion: ban``: :class:`~polyfuse.nn.vqa.BanVQA` (with the counter unless
-    ``model.vqa.counter_objects`` is null); any other fusion name:
-    :class:`~polyfuse.nn.vqa.FusionVQA` with ``fusion_options`` (``model.options.<name>``).
-    Both take ``model.vqa.second_embedding_dim`` (ban-vqa's ``--op c`` question encoder).
-
-    ``model_config`` is the resolved ``model`` section."""
-    settings = model_config["vqa"]
-    common = {
-        "hidden_dim": int(settings["hidden_dim"]),
-        "embedding_dim": int(settings["embedding_dim"]),
-        "second_embedding_dim": settings.get("second_embedding_dim"),
-        "word_vectors": word_vectors,
-        "classifier_dropout": float(settings["classifier_dropout"]),
-    }
-    if model_config["fusion"] == "ban":
-        return BanVQA(
-            num_words, num_answers, image_dim, glimpses=int(settings["glimpses"]),
-            counter_objects=settings["counter_objects"], dropout=float(settings["dropout"]),
-            attention_dropout=float(settings["attention_dropout"]), **common,
-        )  # fmt: skip
-    return FusionVQA(model_config["fusion"], num_words, num_answers, image_dim, fusion_options=fusion_options, **common)
 
 
 class VQATask(L.LightningModule):
-    """A VQA model (:func:`build_vqa_model`) trained with :func:`vqa_loss`; logs
+    """A VQA model (:func:`polyfuse.nn.models.vqa.build_vqa_model`) trained with :func:`vqa_loss`; logs
     ``<stage>/loss``, ``<stage>/acc`` (official VQA accuracy) and ``<stage>/acc/<type>``.
 
     ``forward(batch)`` returns (logits (B, A), attention (B, G, O, L) or None).

@@ -16,7 +16,7 @@ ban-vqa layouts, each with a *pickle* mapping image id -> row:
   (10 to 100 per image); the index maps an image id to its row of ``pos_boxes``.
 
 Images with fewer boxes than the largest are padded with all-zero features and boxes,
-which the VQA models mask (:func:`polyfuse.nn.vqa.image_mask`, as ban-vqa masks its
+which the VQA models mask (:func:`polyfuse.nn.models.vqa.image_mask`, as ban-vqa masks its
 zero padding). A pickle can run code when read, so it is never opened: give the index as
 JSON (``{"<image id>": row}``) or CSV (``image_id,row``); to convert one you trust:
 ``python -c "import pickle, json, sys; json.dump({str(k): v for k, v in

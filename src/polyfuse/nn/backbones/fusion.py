@@ -1,4 +1,5 @@
-"""The model a task trains: per-modality encoders, a fusion module, a projection.
+"""The ``fusion`` backbone (``model.backbone: fusion``, the default): per-modality
+encoders, a fusion module, a projection.
 
 Shapes: ``B`` batch, ``T_j`` steps of modality j, ``d_j`` its input features,
 ``h`` the encoder size, ``F`` the fusion output size, ``D`` the backbone output.

@@ -91,27 +91,50 @@ class CollaborativeGating(nn.Module):
 
     ``phi_i = W_i masked_mean(x_i)``; ``T_i = h(sum_{j != i, j present} g([phi_i, phi_j]))``;
     the expert's embedding is ``GEU_i(phi_i * sigmoid(T_i))`` (collaborative experts,
-    section 3). ``g`` and ``h``: two-layer MLPs (Linear(2D or D, D), ReLU, Linear(D, D)).
+    section 3). ``g`` (:attr:`pair_relation`, the relation of expert i to expert j) and
+    ``h`` (:attr:`attention`, the summed relations to the attention vector T_i):
+    two-layer MLPs (Linear(2D or D, D), ReLU, Linear(D, D)).
+
+    State dicts of the layout before the MLPs were named (``g.*``, ``h.*``) load too.
     """
 
     def __init__(self, expert_dims: Sequence[int], embed_dim: int) -> None:
         super().__init__()
         self.projections = nn.ModuleList(nn.Linear(d, embed_dim) for d in expert_dims)
-        self.g = nn.Sequential(nn.Linear(2 * embed_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim))
-        self.h = nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim))
+        self.pair_relation = nn.Sequential(  # g
+            nn.Linear(2 * embed_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim)
+        )
+        self.attention = nn.Sequential(  # h
+            nn.Linear(embed_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim)
+        )
         self.units = nn.ModuleList(GatedEmbeddingUnit(embed_dim, embed_dim) for _ in expert_dims)
+        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     def forward(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
         phi = torch.stack(
             [proj(masked_mean(x, m)) for proj, x, m in zip(self.projections, features, masks, strict=True)], dim=1
         )  # (B, m, D)
         count = phi.shape[1]
-        pairs = self.g(torch.cat(torch.broadcast_tensors(phi.unsqueeze(2), phi.unsqueeze(1)), dim=-1))  # (B, m, m, D): g(phi_i, phi_j)
+        pairs = torch.cat(torch.broadcast_tensors(phi.unsqueeze(2), phi.unsqueeze(1)), dim=-1)  # (B, m, m, 2D)
+        relations = self.pair_relation(pairs)  # (B, m, m, D): g(phi_i, phi_j)
         others = present.unsqueeze(1) & ~torch.eye(count, dtype=torch.bool, device=phi.device)  # (B, m, m): j present, j != i
-        attention = self.h((pairs * others.unsqueeze(-1).to(pairs.dtype)).sum(dim=2))  # (B, m, D): T_i
+        attention = self.attention((relations * others.unsqueeze(-1).to(relations.dtype)).sum(dim=2))  # (B, m, D): T_i
         gated = phi * torch.sigmoid(attention)
         embedded = torch.stack([unit(gated[:, i]) for i, unit in enumerate(self.units)], dim=1)  # (B, m, D)
         return (embedded * present.unsqueeze(-1).to(embedded.dtype)).flatten(1)
+
+
+#: :class:`CollaborativeGating`'s old attribute names (the paper's symbols) -> its names now
+_OLD_GATING_NAMES = (("g.", "pair_relation."), ("h.", "attention."))
+
+
+def _rename_old_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Load-state-dict pre-hook of :class:`CollaborativeGating`: keys of the layout
+    before the MLPs were named (``g.*``, ``h.*``) under their new names, so that old checkpoints load."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        for old, new in _OLD_GATING_NAMES:
+            if key.startswith(prefix + old):
+                state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
 
 
 class ExpertTextHead(nn.Module):
