@@ -355,9 +355,7 @@ class VQASpec(TaskSpec):
                           modalities: Sequence[str] | None) -> list[Path]:
         """BAN's attention maps of questions of ``split`` (those of ``question_ids``, or the
         ``sample``-th) over their images."""
-        from polyfuse.engine.vqa_run import (
-            plot_vqa_checkpoint_attention,  # moves to polyfuse.figures
-        )
+        from polyfuse.tasks.vqa_attention import plot_vqa_checkpoint_attention
 
         if source or modalities:
             raise ValueError("--data and --modalities do not apply to a VQA checkpoint: it reads its data.vqa section")
@@ -367,10 +365,7 @@ class VQASpec(TaskSpec):
 
     def summary(self, summary: Sequence[Mapping[str, Any]], out_dir: Path) -> str:
         """One table, accuracy overall and per type, and its figure ``summary.png``."""
-        from polyfuse.engine.vqa_report import (  # moves to polyfuse.figures
-            format_vqa_summary,
-            plot_vqa_summary,
-        )
+        from polyfuse.tasks.vqa_report import format_vqa_summary, plot_vqa_summary
 
         plot_vqa_summary(summary, Path(out_dir) / "summary.png")
         return format_vqa_summary(summary)
