@@ -98,17 +98,9 @@ TASK_NAMES = {"sentiment", "traits", "classification", "vqa", "captioning", "ret
 # (file relative to src/polyfuse, rule): violations that exist today and are being
 # removed on other branches of issue 25. Remove an entry when its violation is gone.
 KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    ("bench/approximation.py", "g"),  # engine.run's apply_checkpoint, quiet_trainer, prefixed_metrics
     ("bench/retrieval.py", "g"),  # engine.retrieval.evaluate_retrieval
     ("cli/retrieval.py", "f"),  # becomes a thin alias of polyfuse train / compare
-    ("data/formats/word_vectors.py", "b"),  # imports nn.sentence_encoder
-    ("engine/compat.py", "f"),
     ("engine/retrieval_runs.py", "f"),
-    ("tasks/__init__.py", "a"),  # tasks.registry._load_builtin imports polyfuse.tasks, which imports each task
-    ("tasks/captioning.py", "a"),
-    ("tasks/registry.py", "a"),
-    ("tasks/tabular.py", "a"),
-    ("tasks/vqa.py", "a"),
 }
 
 

@@ -60,11 +60,13 @@ def _fusion_is(name: str) -> Callable[[Mapping[str, Any]], bool]:
 
 
 def _vqa(config: Mapping[str, Any]) -> bool:
-    return (config.get("task") or {}).get("type") == "vqa"
+    """A VQA configuration: it has the data.vqa section that task type requires."""
+    return bool((config.get("data") or {}).get("vqa"))
 
 
 def _captioning(config: Mapping[str, Any]) -> bool:
-    return (config.get("task") or {}).get("type") == "captioning"
+    """A captioning configuration: it has the captioning section that task type requires."""
+    return bool(config.get("captioning"))
 
 
 def _captioning_with_encoder(config: Mapping[str, Any]) -> bool:

@@ -8,6 +8,8 @@ The pattern of :mod:`polyfuse.nn.registry` one floor up. A task type is one file
         name = "sentiment"
         ...
 
+Importing this module imports the package :mod:`polyfuse.tasks` first, which imports
+every task file, so the built-in task types are registered before any lookup.
 ``task.type`` in a configuration names the spec; :func:`task_spec` looks it up (an
 unknown name lists the known ones). The engine (:mod:`polyfuse.engine.run`) has one
 train / evaluate / predict / compare path and asks the spec for everything that
@@ -189,25 +191,18 @@ def register_task(cls: SpecType) -> SpecType:
     return cls
 
 
-def _load_builtin() -> None:
-    import polyfuse.tasks  # noqa: F401  # registers the built-in task types
-
-
 def available_tasks() -> list[str]:
     """The registered task types, in registration order."""
-    _load_builtin()
     return list(_SPECS)
 
 
 def task_specs() -> list[TaskSpec]:
     """Every registered spec."""
-    _load_builtin()
     return list(_SPECS.values())
 
 
 def task_spec(name: str) -> TaskSpec:
     """The spec registered as ``name``; an unknown name says the closest known one."""
-    _load_builtin()
     if name not in _SPECS:
         close = difflib.get_close_matches(str(name), list(_SPECS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
