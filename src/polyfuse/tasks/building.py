@@ -169,7 +169,7 @@ def _with_config_keys(message: str, fusion: str, cls: type) -> str:
 def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> torch.nn.Module:
     """Encoders, the fusion module named by ``model.fusion`` and the projection; or,
     with ``model.backbone`` other than ``fusion``, that backbone with the fusion
-    module as its extra module (see :mod:`polyfuse.engine.backbones`)."""
+    module as its extra module (:func:`build_named_backbone`)."""
     model = config["model"]
     if model.get("backbone", "fusion") != "fusion":
         return build_named_backbone(config, input_dims, names, fusion_options)
