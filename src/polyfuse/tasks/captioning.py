@@ -397,14 +397,9 @@ class CaptioningSpec(TaskSpec):
             "metric_details": {k: v for k, v in module.test_details.items() if not isinstance(v, float)},
         }
 
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> CaptioningTask:
+    def module_from_extras(self, extras: Mapping[str, Any]) -> CaptioningTask:
         info = extras["label_info"]
-        task = build_captioning_task(extras["config"], extras["input_dims"], info["max_lengths"], Vocabulary(info["vocabulary"]))
-        try:
-            task.load_state_dict(state_dict)
-        except RuntimeError as error:
-            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
-        return task.eval()
+        return build_captioning_task(extras["config"], extras["input_dims"], info["max_lengths"], Vocabulary(info["vocabulary"]))
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,

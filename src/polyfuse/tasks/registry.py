@@ -125,9 +125,19 @@ class TaskSpec:
         return {}
 
     # -- a checkpoint, applied -----------------------------------------------------
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> L.LightningModule:
-        """The module of a checkpoint, weights loaded, in eval mode."""
+    def module_from_extras(self, extras: Mapping[str, Any]) -> L.LightningModule:
+        """A new module of a checkpoint's configuration and extras (before its weights)."""
         raise NotImplementedError
+
+    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> L.LightningModule:
+        """The module of a checkpoint, weights loaded, in eval mode; weights that do not fit
+        the stored configuration are a ValueError naming the checkpoint."""
+        module = self.module_from_extras(extras)
+        try:
+            module.load_state_dict(state_dict)
+        except RuntimeError as error:
+            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
+        return module.eval()
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,

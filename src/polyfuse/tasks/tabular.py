@@ -243,13 +243,8 @@ class TabularSpec(TaskSpec):
             "stats": _stats_to_tensors(prepared.stats),
         }
 
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> FusionTask:
-        module = self.module_for(extras["config"], extras["input_dims"], extras["modalities"], extras["label_info"])
-        try:
-            module.load_state_dict(state_dict)
-        except RuntimeError as error:
-            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
-        return module.eval()
+    def module_from_extras(self, extras: Mapping[str, Any]) -> FusionTask:
+        return self.module_for(extras["config"], extras["input_dims"], extras["modalities"], extras["label_info"])
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | str | None = None, require_labels: bool = True,

@@ -275,13 +275,8 @@ class VQASpec(TaskSpec):
             "image_features": feature_settings(config["data"]["vqa"]["train_features"]),
         }
 
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> VQATask:
-        task = build_vqa_task(extras["config"], extras["label_info"], int(extras["input_dims"][0]))
-        try:
-            task.load_state_dict(state_dict)
-        except RuntimeError as error:
-            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
-        return task.eval()
+    def module_from_extras(self, extras: Mapping[str, Any]) -> VQATask:
+        return build_vqa_task(extras["config"], extras["label_info"], int(extras["input_dims"][0]))
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
