@@ -1,4 +1,4 @@
-"""L_T's masked-LM head (trained once, cached by content) and Chimera training under Table 4's masking,
+"""L_T's masked-LM head (trained once, cached by content) and L_T on fixed masked held-out captions,
 on a tiny BERT saved as a MiniLM folder (nothing downloads)."""
 
 import pytest
@@ -28,7 +28,7 @@ def _captions(count, offset=0):
 
 
 def test_lm_head_is_cached_by_content_and_tied(tiny_encoder, tmp_path):
-    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
+    from polyfuse.tasks.chimera_lm import LMHeadSettings, lm_head_for
 
     settings = LMHeadSettings(epochs=2, batch_size=8)
     train, held_out = _captions(24), _captions(8, 1)
@@ -64,42 +64,10 @@ def _corpus(tmp_path):
     return corpus.subset(ids[:6]), corpus.subset(ids[6:])
 
 
-def test_train_chimera_masked_trains_lt_scalars_and_stops_early(tiny_encoder, tmp_path):
-    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
-    from polyfuse.engine.chimera_retrieval import ChimeraRow, encode_tokens, train_chimera
-
-    train, val = _corpus(tmp_path)
-    head, _ = lm_head_for(tiny_encoder, train.captions, val.captions, None, LMHeadSettings(epochs=1))
-    tokens = {n: encode_tokens(tiny_encoder, p.captions) for n, p in (("train", train), ("val", val))}
-    row = ChimeraRow(num_topics=3, hyperbolic_dim=3)
-    common = {"batch_size": 3, "expert": "app", "encoder": tiny_encoder, "mask_rate": 0.2, "lm_head": head}
-    _, history = train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=3, scalar_lr=0.1, **common)
-    assert all(torch.isfinite(torch.tensor(h["topic_lm"])) for h in history)
-    # 6 steps at lr 1e-3 move a logit by at most ~6e-3 (omega by 1.5e-3); at scalar_lr 0.1 they move
-    assert abs(history[-1]["omega_t"] - 0.5) > 0.02 and abs(history[-1]["beta"] - 1.0) > 0.02
-    embedding = tiny_encoder.model.embeddings.word_embeddings.weight
-    assert not embedding.requires_grad  # the frozen encoder stays frozen
-    _, without = train_chimera(train, tokens["train"], val, tokens["val"], ChimeraRow(num_topics=3, hyperbolic_dim=3,
-                               topic_lm=False), 0, epochs=1, **common)
-    assert "topic_lm" not in without[0] and "topic_matching" in without[0]
-    # lr 0: the validation recall sum never improves after epoch 0, so patience 1 stops after epoch 1
-    _, stopped = train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=5, lr=0.0, patience=1,
-                               **common)
-    assert [h["epoch"] for h in stopped] == [0, 1]
-    with pytest.raises(ValueError, match="needs the text encoder"):
-        train_chimera(train, tokens["train"], val, tokens["val"], row, 0, epochs=1, expert="app", mask_rate=0.2)
-
-
 def test_held_out_topic_lm_uses_fixed_masks_and_equals_eq3_by_hand(tiny_encoder, tmp_path):
-    from polyfuse.engine.chimera_lm import LMHeadSettings, lm_head_for
-    from polyfuse.engine.chimera_retrieval import (
-        ChimeraRow,
-        encode_tokens,
-        held_out_masked_captions,
-        held_out_topic_lm,
-        train_chimera,
-    )
     from polyfuse.nn.models.chimera import ChimeraRetrievalModel
+    from polyfuse.tasks.chimera import held_out_masked_captions, held_out_topic_lm
+    from polyfuse.tasks.chimera_lm import LMHeadSettings, lm_head_for
 
     train, val = _corpus(tmp_path)
     head, _ = lm_head_for(tiny_encoder, train.captions, val.captions, None, LMHeadSettings(epochs=1))
@@ -126,16 +94,5 @@ def test_held_out_topic_lm_uses_fixed_masks_and_equals_eq3_by_hand(tiny_encoder,
     assert out["val_topic_lm"] == pytest.approx(total / count, rel=1e-5)
     assert out["val_head_nll"] == pytest.approx(head_total / count, rel=1e-5)
     assert out["val_identity_topic"] == pytest.approx(identity / count, rel=1e-5)
-    # in training: at lr 0 the model never changes, so the held-out L_T (fixed masks) is the
-    # same every epoch, while the training L_T follows each epoch's fresh masks; reported
-    # for a row that does not train L_T too
-    tokens = {n: encode_tokens(tiny_encoder, p.captions) for n, p in (("train", train), ("val", val))}
-    common = {"batch_size": 3, "expert": "app", "encoder": tiny_encoder, "mask_rate": 0.2, "lm_head": head, "lr": 0.0}
-    _, history = train_chimera(train, tokens["train"], val, tokens["val"], ChimeraRow(num_topics=3, hyperbolic_dim=3),
-                               0, epochs=3, **common)
-    assert len({h["val_topic_lm"] for h in history}) == 1 and len({h["topic_lm"] for h in history}) > 1
-    _, without = train_chimera(train, tokens["train"], val, tokens["val"],
-                               ChimeraRow(num_topics=3, hyperbolic_dim=3, topic_lm=False), 0, epochs=1, **common)
-    assert "topic_lm" not in without[0] and without[0]["val_topic_lm"] > 0
     with pytest.raises(ValueError, match="at least one caption"):
         held_out_masked_captions(tiny_encoder, captions, 0.3, count=0)

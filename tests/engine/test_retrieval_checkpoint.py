@@ -1,13 +1,26 @@
-"""Retrieval checkpoints across the MAN layer-norm change: old layouts still load."""
-
-from dataclasses import asdict
+"""Checkpoints of an older ``polyfuse retrieval train`` (``seed<N>.safetensors``, settings as
+a dict) across the MAN layer-norm and zero-start changes: old layouts still load, through
+:func:`polyfuse.tasks.retrieval.legacy_checkpoint` into the task type's module."""
 
 import torch
 
-from polyfuse.engine.checkpoints import write_checkpoint
-from polyfuse.engine.retrieval import RetrievalSettings
-from polyfuse.engine.retrieval_runs import load_checkpoint
+from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
 from polyfuse.nn.models.retrieval import RetrievalModel
+from polyfuse.tasks.registry import task_spec
+from polyfuse.tasks.retrieval import legacy_checkpoint
+
+# the settings an older polyfuse wrote (its RetrievalSettings dataclass, as a dict)
+_OLD = {"epochs": 30, "batch_size": 32, "lr": 1e-3, "weight_decay": 1e-4, "loss": "margin", "margin": 0.2,
+        "temperature": 0.05, "chunk_size": 1024, "fusion_options": {}, "text_lr": None, "precision": "32-true",
+        "man_layer_norm": None, "man_zero_init": None, "man_lr": None}
+
+
+def RetrievalSettings(**settings):
+    return {**_OLD, **settings}
+
+
+def asdict(settings):
+    return dict(settings)
 
 
 def _videos():
@@ -20,7 +33,8 @@ def _videos():
 def _round_trip(tmp_path, model, settings: dict):
     write_checkpoint({"state": model.state_dict(), "settings": settings, "text_dim": 5, "expert_dims": [5, 6]},
                      tmp_path / "seed0.safetensors")
-    loaded, _ = load_checkpoint(tmp_path / "seed0.safetensors")
+    state, extras = legacy_checkpoint(read_checkpoint(tmp_path / "seed0.safetensors"))
+    loaded = task_spec("retrieval").load_module(state, extras, None).model
     torch.testing.assert_close(loaded.embed_videos(*_videos()), model.embed_videos(*_videos()))
     return loaded
 

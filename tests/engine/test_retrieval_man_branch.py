@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from polyfuse.engine.retrieval import parameter_groups, split_man_branch
 from polyfuse.nn.models.retrieval import RetrievalModel
+from polyfuse.tasks.groups import parameter_groups
+from polyfuse.tasks.retrieval import split_man_branch
 
 
 @pytest.mark.parametrize("fusion", ["mean+man", "gating+man"])

@@ -28,6 +28,7 @@ from tests.cli.test_cli_vqa import _config as vqa_config
 from tests.cli.test_cli_vqa import write_vqa_folder
 from tests.engine.test_captioning_engine import _config as captioning_config_file
 from tests.engine.test_captioning_engine import _write_data as write_captioning_data
+from tests.engine.test_chimera_task import write_corpus_files, write_tiny_bert
 
 from polyfuse.cli.main import EXIT_DIVERGED, EXIT_INPUT, main
 from polyfuse.engine.checkpoints import read_checkpoint
@@ -76,6 +77,28 @@ def _captioning(folder: Path) -> dict:
     return {**config, "output_dir": str(folder / "runs"), "trainer": {**config["trainer"], **TRAINER}}
 
 
+def _retrieval(folder: Path) -> dict:
+    return {
+        "output_dir": str(folder / "runs"),
+        "task": {"type": "retrieval"},
+        "retrieval": {"source": "synthetic:videos=60,steps=2,events=2,dim=4", "text": "bow", "fusion": "man",
+                      "embed_dim": 8, "hidden_dim": 8},
+        "data": {"batch_size": 8, "eval_batch_size": 16},
+        "trainer": dict(TRAINER),
+    }
+
+
+def _chimera(folder: Path) -> dict:
+    return {
+        "output_dir": str(folder / "runs"),
+        "task": {"type": "chimera"},
+        "chimera": {**write_corpus_files(folder), "encoder_path": str(write_tiny_bert(folder / "bert")),
+                    "num_topics": 3, "hyperbolic_dim": 3},
+        "data": {"batch_size": 4, "eval_batch_size": 8},
+        "trainer": dict(TRAINER),
+    }
+
+
 #: task type -> a tiny configuration (written under the given folder)
 TINY: dict[str, Callable[[Path], dict]] = {
     "sentiment": _tabular("sentiment"),
@@ -83,6 +106,8 @@ TINY: dict[str, Callable[[Path], dict]] = {
     "classification": _tabular("classification"),
     "vqa": _vqa,
     "captioning": _captioning,
+    "retrieval": _retrieval,
+    "chimera": _chimera,
 }
 
 #: an unknown key in the task's own part of the configuration, and the known key it is close to
@@ -92,6 +117,8 @@ TYPO: dict[str, tuple[str, str]] = {
     "classification": ("data", "sourc"),
     "vqa": ("data.vqa", "train_feature"),
     "captioning": ("captioning", "caption"),
+    "retrieval": ("retrieval", "embed_dims"),
+    "chimera": ("chimera", "num_topic"),
 }
 
 

@@ -1,18 +1,30 @@
-"""``polyfuse retrieval train|evaluate|compare``: text-video retrieval over expert features."""
+"""``polyfuse retrieval train|compare|chimera|evaluate|table|figure``: kept for 0.3.x as a thin alias.
+
+Retrieval over experts and Chimera are task types of the one engine (``task.type:
+retrieval`` / ``chimera``; configs/msvd/retrieval/, configs/msvd/chimera/). ``train``,
+``compare`` and ``chimera`` build the equivalent configuration, write it beside the runs
+(``<out>/<label>.yaml``), run ``polyfuse train`` on it once per seed (run directories
+``<out>/[<label>/]seed<N>``) and say which ``polyfuse train --config`` to use instead.
+``evaluate`` and ``figure`` read a run's ``checkpoints/best.safetensors``; a pickled
+``.pt`` of an older polyfuse is refused.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+from typing import Any
 
-# polyfuse.nn.models.retrieval.VIDEO_FUSIONS and polyfuse.engine.retrieval.LOOP_PRECISIONS,
-# written out: the parser must not import torch
+# polyfuse.nn.models.retrieval.VIDEO_FUSIONS, written out: the parser must not import torch
 FUSIONS = ("man", "concat", "mean", "gating", "gating+man", "mean+man")
 PRECISIONS = ("32-true", "bf16-mixed")
-_PRECISION_HELP = "32-true (default) or bf16-mixed: training steps under CPU bfloat16 autocast"
+#: the columns of the tables (docs/RESULTS.md)
+METRIC_COLUMNS = ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MedR", "v2t_R@1", "v2t_R@5", "v2t_R@10", "v2t_MedR")
+_PRECISION_HELP = "32-true (default) or bf16-mixed (trainer.precision)"
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "alias_config", "metrics_table", "run"]
 
 
 def _data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,216 +53,316 @@ def _size(text: str) -> int:
 
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=_size, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--embed-dim", type=_size, default=256)
-    parser.add_argument("--hidden-dim", type=_size, default=64)
-    parser.add_argument("--loss", choices=("margin", "infonce"), default="margin")
-    parser.add_argument("--margin", type=float, default=0.2)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed (default 0 1 2)")
+    parser.add_argument("--epochs", type=int, default=30, help="trainer.max_epochs (default 30)")
+    parser.add_argument("--batch-size", type=_size, default=32, help="data.batch_size: distinct videos per batch (default 32)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="optim.lr (default 1e-3)")
+    parser.add_argument("--embed-dim", type=_size, default=256, help="retrieval.embed_dim (default 256)")
+    parser.add_argument("--hidden-dim", type=_size, default=64, help="retrieval.hidden_dim (default 64)")
+    parser.add_argument("--loss", choices=("margin", "infonce"), default="margin", help="retrieval.loss (default margin)")
+    parser.add_argument("--margin", type=float, default=0.2, help="retrieval.margin (default 0.2)")
     parser.add_argument("--text-lr", type=float, default=None,
-                        help="fine-tune the text encoder (MiniLM or word vectors) at this learning rate "
-                        "(default: frozen)")
+                        help="retrieval.text_lr: fine-tune the text encoder at this rate (default: frozen)")
     parser.add_argument("--precision", choices=PRECISIONS, default="32-true", help=_PRECISION_HELP)
-    man = parser.add_argument_group("MAN (fusions man, gating+man, mean+man)")
+    man = parser.add_argument_group("MAN (fusions man, gating+man, mean+man; model.options.man)")
     man.add_argument("--man-heads", type=_size, default=None, help="heads (default 4; the paper's retrieval: 8)")
     man.add_argument("--man-random-features", type=_size, default=None,
                      help="random features per head of had mode (default 64; the paper: 512)")
     man.add_argument("--man-chunks", type=int, default=None, help="LSC chunks (default 4; the paper: 10)")
     man.add_argument("--man-layer-norm", action=argparse.BooleanOptionalAction, default=None,
-                     help="layer-normalise MAN's fused vector before its output map (default: on for "
-                     "gating+man and mean+man, off for man; docs/RETRIEVAL.md)")
+                     help="retrieval.man_layer_norm (default: on for gating+man and mean+man, off for man)")
     man.add_argument("--man-zero-init", action=argparse.BooleanOptionalAction, default=None,
-                     help="mean+man: MAN's branch starts at zero (zero-initialised output map, its share "
-                     "of the score learned; default on); --no-man-zero-init: both branches unit vectors "
-                     "weighed equally (docs/RETRIEVAL.md)")
+                     help="retrieval.man_zero_init: mean+man's MAN branch starts at zero (default on)")
     man.add_argument("--man-lr", type=float, default=None,
-                     help="gating+man, mean+man: learning rate of MAN's video branch (default: --lr)")
+                     help="retrieval.man_lr: gating+man, mean+man: learning rate of MAN's video branch (default: --lr)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("retrieval", help="text-video retrieval: train, evaluate, compare")
+    parser = subparsers.add_parser(
+        "retrieval", help="text-video retrieval (kept for 0.3.x: use polyfuse train with a task.type retrieval config)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    train = actions.add_parser("train", help="train one video fusion over seeds; write results.json")
+    train = actions.add_parser("train", help="train one video fusion over seeds (polyfuse train per seed)")
     _data_arguments(train)
     _train_arguments(train)
-    train.add_argument("--fusion", choices=FUSIONS, default="man")
-    train.add_argument("--out", required=True, help="run directory")
+    train.add_argument("--fusion", choices=FUSIONS, default="man", help="retrieval.fusion (default man)")
+    train.add_argument("--out", required=True, help="parent of the run directories seed<N>")
     compare = actions.add_parser("compare", help="train several fusions; print a markdown table")
     _data_arguments(compare)
     _train_arguments(compare)
-    compare.add_argument("--fusions", nargs="+", default=["man", "concat", "mean"])
-    compare.add_argument("--out", required=True, help="parent directory; one run directory per fusion")
+    compare.add_argument("--fusions", nargs="+", default=["man", "concat", "mean"], choices=FUSIONS)
+    compare.add_argument("--out", required=True, help="parent directory; <out>/<fusion>/seed<N> per run")
     chimera = actions.add_parser("chimera", help="Chimera ablation rows (Table 4) on MiniLM + video; EX1 and EX2")
     _data_arguments(chimera)
     chimera.add_argument("--rows", nargs="+", default=None,
                          help="ablation rows (default: the ten of Table 4; Z20-af-N20-HLM-LD-noLT is the first without L_T)")
-    chimera.add_argument("--seeds", type=int, nargs="+", default=[0])
-    chimera.add_argument("--epochs", type=int, default=10, help="most epochs per model (default 10)")
+    chimera.add_argument("--seeds", type=int, nargs="+", default=[0], help="default 0")
+    chimera.add_argument("--epochs", type=int, default=10, help="trainer.max_epochs (default 10)")
     chimera.add_argument("--patience", type=int, default=None,
-                         help="stop after this many epochs without a better validation recall sum (default: none)")
-    chimera.add_argument("--batch-size", type=_size, default=16)
-    chimera.add_argument("--lr", type=float, default=1e-3)
+                         help="trainer.patience: stop after this many epochs without a better val/rsum (default: none)")
+    chimera.add_argument("--batch-size", type=_size, default=16, help="default 16")
+    chimera.add_argument("--lr", type=float, default=1e-3, help="default 1e-3")
     chimera.add_argument("--scalar-lr", type=float, default=None,
-                         help="learning rate of the scalars omega_t, omega_v, beta, c (default: --lr)")
+                         help="chimera.scalar_lr: learning rate of omega_t, omega_v, beta, c (default: --lr)")
     chimera.add_argument("--tlm-temperature", type=float, default=1.0,
-                         help="divisor of L_TLM's inner products (default 1, the paper's)")
+                         help="chimera.tlm_temperature: divisor of L_TLM's inner products (default 1, the paper's)")
     chimera.add_argument("--mask-rate", type=float, default=0.2,
-                         help="share of word pieces ([MASK], the targets of L_T) and of video steps (dropped) "
-                         "masked in each training step, Table 4's protocol (default 0.2; 0: no masking, no L_T)")
+                         help="chimera.mask_rate: share of word pieces and video steps masked per step (default 0.2)")
     chimera.add_argument("--chimera-expert", default=None,
-                         help="the video expert Chimera reads (default: the first, MSVD's vgg_appearance)")
-    chimera.add_argument("--text-lr", type=float, default=None,
-                         help="fine-tune MiniLM with each model at this learning rate (default: frozen)")
+                         help="chimera.expert (default: the corpus's first, MSVD's vgg_appearance)")
     chimera.add_argument("--precision", choices=PRECISIONS, default="32-true", help=_PRECISION_HELP)
-    chimera.add_argument("--out", required=True)
-    table = actions.add_parser("table", help="markdown tables (EX1, EX2) from results.json files")
-    table.add_argument("results", nargs="+", help="results.json of 'train' (one fusion each) or 'chimera'")
-    evaluate = actions.add_parser("evaluate", help="test metrics of a saved seed<N>.safetensors")
-    _data_arguments(evaluate)
-    evaluate.add_argument("--checkpoint", required=True)
-    evaluate.add_argument("--split", default="test")
+    chimera.add_argument("--out", required=True, help="parent directory; <out>/<row>/seed<N> per run")
+    table = actions.add_parser("table", help="markdown tables (EX1, EX2) from run directories")
+    table.add_argument("runs", nargs="+",
+                       help="run directories (or their results.json); runs under one parent folder are seeds of one row")
+    evaluate = actions.add_parser("evaluate", help="test metrics of a run's checkpoint")
+    _data_arguments(evaluate)  # read only for a seed<N>.safetensors of an older polyfuse
+    evaluate.add_argument("--checkpoint", required=True, help="a run directory or its checkpoints/best.safetensors")
+    evaluate.add_argument("--split", default="test", help="train | valid | test (default test)")
     evaluate.add_argument("--shuffle-words", action="store_true", help="shuffle each query's words (EX2)")
     figure = actions.add_parser("figure", help="top videos of one query as frame thumbnails with scores (PNG)")
-    _data_arguments(figure)
-    figure.add_argument("--checkpoint", required=True, help="a seed<N>.safetensors of 'train'")
+    _data_arguments(figure)  # read only for a seed<N>.safetensors of an older polyfuse
+    figure.add_argument("--checkpoint", required=True, help="a run directory or checkpoint of task.type retrieval")
     query = figure.add_mutually_exclusive_group(required=True)
     query.add_argument("--query", help="free text")
     query.add_argument("--caption", type=int, help="index of a caption of the split (its video is marked correct)")
-    figure.add_argument("--clips", help="folder of the clips, one file per video id (default: <data>/clips)")
+    figure.add_argument("--clips", help="folder of the clips, one file per video id (default: <source>/clips)")
     figure.add_argument("--split", default="test")
     figure.add_argument("--top", type=int, default=5)
     figure.add_argument("--out", required=True, help="PNG path")
     parser.set_defaults(run=run)
 
 
-def _corpus(args: argparse.Namespace):
-    from polyfuse.engine.retrieval_runs import load_corpus
-
-    ids = {n: getattr(args, f"{n}_ids") for n in ("train", "val", "test") if getattr(args, f"{n}_ids")}
-    return load_corpus(args.data, experts=args.expert, captions=args.captions, split_ids=ids or None)
-
-
-def _settings(args: argparse.Namespace, fusion: str):
-    from polyfuse.engine.retrieval import RetrievalSettings
-
-    man_options = {"heads": args.man_heads, "num_random_features": args.man_random_features,
-                   "chunks": args.man_chunks}
-    return RetrievalSettings(fusion=fusion, embed_dim=args.embed_dim, hidden_dim=args.hidden_dim,
-                             epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
-                             margin=args.margin, text_lr=args.text_lr, precision=args.precision,
-                             man_layer_norm=args.man_layer_norm,
-                             man_zero_init=args.man_zero_init if fusion == "mean+man" else None,
-                             man_lr=args.man_lr if fusion in ("gating+man", "mean+man") else None,
-                             fusion_options={k: v for k, v in man_options.items()
-                                             if v is not None and "man" in fusion.split("+")})
+# ---- configurations --------------------------------------------------------------------
+def _source(args: argparse.Namespace) -> dict[str, Any]:
+    """The corpus keys of a ``retrieval`` / ``chimera`` section, paths made absolute."""
+    if args.data is not None:
+        is_path = not args.data.startswith("synthetic")
+        return {"source": str(Path(args.data).resolve()) if is_path else args.data, "experts": None,
+                "captions": None, "splits": None}
+    if not args.expert or not args.captions or not all(getattr(args, f"{n}_ids") for n in ("train", "val", "test")):
+        raise ValueError("give --data (MSVD folder) or --expert NAME=PATH ... --captions FILE --train-ids ... "
+                         "--val-ids ... --test-ids ...")
+    experts = {}
+    for spec in args.expert:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise ValueError(f"--expert takes NAME=PATH, got {spec!r}")
+        experts[name] = str(Path(path).resolve())
+    return {"source": None, "experts": experts, "captions": str(Path(args.captions).resolve()),
+            "splits": {n: str(Path(getattr(args, f"{n}_ids")).resolve()) for n in ("train", "val", "test")}}
 
 
-def _references(args: argparse.Namespace, corpus, split) -> dict | None:
-    """The synthetic corpus's recall bounds on its test split (None for real data)."""
-    from polyfuse.data.sources import is_synthetic
+def alias_config(args: argparse.Namespace, *, fusion: str | None = None, row: str | None = None) -> dict[str, Any]:
+    """The ``polyfuse train`` configuration of ``polyfuse retrieval train|compare`` (``fusion``)
+    or ``chimera`` (``row``), without a seed (set per run)."""
+    trainer = {"max_epochs": args.epochs, "patience": getattr(args, "patience", None) or 0,
+               "precision": args.precision, "accelerator": "cpu", "quiet": True}  # progress bars, not Lightning's notices
+    # output_dir: where the caches go (<out>/../.cache, named by content, as before)
+    config: dict[str, Any] = {"data": {"batch_size": args.batch_size}, "optim": {"lr": args.lr, "weight_decay": 1e-4},
+                              "trainer": trainer, "output_dir": str(Path(args.out).resolve().parent)}
+    if row is not None:
+        from polyfuse.tasks.chimera import ABLATION_ROWS
 
-    if args.data is None or not is_synthetic(args.data):
-        return None
-    from polyfuse.data.synthetic_retrieval import recall_bounds
+        if row not in ABLATION_ROWS:
+            raise ValueError(f"unknown ablation row {row!r}; available: {', '.join(ABLATION_ROWS)}")
+        if args.text != "minilm":
+            raise ValueError("retrieval chimera reads MiniLM's token states: drop --text")
+        section = {**_source(args), **ABLATION_ROWS[row], "expert": args.chimera_expert, "mask_rate": args.mask_rate,
+                   "scalar_lr": args.scalar_lr, "tlm_temperature": args.tlm_temperature}
+        return {"name": row, "task": {"type": "chimera"}, "chimera": section, **config}
+    text = args.text if args.text in ("minilm", "bow") else "glove"
+    section = {**_source(args), "fusion": fusion, "text": text, "embed_dim": args.embed_dim,
+               "hidden_dim": args.hidden_dim, "loss": args.loss, "margin": args.margin, "text_lr": args.text_lr,
+               "man_layer_norm": args.man_layer_norm}
+    if text == "glove":
+        section["word_vectors"] = str(Path(args.text).resolve())
+    if fusion == "mean+man":
+        section["man_zero_init"] = args.man_zero_init
+    if fusion in ("gating+man", "mean+man"):
+        section["man_lr"] = args.man_lr
+    man = {"heads": args.man_heads, "num_random_features": args.man_random_features, "chunks": args.man_chunks}
+    man = {k: v for k, v in man.items() if v is not None}
+    if man and "man" in fusion.split("+"):
+        config["model"] = {"options": {"man": man}}
+    return {"name": fusion, "task": {"type": "retrieval"}, "retrieval": section, **config}
 
-    return recall_bounds(corpus.subset(split["test"]))
+
+def _train_seeds(config: dict[str, Any], seeds: list[int], out: Path) -> list[Path]:
+    """Write ``config`` to ``<out>.yaml`` and run ``polyfuse train`` on it per seed
+    (``<out>/seed<N>``); print which command does the same."""
+    from polyfuse.engine.config import dump_config
+    from polyfuse.engine.run import train
+    from polyfuse.engine.rundir import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config_path = out.parent / f"{out.name}.yaml"
+    atomic_write_text(config_path, dump_config(config))
+    print(f"note: `polyfuse retrieval` is kept for 0.3.x; the same runs: polyfuse train --config {config_path} "
+          f"--set seed=N --out {out}/seedN (shipped configs: configs/msvd/retrieval/, configs/msvd/chimera/)")
+    runs = []
+    for seed in seeds:
+        result = train({**config, "seed": seed}, run_dir=out / f"seed{seed}")
+        runs.append(Path(result.run_dir))
+    return runs
+
+
+# ---- tables ---------------------------------------------------------------------------
+def _mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def _results_of(path: str | Path) -> tuple[str, dict[str, Any]]:
+    """(row label, results.json) of a run directory or its results.json; the label is the
+    run directory's parent folder (``<out>/<fusion or row>/seed<N>``)."""
+    from polyfuse.data.formats.jsonfile import read_json
+
+    path = Path(path)
+    run_dir = path.parent if path.name == "results.json" else path
+    results = read_json(run_dir / "results.json")
+    if not isinstance(results, dict) or not isinstance(results.get("test"), dict) or not results["test"]:
+        raise ValueError(f"{run_dir}: not a run of polyfuse train with test metrics (results.json of an older "
+                         "`polyfuse retrieval` is not read: rerun it)")
+    return run_dir.resolve().parent.name, results
+
+
+def metrics_table(rows: dict[str, list[dict[str, Any]]], key: str = "test") -> str:
+    """Markdown: one row per label, mean ± std over its runs; chance and (synthetic) bounds first."""
+    header = "| model | " + " | ".join(METRIC_COLUMNS) + " | train s/seed |"
+    lines = [header, "|" + "---|" * (len(METRIC_COLUMNS) + 2)]
+    first = next(iter(rows.values()))[0]
+    chance = [f"{first['test']['chance_' + c]:.1f}" if "R@" in c and "chance_" + c in first["test"] else "-"
+              for c in METRIC_COLUMNS]
+    lines.append("| chance | " + " | ".join(chance) + " | - |")
+    references = first.get("references", {})
+    for prefix, label in (("caption_", "bound: perfect caption match"), ("events_", "bound: events known, relation not")):
+        if any(name.startswith(prefix) for name in references):
+            cells = [f"{references[prefix + c[4:]]:.1f}" if c.startswith("t2v_R@") else "-" for c in METRIC_COLUMNS]
+            lines.append(f"| {label} | " + " | ".join(cells) + " | - |")
+    for name, runs in rows.items():
+        if any(key not in r for r in runs):
+            continue
+        cells = [_mean_std([r[key][c] for r in runs]) for c in METRIC_COLUMNS]
+        seconds = statistics.mean(r["train_seconds"] for r in runs)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def _print_tables(paths: list[str | Path]) -> None:
+    rows: dict[str, list[dict[str, Any]]] = {}
+    seen: dict[Path, str] = {}
+    for path in paths:
+        resolved = Path(path).resolve()
+        resolved = resolved.parent if resolved.name == "results.json" else resolved
+        if resolved in seen:
+            raise ValueError(f"{path}: the run {resolved} is given twice")
+        seen[resolved] = str(path)
+        label, results = _results_of(path)
+        rows.setdefault(label, []).append(results)
+    print("EX1 (captions as written)\n" + metrics_table(rows))
+    print("\nEX2 (words of each caption shuffled)\n" + metrics_table(rows, "test_shuffled_words"))
+
+
+# ---- checkpoints ----------------------------------------------------------------------------
+def _checkpoint_path(given: str) -> Path:
+    path = Path(given)
+    if path.is_dir():
+        path = path / "checkpoints" / "best.safetensors"
+    if path.suffix != ".safetensors":
+        raise ValueError(
+            f"{given}: pickled checkpoints (.pt, written by an older `polyfuse retrieval`) are never loaded, as "
+            "unpickling can run code; retrain with `polyfuse train --config configs/msvd/retrieval/<fusion>.yaml` "
+            "(or `polyfuse retrieval train ...`, which writes safetensors run directories)")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
+def _load(args: argparse.Namespace):
+    """(spec, module, extras) of a task.type retrieval / chimera checkpoint, or of a
+    ``seed<N>.safetensors`` of an older ``polyfuse retrieval train`` (its data then from
+    the command's --data / --expert arguments)."""
+    from polyfuse.engine.checkpoints import check_extras, read_checkpoint
+    from polyfuse.tasks.registry import task_spec
+
+    path = _checkpoint_path(args.checkpoint)
+    checkpoint = read_checkpoint(path)
+    if "polyfuse" not in checkpoint and checkpoint.get("kind") == "chimera":
+        raise ValueError(f"{path}: a Chimera model of an older `polyfuse retrieval chimera`; retrain it with "
+                         "`polyfuse train --config configs/msvd/chimera/<row>.yaml`")
+    if "polyfuse" not in checkpoint and "settings" in checkpoint:
+        from polyfuse.tasks.retrieval import legacy_checkpoint
+
+        state, extras = legacy_checkpoint(checkpoint, str(path))
+        section = extras["config"]["retrieval"]
+        section.update(_source(args))
+        spec = task_spec("retrieval")
+        return spec, spec.load_module(state, extras, None), extras
+    extras = checkpoint.get("polyfuse")
+    check_extras(extras, path)
+    kind = extras["config"]["task"]["type"]
+    if kind not in ("retrieval", "chimera"):
+        raise ValueError(f"{path}: a checkpoint of task.type {kind}; `polyfuse evaluate` applies it")
+    spec = task_spec(kind)
+    return spec, spec.load_module(checkpoint["state_dict"], extras, checkpoint), extras
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyfuse.engine.retrieval_runs import metrics_table, run_retrieval
-
     if args.action == "table":
-        from polyfuse.data.formats.jsonfile import read_json
+        _print_tables(args.runs)
+        return 0
+    if args.action in ("train", "compare", "chimera"):
+        out = Path(args.out)
+        if args.action == "train":
+            runs = _train_seeds(alias_config(args, fusion=args.fusion), args.seeds, out)
+        elif args.action == "compare":
+            runs = [r for fusion in args.fusions
+                    for r in _train_seeds(alias_config(args, fusion=fusion), args.seeds, out / fusion)]
+        else:
+            from polyfuse.tasks.chimera import TABLE4_ROWS
 
-        results = {}
-        for path in args.results:
-            data = read_json(path)
-            if isinstance(data, dict) and "settings" not in data:  # Chimera's: rows and the LM head's report
-                data = {k: v for k, v in data.items() if k != "lm_head"}
-            if not isinstance(data, dict) or not all(isinstance(v, dict) and "runs" in v for v in
-                                                     ([data] if "settings" in data else data.values())):
-                raise ValueError(f"{path}: not a results.json of `polyfuse retrieval train` or `chimera`")
-            results.update({data["settings"].get("fusion", "?"): data} if "settings" in data else data)
-        print("EX1 (captions as written)\n" + metrics_table(results))
-        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
+            runs = [r for row in args.rows or TABLE4_ROWS
+                    for r in _train_seeds(alias_config(args, row=row), args.seeds, out / row)]
+        if args.action == "train":  # label the rows by the fusion, not by the --out folder
+            rows = {args.fusion: [_results_of(r)[1] for r in runs]}
+            print("EX1 (captions as written)\n" + metrics_table(rows))
+        else:
+            _print_tables(runs)
         return 0
-    corpus, split = _corpus(args)
-    references = _references(args, corpus, split)
-    if args.action == "train":
-        result = run_retrieval(corpus, split, _settings(args, args.fusion), args.seeds, args.out, text=args.text,
-                               references=references)
-        print(metrics_table({args.fusion: result}))
-        print(f"wrote {Path(args.out) / 'results.json'}")
-        return 0
-    if args.action == "chimera":
-        from polyfuse.engine.chimera_retrieval import TABLE4_ROWS
-        from polyfuse.engine.retrieval_runs import run_chimera_ablation
-
-        results = run_chimera_ablation(corpus, split, args.rows or TABLE4_ROWS, args.seeds, args.out,
-                                       epochs=args.epochs, batch_size=args.batch_size, text_lr=args.text_lr,
-                                       expert=args.chimera_expert, precision=args.precision,
-                                       mask_rate=args.mask_rate, patience=args.patience, lr=args.lr,
-                                       scalar_lr=args.scalar_lr, tlm_temperature=args.tlm_temperature)
-        print("EX1 (captions as written)\n" + metrics_table(results))
-        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
-        return 0
-    if args.action == "compare":
-        results = {}
-        for fusion in args.fusions:
-            results[fusion] = run_retrieval(corpus, split, _settings(args, fusion), args.seeds,
-                                            Path(args.out) / fusion, text=args.text, references=references)
-        print("EX1 (captions as written)\n" + metrics_table(results))
-        print("\nEX2 (words of each caption shuffled)\n" + metrics_table(results, "test_shuffled_words"))
-        return 0
-    from polyfuse.engine.retrieval import encode_captions, evaluate_retrieval, shuffle_words
-    from polyfuse.engine.retrieval_runs import (
-        load_checkpoint,
-        read_retrieval_checkpoint,
-        saved_text_encoder,
-    )
-
-    if args.split not in split:
-        raise ValueError(f"no split {args.split!r}; have {', '.join(split)}")
-    part = corpus.subset(split[args.split])
-    saved = read_retrieval_checkpoint(args.checkpoint)  # never unpickles anything
-    if saved.get("kind") == "chimera":  # a model of `retrieval chimera`
-        if args.action == "figure":
-            raise ValueError("`figure` draws the rankings of `retrieval train` models, not of Chimera's")
-        from polyfuse.engine.retrieval_runs import evaluate_chimera_checkpoint
-
-        captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
-        print(json.dumps(evaluate_chimera_checkpoint(saved, part, captions), indent=1))
-        return 0
-    model, saved = load_checkpoint(args.checkpoint)
+    spec, module, extras = _load(args)
     if args.action == "figure":
-        return _figure(args, model, saved, part)
-    captions = shuffle_words(part.captions, 0) if args.shuffle_words else part.captions
-    vectors = encode_captions(saved_text_encoder(saved, corpus), captions)
-    print(json.dumps(evaluate_retrieval(model, part, vectors), indent=1))
+        return _figure(args, spec, module, extras)
+    data = spec.checkpoint_data(extras, split=args.split, shuffle_words=args.shuffle_words)
+    print(json.dumps(module.evaluate(spec.loader(data, args.split)), indent=1))
     return 0
 
 
-def _figure(args: argparse.Namespace, model, saved: dict, part) -> int:
-    from polyfuse.engine.retrieval import encode_captions
+def _figure(args: argparse.Namespace, spec, module, extras) -> int:
     from polyfuse.engine.retrieval_figure import draw_ranking, rank_videos
-    from polyfuse.engine.retrieval_runs import saved_text_encoder
     from polyfuse.extract.video import video_paths_of_folder
 
+    if extras["config"]["task"]["type"] != "retrieval":
+        raise ValueError("`figure` draws the rankings of task.type retrieval models, not of Chimera's")
+    data = spec.checkpoint_data(extras, split=args.split)
+    part = data.prepared.parts[data.split_part]
     if args.caption is not None:
         if not 0 <= args.caption < len(part.captions):
             raise ValueError(f"--caption {args.caption}: the {args.split} split has captions 0 to {len(part.captions) - 1}")
-        query, correct = part.captions[args.caption], part.caption_video[args.caption]
+        query, correct, vector = part.captions[args.caption], part.caption_video[args.caption], None
+        if data.prepared.vectors.get(data.split_part) is not None:
+            vector = data.prepared.vectors[data.split_part][args.caption : args.caption + 1]
     else:
         if not args.query.strip():
             raise ValueError("--query is empty")
-        query, correct = args.query, None
-    if not args.clips and not args.data:
-        raise ValueError("--clips is needed with --expert (the folder of the clips, one file per video id)")
-    clips = video_paths_of_folder(args.clips or Path(args.data) / "clips")
-    vector = encode_captions(saved_text_encoder(saved), [query])
-    everything = rank_videos(model, part, vector, len(part.video_ids), correct_id=correct)
+        query, correct, vector = args.query, None, None
+    source = extras["config"]["retrieval"].get("source")
+    if not args.clips and not source:
+        raise ValueError("--clips is needed for a corpus of expert files (the folder of the clips, one file per video id)")
+    clips = video_paths_of_folder(args.clips or Path(source) / "clips")
+    if vector is None:
+        vector = spec.sentence_vectors(module, extras, [query])
+    everything = rank_videos(module.model, part, vector, len(part.video_ids), correct_id=correct)
     ranking = everything[: args.top]
     out = draw_ranking(ranking, clips, query, args.out)
     print(f"query: {query}")

@@ -45,7 +45,10 @@ _PATH_KEYS = (
 )
 # Captioning: caption and split files, and a mapping modality -> feature file (each value a path).
 _PATH_KEYS += (("captioning", "captions"), ("captioning", "splits"), ("decoder", "word_vectors_file"))
-_PATH_MAPPINGS = (("captioning", "features"),)
+# task.type retrieval and chimera (polyfuse.tasks.retrieval, polyfuse.tasks.chimera)
+_PATH_KEYS += tuple((section, key) for section in ("retrieval", "chimera") for key in ("source", "captions", "word_vectors"))
+_PATH_MAPPINGS = (("captioning", "features"), *((section, key) for section in ("retrieval", "chimera")
+                                                 for key in ("experts", "splits")))
 
 
 class _Loader(yaml.SafeLoader):

@@ -14,10 +14,22 @@ import torch
 from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
-from polyfuse.engine.retrieval import embed_corpus
 from polyfuse.nn.models.retrieval import RetrievalModel
 
-__all__ = ["RankedVideo", "draw_ranking", "rank_videos"]
+__all__ = ["RankedVideo", "draw_ranking", "embed_corpus", "rank_videos"]
+
+
+@torch.no_grad()
+def embed_corpus(model: RetrievalModel, corpus: RetrievalCorpus, text_vectors: Tensor, batch_size: int = 64):
+    """(C, D) caption embeddings and (N, D) video embeddings of a corpus."""
+    model.eval()
+    experts = list(corpus.experts.values())
+    videos = []
+    for start in range(0, len(corpus.video_ids), batch_size):
+        rows = torch.arange(start, min(start + batch_size, len(corpus.video_ids)))
+        videos.append(model.embed_videos([e.features[rows] for e in experts], [e.mask[rows] for e in experts],
+                                         torch.stack([e.present[rows] for e in experts], dim=1)))
+    return model.embed_texts(text_vectors), torch.cat(videos)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ passed-in model) and its registered spec (:mod:`polyfuse.tasks.registry`)."""
 
 # moved to polyfuse.nn.backbones; kept for 0.3.x (docs/TRAINING.md builds FusionBackbone by hand)
 from polyfuse.nn.backbones.fusion import ENCODER_TYPES, FusionBackbone, ModalityEncoder
+from polyfuse.tasks import chimera, retrieval  # noqa: F401  # register task.type chimera, retrieval
 from polyfuse.tasks.base import SCHEDULERS, FusionTask
 from polyfuse.tasks.captioning import CaptioningTask
 from polyfuse.tasks.registry import (
