@@ -348,6 +348,8 @@ class CaptioningSpec(TaskSpec):
     distributed = "beam search and the caption metrics run on the whole split in one process"
     prediction_suffix = ".json"
     reads_own_files = True
+    path_keys = ("captioning.captions", "captioning.splits", "decoder.word_vectors_file")
+    path_mappings = ("captioning.features",)
 
     def check_config(self, config: Any) -> None:
         if config.decoder is None:

@@ -446,6 +446,8 @@ class ChimeraSpec(TaskSpec):
                    "batch's negatives are its other videos: sharding would change both")
     prediction_suffix = ".csv"
     reads_own_files = True
+    path_keys = ("chimera.source", "chimera.captions", "chimera.word_vectors")
+    path_mappings = ("chimera.experts", "chimera.splits")
 
     def data_files(self, config: Mapping[str, Any]) -> list[Path]:
         section = config["chimera"]

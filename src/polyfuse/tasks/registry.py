@@ -75,6 +75,9 @@ class TaskSpec:
             defaults (VQA: ``images``, ``top_k``); another task refuses them.
         reads_own_files: True when a checkpoint reads the files of its configuration
             only (``--data`` / ``--modalities`` do not apply).
+        path_keys: dotted configuration keys that name files, and ``path_mappings``
+            those whose values do (``captioning.features``): a config file's relative
+            paths are anchored to its folder, and a run hashes the files it reads.
     """
 
     name: ClassVar[str]
@@ -87,6 +90,8 @@ class TaskSpec:
     prediction_suffix: ClassVar[str] = ".csv"
     predict_options: ClassVar[dict[str, Any]] = {}
     reads_own_files: ClassVar[bool] = False
+    path_keys: ClassVar[tuple[str, ...]] = ()
+    path_mappings: ClassVar[tuple[str, ...]] = ()
 
     # -- configuration -------------------------------------------------------------
     def check_config(self, config: Any) -> None:

@@ -420,6 +420,8 @@ class RetrievalSpec(TaskSpec):
                    "videos: sharding would change both")
     prediction_suffix = ".csv"
     reads_own_files = True
+    path_keys = ("retrieval.source", "retrieval.captions", "retrieval.word_vectors")
+    path_mappings = ("retrieval.experts", "retrieval.splits")
 
     def data_files(self, config: Mapping[str, Any]) -> list[Path]:
         section = config["retrieval"]

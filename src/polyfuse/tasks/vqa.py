@@ -241,6 +241,13 @@ class VQASpec(TaskSpec):
     required_sections = ("data.vqa",)
     default_monitor = VQATask.default_monitor
     predict_options: ClassVar[dict[str, Any]] = {"images": None, "top_k": 1}
+    path_keys = (
+        *(f"data.vqa.{key}" for key in (
+            "train_questions", "train_annotations", "test_questions", "test_annotations", "train_features",
+            "test_features", "train_features_index", "test_features_index",
+        )),
+        "model.vqa.glove",
+    )  # fmt: skip
 
     def check_config(self, config: Any) -> None:
         if config.data.source is not None:
