@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from polyfuse.data.synthetic import PlantedInteraction, planted_interaction
 from polyfuse.nn.registry import create
 
-__all__ = ["DEMO_MODELS", "DemoModel", "DemoResult", "format_table", "run_demo", "test_accuracy", "train_and_test"]
+__all__ = ["DEMO_MODELS", "MAN_OPTIONS", "DemoModel", "DemoResult", "format_table", "run_demo", "test_accuracy", "train_and_test"]
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,14 @@ class DemoModel:
     modalities: tuple[int, ...] | None = None  # None: all modalities
 
 
+# The sizes of the demo's MAN (bench/choices.py builds its variants from them).
 # LSC with 4 chunks matches the 4 chunks in which the generator places its events.
-_MAN = {"hidden_dim": 32, "heads": 4, "chunks": 4, "lsc_scale": 2.0}
+MAN_OPTIONS = {"hidden_dim": 32, "heads": 4, "chunks": 4, "lsc_scale": 2.0}
 DEMO_MODELS = (
-    DemoModel("MAN (had)", "man", {**_MAN, "mode": "had", "num_random_features": 64}),
-    DemoModel("MAN (exact)", "man", {**_MAN, "mode": "exact"}),
+    DemoModel("MAN (had)", "man", {**MAN_OPTIONS, "mode": "had", "num_random_features": 64}),
+    DemoModel("MAN (exact)", "man", {**MAN_OPTIONS, "mode": "exact"}),
     # auto: exact at this size (4 heads x 8 x 10 x 12 = 3,840 tuples per sample <= 2^16)
-    DemoModel("MAN (auto)", "man", {**_MAN, "mode": "auto", "num_random_features": 64}),
+    DemoModel("MAN (auto)", "man", {**MAN_OPTIONS, "mode": "auto", "num_random_features": 64}),
     DemoModel("BAN (modalities 0, 1)", "ban", {"glimpses": 2}, modalities=(0, 1)),
     DemoModel("Concat", "concat"),
     # The fusion layers alone (one Linear+ReLU per modality over its mean): every model

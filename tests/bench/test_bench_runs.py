@@ -207,11 +207,11 @@ def test_choice_rows_measure_each_way_of_computing_the_attention():
 
 def test_the_task_column_trains_the_demo_man_of_each_choice_and_evaluates_it_exact_too():
     from polyfuse.bench import choices
-    from polyfuse.demo import _MAN, DemoModel, run_demo
+    from polyfuse.demo import MAN_OPTIONS, DemoModel, run_demo
 
     choice = choices.CHOICES[4]  # had, fresh draws in training
     accuracy, evaluated_exact = choices._task_accuracy(choice, 16, epochs=1, seeds=1, num_samples=300)
-    options = {**_MAN, "mode": "had", "estimator": "gerf", "exact_lsc": True, "num_random_features": 16,
+    options = {**MAN_OPTIONS, "mode": "had", "estimator": "gerf", "exact_lsc": True, "num_random_features": 16,
                "redraw_in_training": True}
     (result,) = run_demo(num_samples=300, epochs=1, seed=0, models=(DemoModel("x", "man", options),),
                          progress=False, keep_models=True)

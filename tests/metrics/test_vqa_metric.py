@@ -4,13 +4,11 @@ tests/metrics/vqa_oracle.py)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from tests.metrics.vqa_oracle import VQAAccuracy
+from tests.tasks.test_vqa_task import VOCABULARY, _questions
 
-from polyfuse.data.formats.vqa import VQAQuestion
 from polyfuse.data.vqa_data import answer_table
 from polyfuse.metrics.vqa import VQAScore, soft_score
 from polyfuse.text import normalize_answer, process_digit_article, process_punctuation, vqa_accuracy
@@ -168,20 +166,6 @@ def test_bad_input():
         for types in (["x"], ["x", "y", "z"]):  # too few, too many
             with pytest.raises(ValueError, match=rf"^VQAAccuracy.update: {name} has {len(types)} entries, expected 2$"):
                 VQAAccuracy().update(["a", "b"], [["a"], ["b"]], **{name: types})
-
-
-VOCABULARY = ["yes", "no", "2", "3", "red", "blue"]
-POOL = ["yes", "no", "two", "2", "3", "three", "red", "Red.", "blue", "green", "a dog"]
-
-
-def _questions(count: int, seed: int) -> list[VQAQuestion]:
-    rng = random.Random(seed)
-    questions = []
-    for i in range(count):
-        answers = tuple(rng.choice(POOL) for _ in range(10))
-        kind = rng.choice(["yes/no", "number", "other"])
-        questions.append(VQAQuestion(i, i // 3, f"question {i}", answers, kind, kind))
-    return questions
 
 
 def test_vqa_score_equals_the_official_accuracy():

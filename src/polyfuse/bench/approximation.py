@@ -243,21 +243,19 @@ def trained_model_errors(checkpoint: str, *, split: str = "test", source: str | 
     """A trained MAN checkpoint with had attention (gerf, ARF) and exact attention:
     the task metrics of each and the relative error |had - exact| / |exact| of the MAN
     fusion output over the split (Frobenius norm over all its samples)."""
-    from polyfuse.engine.run import apply_checkpoint, prefixed_metrics, quiet_trainer
+    from polyfuse.engine import apply_checkpoint, evaluate_applied
     from polyfuse.nn.man import MultiLinearAttentionLayer
 
     applied = apply_checkpoint(checkpoint, split=split, source=source)
-    task, extras = applied.module, applied.extras
+    task = applied.module
     layers = [module for module in task.modules() if isinstance(module, MultiLinearAttentionLayer)]
     if not layers:
         raise ValueError(f"{checkpoint}: no MAN layer in this model")
     (loader,) = applied.loaders().values()
     fusion = layers[-1]  # the last MAN layer's fused output (B, G c)
-    trainer = quiet_trainer(extras["config"])
 
     def metrics() -> dict[str, float]:
-        task.stage_metrics["test"].reset()
-        return prefixed_metrics(trainer.test(task, dataloaders=loader, verbose=False), "test")
+        return evaluate_applied(applied)
 
     def fused_outputs() -> torch.Tensor:
         captured: list[torch.Tensor] = []

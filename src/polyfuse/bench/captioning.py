@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from polyfuse.bench.measure import LoadMonitor, peak_allocated_bytes, time_inter
 from polyfuse.bench.results import format_bytes, result_header
 from polyfuse.nn.decoding import CaptionDecoder
 
-__all__ = ["FULL", "QUICK", "CaptioningBenchSettings", "captioning_markdown", "plot_captioning", "run_captioning_bench"]
+__all__ = ["FULL", "QUICK", "CaptioningBenchSettings", "captioning_markdown", "run_captioning_bench"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,39 +97,6 @@ def run_captioning_bench(
     payload["rows"] = rows
     payload["load"] = load.result()
     return payload
-
-
-def plot_captioning(payload: dict[str, Any], folder: str | Path) -> list[Path]:
-    """Time and peak memory against n, one line per (orders, exact / low rank)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder = Path(folder)
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for orders in dict.fromkeys(r["orders"] for r in payload["rows"]):
-        rows = [r for r in payload["rows"] if r["orders"] == orders]
-        n = [r["modalities"] for r in rows]
-        for kind, label, style in (("exact", "HOCA", "-o"), ("low_rank", "L-HOCA", "--s")):
-            axes[0].plot(n, [1e3 * r[f"{kind}_seconds"] for r in rows], style, label=f"{label}-{orders}")
-            memory = [r[f"{kind}_peak_bytes"] for r in rows]
-            if all(m is not None for m in memory):
-                axes[1].plot(n, [m / 2**20 for m in memory], style, label=f"{label}-{orders}")
-    settings = payload["settings"]
-    for axis, title in ((axes[0], "decoder step time (ms, median)"), (axes[1], "peak allocated memory (MiB)")):
-        axis.set_yscale("log")
-        axis.set_xlabel("modalities n")
-        axis.set_title(title)
-        axis.set_xticks(list(settings["modalities"]))
-        axis.legend(fontsize=8)
-    figure.suptitle(f"one caption-decoder step: T = {settings['length']}, batch {settings['batch']}, "
-                    f"hidden {settings['hidden_dim']}, attention {settings['attention_dim']}", fontsize=9)
-    figure.tight_layout()
-    path = folder / "captioning_decoder_step.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return [path]
 
 
 def captioning_markdown(payload: dict[str, Any], image: str = "captioning_decoder_step.png") -> str:

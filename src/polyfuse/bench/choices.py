@@ -120,9 +120,9 @@ def _task_accuracy(
 ) -> tuple[float, float | None]:
     """Mean test accuracy of the demo's MAN built with ``choice`` over ``seeds`` seeds, and
     (had only) that of the same trained models evaluated with exact attention."""
-    from polyfuse.demo import _MAN, DemoModel, run_demo, test_accuracy
+    from polyfuse.demo import MAN_OPTIONS, DemoModel, run_demo, test_accuracy
 
-    options = {**_MAN, "mode": choice.mode, "estimator": choice.estimator, "exact_lsc": choice.exact_lsc,
+    options = {**MAN_OPTIONS, "mode": choice.mode, "estimator": choice.estimator, "exact_lsc": choice.exact_lsc,
                "num_random_features": num_features, "redraw_in_training": choice.redraw_in_training}
     model = DemoModel(choice.label, "man", options)
     accuracies, exact_accuracies = [], []

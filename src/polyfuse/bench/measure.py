@@ -53,6 +53,7 @@ __all__ = [
     "paired_ratio",
     "peak_allocated_bytes",
     "peak_memory_bytes",
+    "quiet_stderr",
     "time_callable",
     "time_interleaved",
     "time_interleaved_samples",
@@ -199,7 +200,7 @@ def _event_nodes(nodes: list[Any]) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2 for a moment: the profiler's C++ side (Kineto) logs two
     lines per session there, which no setting turns off. Python exceptions still
     propagate; only what is written to the descriptor meanwhile is lost."""
@@ -222,7 +223,7 @@ def peak_allocated_bytes(fn: Callable[[], Any]) -> int | None:
     """Peak bytes allocated by PyTorch's CPU allocator during ``fn()`` (see the module
     doc), or None when this build of torch does not expose allocation events."""
     activities = [torch.profiler.ProfilerActivity.CPU]
-    with _quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as profiler:
+    with quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as profiler:
         fn()
     try:
         tree = profiler.profiler.kineto_results.experimental_event_tree()

@@ -136,13 +136,13 @@ def _time_pair(pair: Pair, threads: Sequence[int], warmup: int, repeats: int,
 def _profile(pair: Pair, top: int, threads: int) -> dict[str, list[dict[str, Any]]]:
     """Top ``top`` operators by self CPU time per pass (mean of 3) of forward and
     forward+backward per side, at ``threads`` intra-op threads."""
-    from polyfuse.bench.measure import _quiet_stderr
+    from polyfuse.bench.measure import quiet_stderr
 
     result: dict[str, Any] = {"threads": threads}
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        result |= _profile_sides(pair, top, _quiet_stderr)
+        result |= _profile_sides(pair, top, quiet_stderr)
     finally:
         torch.set_num_threads(previous)
     return result

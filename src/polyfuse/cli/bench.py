@@ -353,6 +353,7 @@ def _add_captioning(commands: Any, common: Any) -> None:
 
 def _captioning(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench import captioning
+    from polyfuse.figures.benchmarks import draw_captioning_bench
 
     settings = captioning.QUICK if args.preset == "quick" else captioning.FULL
     changes = {name: getattr(args, name) for name in ("modalities", "orders", "length", "batch", "repeats")
@@ -360,7 +361,7 @@ def _captioning(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     payload = captioning.run_captioning_bench(dataclasses.replace(settings, **changes), progress=_progress(args))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "captioning.md").write_text(captioning.captioning_markdown(payload))
-    return payload, captioning.plot_captioning
+    return payload, draw_captioning_bench
 
 
 def _progress(args: argparse.Namespace) -> Any:
@@ -369,8 +370,8 @@ def _progress(args: argparse.Namespace) -> Any:
 
 def _complexity(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench import complexity
-    from polyfuse.bench.plots import plot_complexity
     from polyfuse.bench.results import parse_bytes
+    from polyfuse.figures.benchmarks import draw_complexity
 
     settings = complexity.QUICK if args.preset == "quick" else complexity.FULL
     changes: dict[str, Any] = {}
@@ -394,21 +395,21 @@ def _complexity(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     if settings.hidden_dim % settings.heads:
         raise ValueError(f"--hidden-dim {settings.hidden_dim} is not divisible by --heads {settings.heads}")
     sweeps = args.sweeps or complexity.SWEEPS
-    return complexity.run_complexity(settings, sweeps=sweeps, progress=_progress(args)), plot_complexity
+    return complexity.run_complexity(settings, sweeps=sweeps, progress=_progress(args)), draw_complexity
 
 
 def _paper(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench.paper import run_paper
-    from polyfuse.bench.plots import plot_paper
+    from polyfuse.figures.benchmarks import draw_paper
 
     payload = run_paper(lengths=tuple(args.lengths), repeats=args.repeats, warmup=args.warmup,
                         timing=not args.no_timing, progress=_progress(args))
-    return payload, plot_paper
+    return payload, draw_paper
 
 
 def _approximation(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench import approximation
-    from polyfuse.bench.plots import plot_approximation
+    from polyfuse.figures.benchmarks import draw_approximation
 
     if args.checkpoint is not None:
         payload = approximation.trained_model_errors(args.checkpoint, split=args.split, source=args.data)
@@ -425,7 +426,7 @@ def _approximation(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     print(payload["table"])
     print()
     print(payload["choice_table"])
-    return payload, plot_approximation
+    return payload, draw_approximation
 
 
 def _targets(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from polyfuse.engine.build import quiet_lightning
     from polyfuse.engine.run import apply_checkpoint, load_model
+    from polyfuse.figures.attention import draw_ban_maps, draw_man_attention
     from polyfuse.tasks.registry import task_spec
 
     quiet_lightning()
@@ -113,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     title = sample_title(f"{args.split} sample {args.sample} (row {row}): prediction {prediction}{label}")
     centre = int(batch["centre"][0]) if "centre" in batch else None
     if attention["kind"] == "man":
-        path = plots.plot_man_attention(attention, args.out, title=title, centre=centre)
+        path = draw_man_attention(attention, args.out, title=title, centre=centre)
     else:
-        path = plots.plot_ban_maps(attention, args.out, title=title)
+        path = draw_ban_maps(attention, args.out, title=title)
     print(f"wrote {Path(path)}")
     return 0

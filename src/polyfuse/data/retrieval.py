@@ -40,9 +40,9 @@ from safetensors.torch import save
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from polyfuse.atomic import atomic_temp_path, write_bytes
 from polyfuse.data.formats.experts import RetrievalCorpus, load_captions, load_expert, read_id_list
 from polyfuse.data.sources import is_synthetic
-from polyfuse.engine.rundir import atomic_temp_path, write_bytes
 
 __all__ = [
     "PARTS",
@@ -57,7 +57,6 @@ __all__ = [
     "encoder_fingerprint",
     "load_corpus",
     "shuffle_words",
-    "text_encoder",
 ]
 
 #: The parts of a retrieval corpus, in order; the engine's ``valid`` is ``val`` here.
@@ -110,25 +109,6 @@ def load_corpus(section: dict[str, Any]) -> tuple[RetrievalCorpus, dict[str, lis
     return RetrievalCorpus.build(loaded, load_captions(section["captions"]), all_ids), split
 
 
-def text_encoder(kind: str, vocabulary: Sequence[str] | None = None, *, word_vectors: str | None = None,
-                 trainable: bool = False):
-    """``"minilm"``; ``"bow"`` (word counts over ``vocabulary``, for synthetic corpora);
-    ``"glove"`` (the GloVe-format ``word_vectors`` file). ``trainable``: built to be fine-tuned."""
-    from polyfuse.nn.sentence_encoder import MiniLMEncoder, StaticWordEncoder
-
-    if kind == "bow":
-        from polyfuse.data.synthetic_retrieval import BagOfWordsEncoder
-
-        if not vocabulary:
-            raise ValueError("text: bow needs the corpus's vocabulary")
-        return BagOfWordsEncoder(list(vocabulary))
-    if kind == "glove":
-        if not word_vectors:
-            raise ValueError("text: glove needs word_vectors (a GloVe-format vectors file)")
-        return StaticWordEncoder.from_file(word_vectors, trainable=trainable)
-    if kind == "minilm":
-        return MiniLMEncoder(trainable=trainable)
-    raise ValueError(f"unknown text encoder {kind!r}; expected minilm, glove or bow")
 
 
 def corpus_vocabulary(corpus: RetrievalCorpus) -> list[str]:

@@ -13,7 +13,6 @@ shared MSVD layout) at the centres of equal segments.
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +70,9 @@ def plot_caption_attention(
     run_dir: str | Path, video: str, out: str | Path, *, clips: str | Path | None = None, frames: int = 8,
     references: int = 3,
 ) -> Path:
-    """Write the figure (see the module docstring) to ``out``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Write the figure (see the module docstring; drawn by
+    :func:`polyfuse.figures.captioning.draw_caption_attention`) to ``out``."""
+    from polyfuse.figures.captioning import draw_caption_attention
 
     found = caption_attention(run_dir, video)
     clips = Path(clips) if clips is not None else Path(found["captions_file"]).parent / "clips"
@@ -85,43 +82,5 @@ def plot_caption_attention(
         from polyfuse.extract.video import sample_frames
 
         images = sample_frames(clip, frames)
-    count = len(found["modalities"])
-    heights = [1.6, 0.9] + [max(1.2, 0.28 * len(found["words"]))] * (count + 1)
-    figure = plt.figure(figsize=(11, sum(heights) + 0.6))
-    grid = figure.add_gridspec(len(heights), frames, height_ratios=heights, hspace=0.9)
-    if images is not None:
-        for k in range(frames):
-            axis = figure.add_subplot(grid[0, k])
-            axis.imshow(images[k])
-            axis.axis("off")
-    else:
-        axis = figure.add_subplot(grid[0, :])
-        axis.text(0.5, 0.5, f"(no clip at {clip})", ha="center", va="center")
-        axis.axis("off")
-    text = figure.add_subplot(grid[1, :])
-    text.axis("off")
-    lines = [f"generated: {found['caption']}"] + [f"reference: {r}" for r in found["references"][:references]]
-    text.text(0.0, 1.0, "\n".join(textwrap.shorten(line, 130) for line in lines), va="top", family="monospace", fontsize=9)
-    words = found["words"]
-    for m, name in enumerate(found["modalities"]):
-        axis = figure.add_subplot(grid[2 + m, :])
-        attention = found["attention"][m]
-        image = axis.imshow(attention, aspect="auto", cmap="viridis", vmin=0.0)
-        axis.set_yticks(range(len(words)), words, fontsize=8)
-        axis.set_xticks(range(attention.shape[1]))
-        axis.tick_params(axis="x", labelsize=7)
-        axis.set_xlabel(f"{name}: feature step (every {found['frame_stride']}th of the file's rows)", fontsize=8)
-        axis.set_title(f"{name}: attention over time per generated word (Eq. 19)", fontsize=9)
-        figure.colorbar(image, ax=axis, fraction=0.02, pad=0.01)
-    axis = figure.add_subplot(grid[2 + count, : max(2, frames // 2)])
-    image = axis.imshow(found["modality_weights"], aspect="auto", cmap="magma", vmin=0.0, vmax=1.0)
-    axis.set_yticks(range(len(words)), words, fontsize=8)
-    axis.set_xticks(range(count), found["modalities"], fontsize=8)
-    axis.set_title("modality weights beta per word (Eq. 20)", fontsize=9)
-    figure.colorbar(image, ax=axis, fraction=0.05, pad=0.02)
-    figure.suptitle(f"{found['split']} video {video}", fontsize=10)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100, bbox_inches="tight")
-    plt.close(figure)
-    return out
+    return draw_caption_attention(found, images, out, references=references, frames=frames,
+                                  no_frames=f"(no clip at {clip})")

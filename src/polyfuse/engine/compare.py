@@ -14,7 +14,6 @@ regression, ``baseline.json`` (row name -> test metrics).
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import polyfuse.nn
+from polyfuse.atomic import atomic_write_text, write_csv
 from polyfuse.engine.build import monitor_of
 from polyfuse.engine.config import deep_merge, load_config, resolve_config
 from polyfuse.engine.run import train
@@ -128,16 +128,16 @@ def compare(
             shown = ", ".join(f"{k} {v:.4f}" for k, v in result.test.items() if "/" not in k)
             trained = f"best epoch {result.best_epoch} of {result.epochs}" if result.best_epoch else f"{result.epochs} epochs"
             progress(f"{entry.label} seed {config['seed']}: {shown} ({result.train_seconds:.1f} s, {trained})")
-            _write_csv(out_dir / "runs.csv", records)
+            write_csv(out_dir / "runs.csv", records)
     monitor = monitor_of(base)[0].replace("/", "_")  # val/mae -> val_mae
     summary = summarise(records, validation_key=monitor)
-    _write_csv(out_dir / "summary.csv", summary)
+    write_csv(out_dir / "summary.csv", summary)
     baseline = constant_baselines(base)
     if baseline:
-        (out_dir / "baseline.json").write_text(json.dumps(baseline, indent=2) + "\n")
+        atomic_write_text(out_dir / "baseline.json", json.dumps(baseline, indent=2) + "\n")
     own = task_spec(base["task"]["type"]).summary(summary, out_dir)  # e.g. VQA: accuracy per type, a figure
-    (out_dir / "summary.md").write_text((own if own is not None else format_summary(summary, baseline)) + "\n")
-    (out_dir / "base_config.json").write_text(json.dumps(base, indent=2) + "\n")
+    atomic_write_text(out_dir / "summary.md", (own if own is not None else format_summary(summary, baseline)) + "\n")
+    atomic_write_text(out_dir / "base_config.json", json.dumps(base, indent=2) + "\n")
     return records
 
 
@@ -249,13 +249,3 @@ def _header(key: str) -> str:
     if key.startswith("val_"):
         return "val " + _HEADERS.get(key[4:], key[4:])
     return _HEADERS.get(key, key)
-
-
-def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    fields: list[str] = []
-    for row in rows:
-        fields.extend(k for k in row if k not in fields)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polyfuse import __version__
+from polyfuse.tasks.registry import available_tasks, task_spec
 
 __all__ = [
     "DEFAULT_CHANGES",
@@ -59,12 +60,18 @@ def _fusion_is(name: str) -> Callable[[Mapping[str, Any]], bool]:
     return lambda config: (config.get("model") or {}).get("fusion", "man") == name
 
 
-def _vqa(config: Mapping[str, Any]) -> bool:
-    return (config.get("task") or {}).get("type") == "vqa"
+def _owns(section: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a configuration's task type owns ``section`` (its spec's ``sections``)."""
+
+    def owns(config: Mapping[str, Any]) -> bool:
+        name = (config.get("task") or {}).get("type", "sentiment")
+        return name in available_tasks() and section in task_spec(name).sections
+
+    return owns
 
 
-def _captioning(config: Mapping[str, Any]) -> bool:
-    return (config.get("task") or {}).get("type") == "captioning"
+_vqa = _owns("data.vqa")
+_captioning = _owns("decoder")
 
 
 def _captioning_with_encoder(config: Mapping[str, Any]) -> bool:

@@ -34,21 +34,23 @@ __all__ = [
 MAX_CONFIG_BYTES = 1 << 20
 MAX_ALIASES = 64
 MAX_DEPTH = 32
-_PATH_KEYS = (
-    ("data", "source"),
-    ("output_dir",),
-    *(("data", "vqa", key) for key in (
-        "train_questions", "train_annotations", "test_questions", "test_annotations", "train_features", "test_features",
-        "train_features_index", "test_features_index",
-    )),
-    ("model", "vqa", "glove"),
-)
-# Captioning: caption and split files, and a mapping modality -> feature file (each value a path).
-_PATH_KEYS += (("captioning", "captions"), ("captioning", "splits"), ("decoder", "word_vectors_file"))
-# task.type retrieval and chimera (polyfuse.tasks.retrieval, polyfuse.tasks.chimera)
-_PATH_KEYS += tuple((section, key) for section in ("retrieval", "chimera") for key in ("source", "captions", "word_vectors"))
-_PATH_MAPPINGS = (("captioning", "features"), *((section, key) for section in ("retrieval", "chimera")
-                                                 for key in ("experts", "splits")))
+#: the path keys of every task type (a task spec adds its own: TaskSpec.path_keys)
+_SHARED_PATH_KEYS = (("data", "source"), ("output_dir",))
+
+
+def _path_keys() -> tuple[tuple[str, ...], ...]:
+    """Every configuration key that names a file (anchored to the config file's folder)."""
+    from polyfuse.tasks.registry import task_specs
+
+    tasks = tuple(tuple(key.split(".")) for spec in task_specs() for key in spec.path_keys)
+    return _SHARED_PATH_KEYS + tuple(dict.fromkeys(tasks))
+
+
+def _path_mappings() -> tuple[tuple[str, ...], ...]:
+    """Every configuration mapping whose values name files (modality -> feature file)."""
+    from polyfuse.tasks.registry import task_specs
+
+    return tuple(dict.fromkeys(tuple(key.split(".")) for spec in task_specs() for key in spec.path_mappings))
 
 
 class _Loader(yaml.SafeLoader):
@@ -150,7 +152,7 @@ def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
     They become absolute, so that the saved config.yaml of a run means the same
     from wherever it is read.
     """
-    for keys in _PATH_KEYS:
+    for keys in _path_keys():
         node: Any = content
         for key in keys[:-1]:
             node = node.get(key) if isinstance(node, dict) else None
@@ -161,7 +163,7 @@ def _anchor_paths(content: dict[str, Any], folder: Path) -> None:
             continue
         path = Path(value).expanduser()
         node[keys[-1]] = str(path if path.is_absolute() else (folder / path).resolve())
-    for keys in _PATH_MAPPINGS:
+    for keys in _path_mappings():
         node = _node_at(content, keys)
         if isinstance(node, dict):
             for name, value in node.items():
@@ -189,10 +191,10 @@ def data_files(config: Mapping[str, Any]) -> dict[str, Path]:
             if path.exists():
                 found[dotted] = path
 
-    for keys in _PATH_KEYS:
+    for keys in _path_keys():
         if keys != ("output_dir",):
             add(".".join(keys), _node_at(config, keys))
-    for keys in _PATH_MAPPINGS:
+    for keys in _path_mappings():
         node = _node_at(config, keys)
         for name, value in (node.items() if isinstance(node, Mapping) else ()):
             add(".".join((*keys, str(name))), value)

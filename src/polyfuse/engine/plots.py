@@ -1,12 +1,10 @@
-"""Plots (PNG, matplotlib): learning curves, MAN attention over time, BAN maps.
+"""What the figures of a run show, read from the run (the drawing is :mod:`polyfuse.figures`).
 
 - :func:`plot_learning_curves`: train and validation loss and the monitored
   metric per epoch, from a run's CSV logs (all resumed parts together).
-- :func:`plot_man_attention`: for one sample, the had-mode marginal attention of
-  each fusion input over its time steps (MAN's per-modality marginals), one row
-  of heads per input, for every layer.
-- :func:`plot_ban_maps`: for one sample, BAN's G bilinear attention maps
-  (T_x by T_y).
+- :func:`attention_for_sample`: for one sample, the marginal attention of each MAN
+  input over its time steps (whatever the mode), or BAN's G bilinear attention maps
+  (T_x by T_y), for :mod:`polyfuse.figures.attention` to draw.
 """
 
 from __future__ import annotations
@@ -17,19 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-__all__ = ["attention_for_sample", "plot_ban_maps", "plot_learning_curves", "plot_man_attention", "read_epoch_logs"]
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+__all__ = ["attention_for_sample", "plot_learning_curves", "read_epoch_logs"]
 
 
 def read_epoch_logs(run_dir: str | Path) -> dict[int, dict[str, float]]:
@@ -51,7 +39,10 @@ def read_epoch_logs(run_dir: str | Path) -> dict[int, dict[str, float]]:
 
 
 def plot_learning_curves(run_dir: str | Path, out: str | Path, *, metrics: Sequence[str] | None = None) -> Path:
-    """Loss curves (train, validation) and validation metrics per epoch, as a PNG."""
+    """Loss curves (train, validation) and validation metrics per epoch of a run, as a
+    PNG (:func:`polyfuse.figures.curves.draw_learning_curves`)."""
+    from polyfuse.figures.curves import draw_learning_curves
+
     run_dir = Path(run_dir)
     epochs = read_epoch_logs(run_dir)
     monitor = None
@@ -62,35 +53,7 @@ def plot_learning_curves(run_dir: str | Path, out: str | Path, *, metrics: Seque
         # The final validation and test of the best checkpoint are logged one epoch
         # after the last trained one: they are not points of the curves.
         epochs = {e: v for e, v in epochs.items() if e < summary.get("epochs", e + 1)}
-    keys = sorted({k for values in epochs.values() for k in values})
-    if metrics is None:
-        metrics = [k for k in keys if k.startswith("val/") and k != "val/loss"]
-        metrics = ([monitor] if monitor in metrics else []) + [k for k in metrics if k != monitor][:3]
-    plt = _pyplot()
-    panels = 1 + len(metrics)
-    figure, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4), squeeze=False)
-    order = sorted(epochs)
-    for key in ("train/loss", "val/loss"):
-        points = [(e, epochs[e][key]) for e in order if key in epochs[e]]
-        if points:
-            axes[0, 0].plot(*zip(*points, strict=True), marker="o", markersize=3, label=key)
-    axes[0, 0].set_title("loss")
-    axes[0, 0].legend()
-    for axis, key in zip(axes[0, 1:], metrics, strict=False):
-        points = [(e, epochs[e][key]) for e in order if key in epochs[e]]
-        if points:
-            axis.plot(*zip(*points, strict=True), marker="o", markersize=3)
-        axis.set_title(key + (" (monitor)" if key == monitor else ""))
-    for axis in axes[0]:
-        axis.set_xlabel("epoch")
-        axis.grid(alpha=0.3)
-    figure.suptitle(run_dir.name)
-    figure.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
-    return out
+    return draw_learning_curves(epochs, out, metrics=metrics, monitor=monitor, title=run_dir.name)
 
 
 @torch.no_grad()
@@ -121,50 +84,3 @@ def attention_for_sample(task: Any, batch: dict[str, Any]) -> dict[str, Any]:
         maps = fusion(inputs, masks, return_details=True).attention
         return {"kind": "ban", "maps": maps[0, :, : lengths[0], : lengths[1]].float().numpy(), "names": names, "lengths": lengths}
     raise ValueError(f"no attention plot for fusion {type(fusion).__name__}; MAN and BAN have one")
-
-
-def plot_man_attention(attention: dict[str, Any], out: str | Path, *, title: str = "", centre: int | None = None) -> Path:
-    """Heat maps heads x time steps of each input's marginal attention, per layer."""
-    layers, names = attention["layers"], attention["names"]
-    plt = _pyplot()
-    rows, columns = len(layers), len(names)
-    figure, axes = plt.subplots(rows, columns, figsize=(3.8 * columns, 2.4 * rows + 0.6), squeeze=False)
-    for i, layer in enumerate(layers):
-        for j, (weights, name) in enumerate(zip(layer, names, strict=True)):
-            axis = axes[i, j]
-            image = axis.imshow(weights, aspect="auto", cmap="viridis", interpolation="nearest")
-            axis.set_title(f"{name}" + (f" (layer {i})" if rows > 1 else ""))
-            axis.set_xlabel("time step")
-            axis.set_ylabel("head")
-            if centre is not None and centre < weights.shape[1]:
-                axis.axvline(centre, color="white", linestyle="--", linewidth=1)
-            figure.colorbar(image, ax=axis, fraction=0.046)
-    figure.suptitle(title or "MAN marginal attention over time")
-    figure.tight_layout()
-    return _save(figure, plt, out)
-
-
-def plot_ban_maps(attention: dict[str, Any], out: str | Path, *, title: str = "") -> Path:
-    """One heat map T_x by T_y per glimpse."""
-    maps, names = attention["maps"], attention["names"]
-    plt = _pyplot()
-    glimpses = maps.shape[0]
-    figure, axes = plt.subplots(1, glimpses, figsize=(3.4 * glimpses, 3.2), squeeze=False)
-    for g in range(glimpses):
-        axis = axes[0, g]
-        image = axis.imshow(np.asarray(maps[g]), aspect="auto", cmap="magma", interpolation="nearest")
-        axis.set_title(f"glimpse {g}")
-        axis.set_xlabel(f"{names[1]} step")
-        axis.set_ylabel(f"{names[0]} step")
-        figure.colorbar(image, ax=axis, fraction=0.046)
-    figure.suptitle(title or "BAN bilinear attention maps")
-    figure.tight_layout()
-    return _save(figure, plt, out)
-
-
-def _save(figure: Any, plt: Any, out: str | Path) -> Path:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
-    return out

@@ -1,5 +1,6 @@
 """The retrieval figure: for one text query, the top-k videos as frame thumbnails with
-their scores (``polyfuse retrieval figure``).
+their scores (``polyfuse retrieval figure``): the ranking and the clips' frames here,
+the drawing in :mod:`polyfuse.figures.retrieval`.
 
 Shapes: ``N`` videos of the split, ``D`` the joint embedding size.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -58,32 +58,13 @@ def rank_videos(
 
 def draw_ranking(ranking: list[RankedVideo], clips: dict[str, Path], query: str, out: str | Path) -> Path:
     """One PNG: the middle frame of each ranked video's clip, titled with rank, id and
-    score (green frame: a correct video, red: a wrong one, when known)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    score (green frame: a correct video, red: a wrong one, when known); drawn by
+    :func:`polyfuse.figures.retrieval.draw_ranking_frames`."""
     from polyfuse.extract.decode import sample_frames
+    from polyfuse.figures.retrieval import draw_ranking_frames
 
     missing = [r.video_id for r in ranking if r.video_id not in clips]
     if missing:
         raise FileNotFoundError(f"no clip for video(s) {missing} in the clips folder")
-    figure, axes = plt.subplots(1, len(ranking), figsize=(3.0 * len(ranking), 3.0), squeeze=False)
-    for axis, ranked in zip(axes[0], ranking, strict=True):
-        frame = sample_frames(clips[ranked.video_id], 1)[0]  # the middle frame, (H, W, 3)
-        axis.imshow(np.asarray(frame))
-        axis.set_xticks([])
-        axis.set_yticks([])
-        axis.set_title(f"{ranked.rank}. {ranked.video_id}\nscore {ranked.score:.3f}", fontsize=8)
-        if ranked.correct is not None:
-            for spine in axis.spines.values():
-                spine.set_edgecolor("green" if ranked.correct else "red")
-                spine.set_linewidth(3)
-    figure.suptitle(f"query: {query}", fontsize=9)
-    figure.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    return out
+    frames = [sample_frames(clips[ranked.video_id], 1)[0] for ranked in ranking]  # the middle frames, (H, W, 3)
+    return draw_ranking_frames(ranking, frames, query, out)

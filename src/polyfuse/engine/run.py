@@ -63,6 +63,7 @@ __all__ = [
     "RunResult",
     "apply_checkpoint",
     "evaluate",
+    "evaluate_applied",
     "is_worker",
     "load_model",
     "predict",
@@ -382,8 +383,14 @@ def evaluate(
 ) -> dict[str, float]:
     """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
     for every row of a file without a split)."""
-    applied = apply_checkpoint(checkpoint, split=split, source=source, modalities=modalities)
+    return evaluate_applied(apply_checkpoint(checkpoint, split=split, source=source, modalities=modalities))
+
+
+def evaluate_applied(applied: AppliedCheckpoint) -> dict[str, float]:
+    """Metrics of an applied checkpoint's module, as it is now, on its split (a bench
+    may change the loaded module, e.g. MAN's attention mode, between calls)."""
     (loader,) = applied.loaders().values()
+    applied.spec.bind(applied.module, applied.data)
     results = quiet_trainer(applied.extras["config"]).test(applied.module, dataloaders=loader, verbose=False)
     return prefixed_metrics(results, "test")
 

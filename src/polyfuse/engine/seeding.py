@@ -10,25 +10,12 @@ The training order comes from the data module's sampler, seeded the same way.
 
 from __future__ import annotations
 
-import random
-
 import lightning as L
-import numpy as np
-import torch
 from lightning.pytorch.callbacks import Callback
 
+from polyfuse.seeds import epoch_seed, seed_everything
+
 __all__ = ["ReseedEachEpoch", "epoch_seed", "seed_everything"]
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, numpy's and torch's global generators."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # noqa: NPY002 - the global generator that user code draws from
-    torch.manual_seed(seed)
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    return (int(seed) * 1_000_003 + int(epoch) * 7_919 + 17) % 2**63
 
 
 class ReseedEachEpoch(Callback):

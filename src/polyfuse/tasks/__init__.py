@@ -16,11 +16,9 @@ from polyfuse.tasks.registry import (
 )
 from polyfuse.tasks.tabular import (
     LOSSES,
-    TASKS,
     ClassificationTask,
     SentimentTask,
     TraitsTask,
-    task_class,
 )
 from polyfuse.tasks.vqa import VQATask
 
@@ -28,7 +26,6 @@ __all__ = [
     "ENCODER_TYPES",
     "LOSSES",
     "SCHEDULERS",
-    "TASKS",
     "CaptioningTask",
     "ClassificationTask",
     "FusionBackbone",
@@ -41,7 +38,6 @@ __all__ = [
     "VQATask",
     "available_tasks",
     "register_task",
-    "task_class",
     "task_spec",
     "task_specs",
 ]

@@ -32,7 +32,7 @@ import polyfuse.nn
 from polyfuse.nn import backbones
 from polyfuse.nn.backbones.fusion import FusionBackbone, ModalityEncoder
 
-__all__ = ["build_backbone", "build_named_backbone", "fusion_options"]
+__all__ = ["build_backbone", "build_named_backbone", "fusion_options", "text_encoder"]
 
 _RESERVED = ("self", "input_dims", "extra", "modality_names")
 
@@ -169,7 +169,7 @@ def _with_config_keys(message: str, fusion: str, cls: type) -> str:
 def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: Sequence[str]) -> torch.nn.Module:
     """Encoders, the fusion module named by ``model.fusion`` and the projection; or,
     with ``model.backbone`` other than ``fusion``, that backbone with the fusion
-    module as its extra module (see :mod:`polyfuse.engine.backbones`)."""
+    module as its extra module (:func:`build_named_backbone`)."""
     model = config["model"]
     if model.get("backbone", "fusion") != "fusion":
         return build_named_backbone(config, input_dims, names, fusion_options)
@@ -205,3 +205,24 @@ def build_backbone(config: Mapping[str, Any], input_dims: Sequence[int], names: 
         fusion, encoders, fusion_dim=int(model["fusion_dim"]), out_dim=int(model["out_dim"]), groups=groups,
         skip=bool(model["skip"]), centre_marker=marker, dropout=float(model["dropout"]), modality_names=names,
     )
+
+
+def text_encoder(kind: str, vocabulary: Sequence[str] | None = None, *, word_vectors: str | None = None,
+                 trainable: bool = False):
+    """``"minilm"``; ``"bow"`` (word counts over ``vocabulary``, for synthetic corpora);
+    ``"glove"`` (the GloVe-format ``word_vectors`` file). ``trainable``: built to be fine-tuned."""
+    from polyfuse.nn.sentence_encoder import MiniLMEncoder, StaticWordEncoder
+
+    if kind == "bow":
+        from polyfuse.data.synthetic_retrieval import BagOfWordsEncoder
+
+        if not vocabulary:
+            raise ValueError("text: bow needs the corpus's vocabulary")
+        return BagOfWordsEncoder(list(vocabulary))
+    if kind == "glove":
+        if not word_vectors:
+            raise ValueError("text: glove needs word_vectors (a GloVe-format vectors file)")
+        return StaticWordEncoder.from_file(word_vectors, trainable=trainable)
+    if kind == "minilm":
+        return MiniLMEncoder(trainable=trainable)
+    raise ValueError(f"unknown text encoder {kind!r}; expected minilm, glove or bow")

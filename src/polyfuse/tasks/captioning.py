@@ -348,6 +348,8 @@ class CaptioningSpec(TaskSpec):
     distributed = "beam search and the caption metrics run on the whole split in one process"
     prediction_suffix = ".json"
     reads_own_files = True
+    path_keys = ("captioning.captions", "captioning.splits", "decoder.word_vectors_file")
+    path_mappings = ("captioning.features",)
 
     def check_config(self, config: Any) -> None:
         if config.decoder is None:
@@ -397,14 +399,9 @@ class CaptioningSpec(TaskSpec):
             "metric_details": {k: v for k, v in module.test_details.items() if not isinstance(v, float)},
         }
 
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> CaptioningTask:
+    def module_from_extras(self, extras: Mapping[str, Any]) -> CaptioningTask:
         info = extras["label_info"]
-        task = build_captioning_task(extras["config"], extras["input_dims"], info["max_lengths"], Vocabulary(info["vocabulary"]))
-        try:
-            task.load_state_dict(state_dict)
-        except RuntimeError as error:
-            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
-        return task.eval()
+        return build_captioning_task(extras["config"], extras["input_dims"], info["max_lengths"], Vocabulary(info["vocabulary"]))
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,

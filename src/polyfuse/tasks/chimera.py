@@ -50,7 +50,6 @@ from polyfuse.data.retrieval import (
     load_corpus,
     shuffle_words,
 )
-from polyfuse.engine.seeding import epoch_seed
 from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
 from polyfuse.functional.chimera_masking import drop_regions
 from polyfuse.functional.chimera_word_losses import (
@@ -60,6 +59,7 @@ from polyfuse.functional.chimera_word_losses import (
 from polyfuse.functional.contrastive import max_margin_ranking_loss
 from polyfuse.metrics.retrieval import query_targets, ranks_from_scores, text_video_retrieval
 from polyfuse.nn.models.chimera import ChimeraRetrievalModel
+from polyfuse.seeds import epoch_seed
 from polyfuse.tasks.chimera_lm import lm_head_for, masked_batch, tokenized
 from polyfuse.tasks.groups import own_group, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
@@ -446,6 +446,8 @@ class ChimeraSpec(TaskSpec):
                    "batch's negatives are its other videos: sharding would change both")
     prediction_suffix = ".csv"
     reads_own_files = True
+    path_keys = ("chimera.source", "chimera.captions", "chimera.word_vectors")
+    path_mappings = ("chimera.experts", "chimera.splits")
 
     def data_files(self, config: Mapping[str, Any]) -> list[Path]:
         section = config["chimera"]

@@ -36,8 +36,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch import Tensor
 
+from polyfuse.atomic import atomic_temp_path, write_bytes
 from polyfuse.data.retrieval import content_cache_path, encoder_fingerprint
-from polyfuse.engine.rundir import atomic_temp_path, write_bytes
 from polyfuse.functional.chimera_masking import mask_word_pieces
 from polyfuse.nn.chimera import TiedMaskedLMHead
 

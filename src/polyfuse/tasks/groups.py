@@ -44,7 +44,7 @@ def write_rank_records(records, path) -> None:
     import io
     from pathlib import Path
 
-    from polyfuse.engine.rundir import atomic_write_text
+    from polyfuse.atomic import atomic_write_text
 
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=["caption", "video_id", "rank", "top5"])

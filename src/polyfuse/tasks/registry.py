@@ -8,6 +8,8 @@ The pattern of :mod:`polyfuse.nn.registry` one floor up. A task type is one file
         name = "sentiment"
         ...
 
+Importing this module imports the package :mod:`polyfuse.tasks` first, which imports
+every task file, so the built-in task types are registered before any lookup.
 ``task.type`` in a configuration names the spec; :func:`task_spec` looks it up (an
 unknown name lists the known ones). The engine (:mod:`polyfuse.engine.run`) has one
 train / evaluate / predict / compare path and asks the spec for everything that
@@ -73,6 +75,9 @@ class TaskSpec:
             defaults (VQA: ``images``, ``top_k``); another task refuses them.
         reads_own_files: True when a checkpoint reads the files of its configuration
             only (``--data`` / ``--modalities`` do not apply).
+        path_keys: dotted configuration keys that name files, and ``path_mappings``
+            those whose values do (``captioning.features``): a config file's relative
+            paths are anchored to its folder, and a run hashes the files it reads.
     """
 
     name: ClassVar[str]
@@ -85,6 +90,8 @@ class TaskSpec:
     prediction_suffix: ClassVar[str] = ".csv"
     predict_options: ClassVar[dict[str, Any]] = {}
     reads_own_files: ClassVar[bool] = False
+    path_keys: ClassVar[tuple[str, ...]] = ()
+    path_mappings: ClassVar[tuple[str, ...]] = ()
 
     # -- configuration -------------------------------------------------------------
     def check_config(self, config: Any) -> None:
@@ -123,9 +130,19 @@ class TaskSpec:
         return {}
 
     # -- a checkpoint, applied -----------------------------------------------------
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> L.LightningModule:
-        """The module of a checkpoint, weights loaded, in eval mode."""
+    def module_from_extras(self, extras: Mapping[str, Any]) -> L.LightningModule:
+        """A new module of a checkpoint's configuration and extras (before its weights)."""
         raise NotImplementedError
+
+    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> L.LightningModule:
+        """The module of a checkpoint, weights loaded, in eval mode; weights that do not fit
+        the stored configuration are a ValueError naming the checkpoint."""
+        module = self.module_from_extras(extras)
+        try:
+            module.load_state_dict(state_dict)
+        except RuntimeError as error:
+            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
+        return module.eval()
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
@@ -189,25 +206,18 @@ def register_task(cls: SpecType) -> SpecType:
     return cls
 
 
-def _load_builtin() -> None:
-    import polyfuse.tasks  # noqa: F401  # registers the built-in task types
-
-
 def available_tasks() -> list[str]:
     """The registered task types, in registration order."""
-    _load_builtin()
     return list(_SPECS)
 
 
 def task_specs() -> list[TaskSpec]:
     """Every registered spec."""
-    _load_builtin()
     return list(_SPECS.values())
 
 
 def task_spec(name: str) -> TaskSpec:
     """The spec registered as ``name``; an unknown name says the closest known one."""
-    _load_builtin()
     if name not in _SPECS:
         close = difflib.get_close_matches(str(name), list(_SPECS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

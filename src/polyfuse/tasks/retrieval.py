@@ -45,7 +45,6 @@ from polyfuse.data.retrieval import (
     encode_captions,
     load_corpus,
     shuffle_words,
-    text_encoder,
 )
 from polyfuse.functional.contrastive import info_nce_loss, max_margin_ranking_loss
 from polyfuse.metrics.retrieval import (
@@ -55,6 +54,7 @@ from polyfuse.metrics.retrieval import (
     text_video_retrieval,
 )
 from polyfuse.nn.models.retrieval import VIDEO_FUSIONS, RetrievalModel
+from polyfuse.tasks import building
 from polyfuse.tasks.groups import own_group, parameter_groups, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 
@@ -288,7 +288,7 @@ class _Batches:
 
 
 def _encoder_of(section: Mapping[str, Any], vocabulary: list[str] | None, *, trainable: bool):
-    return text_encoder(section["text"], vocabulary, word_vectors=section.get("word_vectors"), trainable=trainable)
+    return building.text_encoder(section["text"], vocabulary, word_vectors=section.get("word_vectors"), trainable=trainable)
 
 
 def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, encoder=None,
@@ -420,6 +420,8 @@ class RetrievalSpec(TaskSpec):
                    "videos: sharding would change both")
     prediction_suffix = ".csv"
     reads_own_files = True
+    path_keys = ("retrieval.source", "retrieval.captions", "retrieval.word_vectors")
+    path_mappings = ("retrieval.experts", "retrieval.splits")
 
     def data_files(self, config: Mapping[str, Any]) -> list[Path]:
         section = config["retrieval"]

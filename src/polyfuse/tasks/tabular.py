@@ -40,7 +40,6 @@ from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 __all__ = [
     "CONSTANT_ROWS",
     "LOSSES",
-    "TASKS",
     "ClassificationSpec",
     "ClassificationTask",
     "SentimentSpec",
@@ -49,7 +48,6 @@ __all__ = [
     "TraitsSpec",
     "TraitsTask",
     "prepared_data",
-    "task_class",
 ]
 
 LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss, "smooth_l1": F.smooth_l1_loss}
@@ -136,19 +134,6 @@ class ClassificationTask(FusionTask):
 
     def compute_loss(self, outputs: Tensor, target: Tensor) -> Tensor:
         return F.cross_entropy(outputs, target.long(), label_smoothing=self.label_smoothing)
-
-
-TASKS: dict[str, type[FusionTask]] = {
-    "sentiment": SentimentTask,
-    "traits": TraitsTask,
-    "classification": ClassificationTask,
-}
-
-
-def task_class(name: str) -> type[FusionTask]:
-    if name not in TASKS:
-        raise ValueError(f"unknown task type {name!r}; expected one of {', '.join(TASKS)}")
-    return TASKS[name]
 
 
 def prepared_data(
@@ -258,13 +243,8 @@ class TabularSpec(TaskSpec):
             "stats": _stats_to_tensors(prepared.stats),
         }
 
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> FusionTask:
-        module = self.module_for(extras["config"], extras["input_dims"], extras["modalities"], extras["label_info"])
-        try:
-            module.load_state_dict(state_dict)
-        except RuntimeError as error:
-            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
-        return module.eval()
+    def module_from_extras(self, extras: Mapping[str, Any]) -> FusionTask:
+        return self.module_for(extras["config"], extras["input_dims"], extras["modalities"], extras["label_info"])
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | str | None = None, require_labels: bool = True,

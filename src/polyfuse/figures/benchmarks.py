@@ -1,4 +1,5 @@
-"""PNG plots of benchmark results (matplotlib, Agg backend; imported only when plotting)."""
+"""The figures of ``polyfuse bench``: each draws one benchmark's payload (the dict its
+JSON result holds) into PNG files of a folder and returns their paths."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_approximation", "plot_complexity", "plot_paper"]
+from polyfuse.figures.common import pyplot
+
+__all__ = ["draw_approximation", "draw_captioning_bench", "draw_complexity", "draw_paper"]
 
 _SWEEP_LABELS = {
     "modalities": "number of modalities m",
@@ -24,18 +27,9 @@ _MODEL_STYLE = {
 }
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_complexity(payload: dict[str, Any], folder: str | Path) -> list[Path]:
+def draw_complexity(payload: dict[str, Any], folder: str | Path) -> list[Path]:
     """One figure per sweep: FLOPs, forward time, forward + backward time, peak memory."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.transforms import blended_transform_factory
 
     folder = Path(folder)
@@ -82,9 +76,9 @@ def plot_complexity(payload: dict[str, Any], folder: str | Path) -> list[Path]:
     return paths
 
 
-def plot_paper(payload: dict[str, Any], folder: str | Path) -> list[Path]:
+def draw_paper(payload: dict[str, Any], folder: str | Path) -> list[Path]:
     """FLOPs of the four variants relative to MAN: ours (total, attention) and the paper's."""
-    plt = _pyplot()
+    plt = pyplot()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     entry = next(e for e in payload["results"] if e["length"] == payload["primary_length"])
@@ -110,10 +104,10 @@ def plot_paper(payload: dict[str, Any], folder: str | Path) -> list[Path]:
     return [path]
 
 
-def plot_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path]:
+def draw_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path]:
     """Output error of had (ARF and gerf) against H, one panel per m; ARF kernel MSE
     against H with appendix Eq. 12's prediction."""
-    plt = _pyplot()
+    plt = pyplot()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -140,7 +134,7 @@ def plot_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path
     plt.close(figure)
     paths.append(path)
     if payload.get("choices"):
-        paths.append(_plot_choices(plt, payload["choices"], folder))
+        paths.append(_draw_choices(plt, payload["choices"], folder))
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for index, norm in enumerate(dict.fromkeys(row["norm"] for row in payload["kernel"])):
@@ -168,7 +162,7 @@ def plot_approximation(payload: dict[str, Any], folder: str | Path) -> list[Path
     return paths
 
 
-def _plot_choices(plt: Any, rows: list[dict[str, Any]], folder: Path) -> Path:
+def _draw_choices(plt: Any, rows: list[dict[str, Any]], folder: Path) -> Path:
     """Output error against forward+backward time, one line per way of computing the
     attention (its points the H grid), exact as the reference point at error 0."""
     figure, axis = plt.subplots(figsize=(6, 4))
@@ -191,3 +185,32 @@ def _plot_choices(plt: Any, rows: list[dict[str, Any]], folder: Path) -> Path:
     figure.savefig(path, dpi=80)
     plt.close(figure)
     return path
+
+
+def draw_captioning_bench(payload: dict[str, Any], folder: str | Path) -> list[Path]:
+    """Time and peak memory against n, one line per (orders, exact / low rank)."""
+    plt = pyplot()
+    folder = Path(folder)
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for orders in dict.fromkeys(r["orders"] for r in payload["rows"]):
+        rows = [r for r in payload["rows"] if r["orders"] == orders]
+        n = [r["modalities"] for r in rows]
+        for kind, label, style in (("exact", "HOCA", "-o"), ("low_rank", "L-HOCA", "--s")):
+            axes[0].plot(n, [1e3 * r[f"{kind}_seconds"] for r in rows], style, label=f"{label}-{orders}")
+            memory = [r[f"{kind}_peak_bytes"] for r in rows]
+            if all(m is not None for m in memory):
+                axes[1].plot(n, [m / 2**20 for m in memory], style, label=f"{label}-{orders}")
+    settings = payload["settings"]
+    for axis, title in ((axes[0], "decoder step time (ms, median)"), (axes[1], "peak allocated memory (MiB)")):
+        axis.set_yscale("log")
+        axis.set_xlabel("modalities n")
+        axis.set_title(title)
+        axis.set_xticks(list(settings["modalities"]))
+        axis.legend(fontsize=8)
+    figure.suptitle(f"one caption-decoder step: T = {settings['length']}, batch {settings['batch']}, "
+                    f"hidden {settings['hidden_dim']}, attention {settings['attention_dim']}", fontsize=9)
+    figure.tight_layout()
+    path = folder / "captioning_decoder_step.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return [path]

@@ -1,49 +1,28 @@
-"""A VQA comparison's table and figure (``polyfuse compare`` on a ``task.type: vqa``
-configuration) and the attention figure of ``polyfuse plot attention``."""
+"""VQA figures: BAN's attention over the image grid and the question words; the bars
+of a VQA comparison over seeds."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["format_vqa_summary", "plot_vqa_attention", "plot_vqa_summary", "vqa_types"]
+import numpy as np
 
+from polyfuse.figures.common import pyplot, save_figure
 
-def vqa_types(summary: Sequence[Mapping]) -> list[str]:
-    """The type names of the breakdown (``acc/<type>`` test keys), in order of appearance."""
-    keys = [k[: -len("_mean")] for row in summary for k in row if k.startswith("acc/") and k.endswith("_mean")]
-    return [k.split("/", 1)[1] for k in dict.fromkeys(keys)]
-
-
-def _cell(row: Mapping, key: str) -> str:
-    mean, std = row.get(f"{key}_mean"), row.get(f"{key}_std", 0.0)
-    return "–" if mean is None else f"{100 * mean:.2f} ± {100 * std:.2f}"
+__all__ = ["draw_vqa_attention", "draw_vqa_summary"]
 
 
-def format_vqa_summary(summary: Sequence[Mapping]) -> str:
-    """Markdown: per model (rows of :func:`polyfuse.engine.compare.summarise`), the VQA
-    accuracy in % (mean ± sample std over seeds) on validation (which picked each run's
-    checkpoint) and on test, overall and per type; epochs and seconds per run."""
-    types = vqa_types(summary)
-    header = ["model", "runs", "val acc", "test acc", *types, "epochs", "s / run"]
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    for row in summary:
-        cells = [str(row["model"]), str(row["runs"]), _cell(row, "val_acc"), _cell(row, "acc")]
-        cells += [_cell(row, f"acc/{t}") for t in types]
-        cells += [f"{row.get('epochs_mean', float('nan')):.1f}", f"{row.get('seconds_mean', float('nan')):.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot_vqa_summary(summary: Sequence[Mapping], out: str | Path) -> Path:
-    """Bars of test accuracy (%) per model, overall and per type, with ± std error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw_vqa_summary(summary: Sequence[Mapping[str, Any]], types: Sequence[str], out: str | Path) -> Path:
+    """Bars of test accuracy (%) per model, overall and per answer type of ``types``, with
+    ± std error bars. ``summary``: rows of :func:`polyfuse.engine.compare.summarise`
+    (``model``, ``acc_mean``, ``acc_std``, ``acc/<type>_mean``, ...)."""
+    if not summary:
+        raise ValueError("draw_vqa_summary: no rows to draw")
+    plt = pyplot()
     models = [str(row["model"]) for row in summary]
-    keys = ["acc", *(f"acc/{t}" for t in vqa_types(summary))]
+    keys = ["acc", *(f"acc/{t}" for t in types)]
     figure, axis = plt.subplots(figsize=(1.6 + 1.3 * len(models), 3.2))
     width = 0.8 / len(keys)
     low = 100.0
@@ -58,14 +37,11 @@ def plot_vqa_summary(summary: Sequence[Mapping], out: str | Path) -> Path:
     axis.set_ylim(max(0.0, low - 10), 100)
     axis.legend(fontsize=7, ncol=len(keys), loc="lower right")
     figure.tight_layout()
-    out = Path(out)
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
-    return out
+    return save_figure(figure, out, dpi=120)
 
 
-def plot_vqa_attention(
-    attention, words: Sequence[str], grid: tuple[int, int], image, out: str | Path, *, title: str = ""
+def draw_vqa_attention(
+    attention: Any, words: Sequence[str], grid: tuple[int, int], image: Any, out: str | Path, *, title: str = ""
 ) -> Path:
     """One row per glimpse: the image, each glimpse's bilinear attention summed over the
     words and drawn over the image grid, and the attention summed over the grid cells
@@ -77,17 +53,16 @@ def plot_vqa_attention(
         grid: (rows, columns) of the image grid.
         image: (H, W, 3) array of the image, or None.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     attention = np.asarray(attention, dtype=float)
+    if attention.ndim != 3:
+        raise ValueError(f"draw_vqa_attention: attention must be (glimpses, objects, words), got shape {attention.shape}")
     glimpses, objects, length = attention.shape
     rows, columns = grid
     if rows * columns != objects:
-        raise ValueError(f"plot_vqa_attention: grid {rows} x {columns} does not hold {objects} objects")
+        raise ValueError(f"draw_vqa_attention: grid {rows} x {columns} does not hold {objects} objects")
+    if len(words) != length:
+        raise ValueError(f"draw_vqa_attention: {len(words)} words for attention over {length} positions")
+    plt = pyplot()
     figure, axes = plt.subplots(glimpses, 2, figsize=(7.5, 2.6 * glimpses), squeeze=False)
     for g in range(glimpses):
         over_image = attention[g].sum(axis=1).reshape(rows, columns)
@@ -106,7 +81,4 @@ def plot_vqa_attention(
     if title:
         figure.suptitle(title, fontsize=9)
     figure.tight_layout()
-    out = Path(out)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
-    return out
+    return save_figure(figure, out, dpi=110)

@@ -1,0 +1,61 @@
+"""Attention of one sample: MAN's marginal attention over time, BAN's bilinear maps.
+
+The inputs are what :func:`polyfuse.engine.plots.attention_for_sample` returns:
+``{"kind": "man", "layers": [[(heads, T_j) per input] per layer], "names": [...]}`` or
+``{"kind": "ban", "maps": (G, T_x, T_y), "names": [...]}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polyfuse.figures.common import pyplot, save_figure
+
+__all__ = ["draw_ban_maps", "draw_man_attention"]
+
+
+def draw_man_attention(attention: dict[str, Any], out: str | Path, *, title: str = "", centre: int | None = None) -> Path:
+    """Heat maps heads x time steps of each input's marginal attention, per layer; a
+    dashed line at step ``centre`` (the centre row of a contextual window)."""
+    layers, names = attention["layers"], attention["names"]
+    if not layers or any(len(layer) != len(names) for layer in layers):
+        raise ValueError(f"draw_man_attention: each layer needs one map per input {names}")
+    plt = pyplot()
+    rows, columns = len(layers), len(names)
+    figure, axes = plt.subplots(rows, columns, figsize=(3.8 * columns, 2.4 * rows + 0.6), squeeze=False)
+    for i, layer in enumerate(layers):
+        for j, (weights, name) in enumerate(zip(layer, names, strict=True)):
+            axis = axes[i, j]
+            image = axis.imshow(weights, aspect="auto", cmap="viridis", interpolation="nearest")
+            axis.set_title(f"{name}" + (f" (layer {i})" if rows > 1 else ""))
+            axis.set_xlabel("time step")
+            axis.set_ylabel("head")
+            if centre is not None and centre < weights.shape[1]:
+                axis.axvline(centre, color="white", linestyle="--", linewidth=1)
+            figure.colorbar(image, ax=axis, fraction=0.046)
+    figure.suptitle(title or "MAN marginal attention over time")
+    figure.tight_layout()
+    return save_figure(figure, out, dpi=110)
+
+
+def draw_ban_maps(attention: dict[str, Any], out: str | Path, *, title: str = "") -> Path:
+    """One heat map T_x by T_y per glimpse."""
+    maps, names = np.asarray(attention["maps"]), attention["names"]
+    if maps.ndim != 3:
+        raise ValueError(f"draw_ban_maps: maps must be (glimpses, T_x, T_y), got shape {maps.shape}")
+    plt = pyplot()
+    glimpses = maps.shape[0]
+    figure, axes = plt.subplots(1, glimpses, figsize=(3.4 * glimpses, 3.2), squeeze=False)
+    for g in range(glimpses):
+        axis = axes[0, g]
+        image = axis.imshow(maps[g], aspect="auto", cmap="magma", interpolation="nearest")
+        axis.set_title(f"glimpse {g}")
+        axis.set_xlabel(f"{names[1]} step")
+        axis.set_ylabel(f"{names[0]} step")
+        figure.colorbar(image, ax=axis, fraction=0.046)
+    figure.suptitle(title or "BAN bilinear attention maps")
+    figure.tight_layout()
+    return save_figure(figure, out, dpi=110)
