@@ -21,7 +21,7 @@ Video side (MAN section 3.3): the experts are the modalities of a fusion module.
   renormalises the weights over the experts a video has; that makes the score depend
   on the pair, not on one vector per side, so it is left out here: an absent expert
   adds 0, and all scores stay dot products of one text and one video vector (the
-  chunked ranking of :mod:`polyfuse.engine.retrieval` needs that).
+  chunked ranking of :mod:`polyfuse.metrics.retrieval` needs that).
 * ``"gating+man"``: MAN appendix H.2, the representation of collaborative gating with
   MAN's unit vector concatenated; on the text side MAN's vector is one more expert of
   the mixture. ``"mean+man"``: the mean of experts' unit vector beside MAN's vector. In
