@@ -79,7 +79,12 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "retrieval", help="text-video retrieval (kept for 0.3.x: use polyfuse train with a task.type retrieval config)")
+        "retrieval", help="text-video retrieval (kept for 0.3.x: use polyfuse train with a task.type retrieval config)",
+        description="Kept for 0.3.x as a thin alias: each action writes the equivalent configuration "
+        "(task.type retrieval or chimera) and runs polyfuse train / evaluate on it, and says which command to "
+        "use instead: polyfuse train --config configs/msvd/retrieval/<fusion>.yaml, "
+        "configs/msvd/chimera/<row>.yaml; polyfuse compare over seeds.",
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = actions.add_parser("train", help="train one video fusion over seeds (polyfuse train per seed)")
     _data_arguments(train)
