@@ -216,3 +216,29 @@ def test_a_task_that_trains_on_one_process_refuses_several_and_says_why(name, tm
     with pytest.raises(ValueError, match=rf"^task.type {name} trains on one process \(") as error:
         train(config, run_dir=tmp_path / "run")
     assert reason in str(error.value) and "set trainer.devices to 1" in str(error.value)
+
+
+def test_compare_over_seeds_gives_one_mean_and_std_table(tmp_path):
+    """polyfuse compare on a task type with its own model section (retrieval): the
+    entries' sections replace the base's, and one table has a row per entry."""
+    config = TINY["retrieval"](tmp_path)
+    config["trainer"]["max_epochs"] = 1
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(config))
+    entries = []
+    for fusion in ("mean", "concat"):
+        entry = {"retrieval": {**config["retrieval"], "fusion": fusion}}
+        path = tmp_path / f"{fusion}.yaml"
+        path.write_text(yaml.safe_dump(entry))
+        entries.append(str(path))
+    out = tmp_path / "compare"
+    assert main(["compare", "--config", str(base), "--models", ",".join(entries), "--seeds", "2",
+                 "--out", str(out), "--quiet", "--no-progress"]) == 0
+    table = (out / "summary.md").read_text()
+    assert "| mean (n=2) |" in table and "| concat (n=2) |" in table
+    runs = (out / "runs.csv").read_text().splitlines()
+    assert len(runs) == 1 + 4
+    for fusion in ("mean", "concat"):
+        for seed in (0, 1):
+            saved = yaml.safe_load((out / fusion / f"seed{seed}" / "config.yaml").read_text())
+            assert saved["retrieval"]["fusion"] == fusion and saved["seed"] == seed

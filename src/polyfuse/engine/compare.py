@@ -28,7 +28,7 @@ from polyfuse.atomic import atomic_write_text, write_csv
 from polyfuse.engine.build import monitor_of
 from polyfuse.engine.config import deep_merge, load_config, resolve_config
 from polyfuse.engine.run import train
-from polyfuse.tasks.registry import task_spec
+from polyfuse.tasks.registry import task_spec, task_specs
 
 __all__ = [
     "CONSTANT_ROWS",
@@ -57,7 +57,16 @@ _HEADERS = {
     "f1_macro": "F1 macro",
     "ma": "MA",
 }
-MODEL_SECTIONS = ("model", "optim", "decoder")  # decoder: task.type captioning
+
+
+def model_sections() -> tuple[str, ...]:
+    """The sections a model entry's YAML replaces: ``model``, ``optim`` and every section
+    a task type names as defining its weights (``TaskSpec.model_sections``: captioning's
+    ``decoder``, retrieval's ``retrieval``, Chimera's ``chimera``)."""
+    named = (section for spec in task_specs() for section in spec.model_sections)
+    return tuple(dict.fromkeys(("model", "optim", *named)))
+
+
 _PERCENT = {"acc2_has0", "f1_has0", "acc2_non0", "f1_non0", "acc7", "acc", "f1_macro", "ma"}
 
 
@@ -71,9 +80,11 @@ class ModelEntry:
 
 def parse_models(spec: str | Sequence[str]) -> list[ModelEntry]:
     """``man,ban,...`` (fusion names: switch ``model.fusion``) or YAML paths (their
-    ``model`` and ``optim`` sections merged over the base; labelled by file name),
-    comma-separated. Data, task and trainer always come from the base, so that
-    every model is run the same way."""
+    ``model`` and ``optim`` sections, and the sections that define a task's model,
+    :func:`model_sections`, merged over the base; labelled by file name), comma-separated.
+    Data, task and trainer always come from the base, so that every model is run the
+    same way (retrieval and Chimera name their data in their own section: give the
+    entries the base's)."""
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     if not items:
         raise ValueError("--models names no model")
@@ -81,7 +92,7 @@ def parse_models(spec: str | Sequence[str]) -> list[ModelEntry]:
     for item in items:
         if item.endswith((".yaml", ".yml")):
             loaded = load_config(item)
-            update = {key: loaded[key] for key in MODEL_SECTIONS if key in loaded}
+            update = {key: loaded[key] for key in model_sections() if key in loaded}
             entries.append(ModelEntry(Path(item).stem, update))
         else:
             polyfuse.nn.get(item)  # an unknown name lists the known ones
