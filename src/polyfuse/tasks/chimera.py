@@ -493,15 +493,10 @@ class ChimeraSpec(TaskSpec):
         return {"test_shuffled_words": module.evaluate(data.datamodule.split_loader("test_shuffled")),
                 "learned_scalars": learned_scalars(module.model)}
 
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> ChimeraTask:
+    def module_from_extras(self, extras: Mapping[str, Any]) -> ChimeraTask:
         config = extras["config"]
-        module = _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0}},
-                         int(extras["label_info"]["text_dim"]), int(extras["input_dims"][0]), None)
-        try:
-            module.load_state_dict(dict(state_dict))
-        except RuntimeError as error:
-            raise ValueError(f"the Chimera checkpoint does not fit its model: {error}") from None
-        return module.eval()
+        return _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0}},
+                       int(extras["label_info"]["text_dim"]), int(extras["input_dims"][0]), None)
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,

@@ -139,7 +139,7 @@ class TaskSpec:
         the stored configuration are a ValueError naming the checkpoint."""
         module = self.module_from_extras(extras)
         try:
-            module.load_state_dict(state_dict)
+            module.load_state_dict(dict(state_dict))
         except RuntimeError as error:
             raise ValueError(f"{checkpoint}: the weights do not fit the stored configuration: {error}") from None
         return module.eval()

@@ -460,18 +460,13 @@ class RetrievalSpec(TaskSpec):
         return out
 
     # ---- a checkpoint, applied ----------------------------------------------------------
-    def load_module(self, state_dict: Mapping[str, Any], extras: Mapping[str, Any], checkpoint: Any) -> RetrievalTask:
+    def module_from_extras(self, extras: Mapping[str, Any]) -> RetrievalTask:
         config, info = extras["config"], extras["label_info"]
         section = config["retrieval"]
         encoder = None
         if section["text_lr"] is not None:
             encoder = _encoder_of(section, info.get("vocabulary"), trainable=True)
-        module = _task(config, _model(config, int(info["text_dim"]), extras["input_dims"]), encoder)
-        try:
-            module.load_state_dict(dict(state_dict))
-        except RuntimeError as error:
-            raise ValueError(f"the retrieval checkpoint does not fit its model: {error}") from None
-        return module.eval()
+        return _task(config, _model(config, int(info["text_dim"]), extras["input_dims"]), encoder)
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
