@@ -216,6 +216,7 @@ def test_a_task_that_trains_on_one_process_refuses_several_and_says_why(name, tm
     with pytest.raises(ValueError, match=rf"^task.type {name} trains on one process \(") as error:
         train(config, run_dir=tmp_path / "run")
     assert reason in str(error.value) and "set trainer.devices to 1" in str(error.value)
+    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 def test_compare_over_seeds_gives_one_mean_and_std_table(tmp_path):

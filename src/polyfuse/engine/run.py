@@ -237,15 +237,15 @@ def _check_resume_checkpoint(path: Path, task: Any, config: Mapping[str, Any], s
 def _train_in(
     config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
 ) -> RunResult:
+    spec = task_spec(config["task"]["type"])
+    devices = int(config["trainer"]["devices"])
+    if devices != 1 and spec.distributed is not None:
+        raise ValueError(f"task.type {spec.name} trains on one process ({spec.distributed}): set trainer.devices to 1")
     if not is_worker():  # the data of a resumed run must be the data it started on
         if resume_checkpoint is not None:
             check_data_hashes(run_dir)
         else:
             record_data_hashes(run_dir, data_files(config))
-    spec = task_spec(config["task"]["type"])
-    devices = int(config["trainer"]["devices"])
-    if devices != 1 and spec.distributed is not None:
-        raise ValueError(f"task.type {spec.name} trains on one process ({spec.distributed}): set trainer.devices to 1")
     seed_everything(int(config["seed"]))
     data = spec.build_data(config)
     task = spec.build_module(config, data)
