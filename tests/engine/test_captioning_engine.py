@@ -76,9 +76,10 @@ def test_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[st
     predicted = json.loads(out.read_text())
     assert predicted == {v: g["generated"] for v, g in generated.items()}
     # The figure's data: the generated words (and <eos>), attention summing to one per word.
-    from polyfuse.engine.captioning_plot import caption_attention
+    from polyfuse.engine.run import load_model
+    from polyfuse.tasks.captioning_figure import best_checkpoint, caption_attention
 
-    found = caption_attention(run, "vid10")
+    found = caption_attention(*load_model(best_checkpoint(run)), "vid10")
     assert found["caption"] == predicted["vid10"] and found["split"] == "test"
     assert " ".join(w for w in found["words"] if w != "<eos>") == predicted["vid10"]
     for attention in found["attention"]:

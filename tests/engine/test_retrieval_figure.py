@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from polyfuse.data.formats.experts import RetrievalCorpus, load_expert
-from polyfuse.engine.retrieval_figure import draw_ranking, rank_videos
 from polyfuse.nn.models.retrieval import RetrievalModel
+from polyfuse.tasks.retrieval_figure import draw_ranking, rank_videos
 
 IDS = ["a", "b", "c", "d"]
 
@@ -55,7 +55,7 @@ def test_thumbnails_show_each_ranked_clip(tmp_path):
     av = pytest.importorskip("av")
     import matplotlib.image
 
-    from polyfuse.engine.retrieval_figure import RankedVideo
+    from polyfuse.tasks.retrieval_figure import RankedVideo
 
     colours = {"a": (255, 0, 0), "b": (0, 0, 255)}
     clips = {}

@@ -73,11 +73,13 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine import plots
 
     if args.captions:
-        from polyfuse.engine.captioning_plot import plot_caption_attention
+        from polyfuse.engine.run import load_model
+        from polyfuse.tasks.captioning_figure import best_checkpoint, plot_caption_attention
 
         if not args.video:
             raise ValueError("--captions needs --video ID")
-        print(f"wrote {plot_caption_attention(args.captions, args.video, args.out, clips=args.clips)}")
+        task, extras = load_model(best_checkpoint(Path(args.captions)))
+        print(f"wrote {plot_caption_attention(task, extras, args.video, args.out, clips=args.clips)}")
         return 0
     if args.run_dir:
         if args.what == "attention":

@@ -344,8 +344,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _figure(args: argparse.Namespace, spec, module, extras) -> int:
-    from polyfuse.engine.retrieval_figure import draw_ranking, rank_videos
     from polyfuse.extract.video import video_paths_of_folder
+    from polyfuse.tasks.retrieval_figure import draw_ranking, rank_videos
 
     if extras["config"]["task"]["type"] != "retrieval":
         raise ValueError("`figure` draws the rankings of task.type retrieval models, not of Chimera's")

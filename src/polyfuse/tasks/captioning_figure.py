@@ -18,14 +18,13 @@ from typing import Any
 
 import torch
 
-from polyfuse.engine.run import load_model
 from polyfuse.nn.beam_search import score_captions
 from polyfuse.tasks.captioning import checkpoint_captioning_data
 
-__all__ = ["caption_attention", "plot_caption_attention"]
+__all__ = ["best_checkpoint", "caption_attention", "plot_caption_attention"]
 
 
-def _best_checkpoint(run_dir: Path) -> Path:
+def best_checkpoint(run_dir: Path) -> Path:
     results = run_dir / "results.json"
     if results.is_file():
         return run_dir / json.loads(results.read_text())["best_checkpoint"]
@@ -35,13 +34,12 @@ def _best_checkpoint(run_dir: Path) -> Path:
     return path
 
 
-def caption_attention(run_dir: str | Path, video: str) -> dict[str, Any]:
-    """The generated caption of ``video``, its words' attention per modality, and the references."""
-    run_dir = Path(run_dir)
-    task, extras = load_model(_best_checkpoint(run_dir))
+def caption_attention(task: Any, extras: dict[str, Any], video: str) -> dict[str, Any]:
+    """The generated caption of ``video``, its words' attention per modality, and the
+    references, by a loaded captioning checkpoint (``task``, ``extras``)."""
     data = checkpoint_captioning_data(extras)
     if video not in data.videos:
-        raise ValueError(f"video {video!r} is not in the data of {run_dir} ({len(data.videos)} videos)")
+        raise ValueError(f"video {video!r} is not in the checkpoint's data ({len(data.videos)} videos)")
     rows = torch.tensor([data.row_of(video)])
     inputs, masks = data.gather(rows)
     with torch.no_grad():
@@ -67,14 +65,14 @@ def caption_attention(run_dir: str | Path, video: str) -> dict[str, Any]:
 
 
 def plot_caption_attention(
-    run_dir: str | Path, video: str, out: str | Path, *, clips: str | Path | None = None, frames: int = 8,
-    references: int = 3,
+    task: Any, extras: dict[str, Any], video: str, out: str | Path, *, clips: str | Path | None = None,
+    frames: int = 8, references: int = 3,
 ) -> Path:
     """Write the figure (see the module docstring; drawn by
     :func:`polyfuse.figures.captioning.draw_caption_attention`) to ``out``."""
     from polyfuse.figures.captioning import draw_caption_attention
 
-    found = caption_attention(run_dir, video)
+    found = caption_attention(task, extras, video)
     clips = Path(clips) if clips is not None else Path(found["captions_file"]).parent / "clips"
     clip = clips / f"{video}.avi"
     images = None
