@@ -33,7 +33,6 @@ from pydantic import (
 
 from polyfuse.sizes import MAX_SIZE, SizeInt, option_bound
 from polyfuse.tasks.registry import available_tasks, task_spec, task_specs
-from polyfuse.tasks.vqa import VQADataConfig, VQAModelConfig
 
 __all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config"]
 
@@ -107,7 +106,7 @@ class ContextConfig(_Section):
     window: Annotated[int, Field(ge=0)] | None = Field(None, description="rows per window (0 or null: whole recordings)")
 
 
-class DataConfig(_Section):
+class _DataConfigBase(_Section):
     """Where the features come from and how they are split and batched."""
 
     source: str | None = Field(None, description=".npz / .h5 path (relative to the config file), or synthetic:key=value,...")
@@ -131,7 +130,6 @@ class DataConfig(_Section):
     nonfinite: Literal["error", "zero", "mean"] = Field("error", description="what to do with NaN / Inf features")
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(32, description="global training batch (all processes)")
     eval_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(256, description="evaluation batch")
-    vqa: VQADataConfig | None = Field(None, description="task.type vqa: questions, answers and image features")
 
     @field_validator("modalities", mode="before")
     @classmethod
@@ -149,7 +147,7 @@ class EncoderConfig(_Section):
     dropout: Probability = Field(0.1, description="encoder dropout in [0, 1)")
 
 
-class ModelConfig(_Section):
+class _ModelConfigBase(_Section):
     """The fusion module and what surrounds it."""
 
     backbone: str = Field(
@@ -172,7 +170,6 @@ class ModelConfig(_Section):
     input_groups: dict[str, list[list[str] | str]] = Field(
         default_factory=dict, description="{fusion name: [[modality, ...], ...]}: modalities concatenated per input"
     )
-    vqa: VQAModelConfig | None = Field(None, description="task.type vqa: question encoder, BAN glimpses and counter")
 
     @field_validator("backbone")
     @classmethod
@@ -190,7 +187,7 @@ class ModelConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _fusion_needs_a_backbone(self) -> ModelConfig:
+    def _fusion_needs_a_backbone(self) -> _ModelConfigBase:
         if self.fusion == "none" and self.backbone == "fusion":
             raise ValueError("model.fusion: none needs a backbone (model.backbone: " + " or ".join(_backbone_names()) + ")")
         return self
@@ -266,8 +263,8 @@ class _RunConfigBase(_Section):
     seed: Annotated[int, AfterValidator(_seed_range)] = Field(0, description=f"seed of initialisation, shuffling and dropout, in [0, {SEED_MAX}]")
     output_dir: str = Field("runs", description="where runs are written (relative to the config file when set there)")
     task: TaskConfig = Field(default_factory=TaskConfig, description="task section")
-    data: DataConfig = Field(default_factory=DataConfig, description="data section")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="model section")
+    data: _DataConfigBase = Field(default_factory=_DataConfigBase, description="data section")
+    model: _ModelConfigBase = Field(default_factory=_ModelConfigBase, description="model section")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optim section")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="trainer section")
 
@@ -318,16 +315,40 @@ def _section_at(config: BaseModel, path: str) -> Any:
     return node
 
 
-def _run_config() -> type[BaseModel]:
-    """RunConfig: the shared sections and, optional, the top-level sections of every
-    registered task type (:attr:`~polyfuse.tasks.registry.TaskSpec.config_sections`)."""
+def _summary(section: type, spec_name: str) -> str:
+    summary = (section.__doc__ or "").strip().splitlines()[0] if section.__doc__ else ""
+    return f"task.type {spec_name}: " + re.sub(r"\s*\(task\.type \w+\)", "", summary).rstrip(".")
+
+
+def _task_fields(prefix: str) -> dict[str, Any]:
+    """The optional sections the registered task types add under ``prefix`` ("" for the
+    top level, "data." for ``data.vqa``): :attr:`~polyfuse.tasks.registry.TaskSpec.config_sections`."""
     fields: dict[str, Any] = {}
     for spec in task_specs():
-        for name, section in spec.config_sections.items():
-            summary = (section.__doc__ or name).strip().splitlines()[0]
-            summary = re.sub(r"\s*\(task\.type \w+\)", "", summary).rstrip(".")
-            fields[name] = (section | None, Field(None, description=f"task.type {spec.name}: {summary}"))
-    return create_model("RunConfig", __base__=_RunConfigBase, __doc__=_RunConfigBase.__doc__, **fields)
+        for path, section in spec.config_sections.items():
+            head, _, name = path.rpartition(".")
+            if (head + "." if head else "") == prefix:
+                fields[name] = (section | None, Field(None, description=_summary(section, spec.name)))
+    return fields
+
+
+def _with_task_sections(base: type[BaseModel], name: str, prefix: str) -> type[BaseModel]:
+    return create_model(name, __base__=base, __doc__=base.__doc__, **_task_fields(prefix))
+
+
+DataConfig = _with_task_sections(_DataConfigBase, "DataConfig", "data.")
+ModelConfig = _with_task_sections(_ModelConfigBase, "ModelConfig", "model.")
+
+
+def _run_config() -> type[BaseModel]:
+    """RunConfig: the shared sections and, optional, the sections of every registered
+    task type (:attr:`~polyfuse.tasks.registry.TaskSpec.config_sections`)."""
+    return create_model(
+        "RunConfig", __base__=_RunConfigBase, __doc__=_RunConfigBase.__doc__,
+        data=(DataConfig, Field(default_factory=DataConfig, description="data section")),
+        model=(ModelConfig, Field(default_factory=ModelConfig, description="model section")),
+        **_task_fields(""),
+    )
 
 
 RunConfig = _run_config()
@@ -473,7 +494,6 @@ def format_errors(error: ValidationError, prefix: tuple[str, ...] = (), model: t
 def error_model(error: ValidationError) -> type[BaseModel] | None:
     """The model class a validation error came from (by its title)."""
     for model in (RunConfig, TaskConfig, DataConfig, ContextConfig, ModelConfig, EncoderConfig, OptimConfig, TrainerConfig,
-                  VQADataConfig, VQAModelConfig,
                   *(section for spec in task_specs() for section in spec.config_sections.values())):
         if model.__name__ == error.title:
             return model

@@ -237,6 +237,7 @@ class VQASpec(TaskSpec):
     (:mod:`polyfuse.data.vqa_new_questions`), encode questions and images as in training."""
 
     name = "vqa"
+    config_sections: ClassVar[dict[str, type]] = {"data.vqa": VQADataConfig, "model.vqa": VQAModelConfig}
     sections = ("data.vqa", "model.vqa")
     required_sections = ("data.vqa",)
     default_monitor = VQATask.default_monitor
