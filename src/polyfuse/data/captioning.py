@@ -237,6 +237,16 @@ class CaptioningDataModule(L.LightningDataModule):
         return DataLoader(self._pairs["valid"], batch_size=self.eval_batch_size, collate_fn=self._pair_batch,
                           generator=self._quiet_generator())
 
+    def loader(self, split: str) -> DataLoader:
+        """An evaluation loader over the videos of ``split`` (``train``, ``valid``, ``test``;
+        ``all``: every video), as every data module's ``loader``."""
+        if split == "all":
+            return self.video_loader(list(self.data.videos))
+        key = {"val": "valid", "validation": "valid"}.get(split, split)
+        if key not in self.data.splits:
+            raise ValueError(f"no {split!r} split; have train, valid, test, all")
+        return self.video_loader(self.data.splits[key])
+
     def video_loader(self, videos: Sequence[str]) -> DataLoader:
         return DataLoader(list(videos), batch_size=self.eval_batch_size, collate_fn=self._video_batch,
                           generator=self._quiet_generator())

@@ -285,7 +285,7 @@ class RetrievalDataModule(L.LightningDataModule):
         return DataLoader(_Pairs(), batch_sampler=self.sampler,
                           collate_fn=lambda pairs: self.collate("train", pairs))
 
-    def split_loader(self, part: str) -> DataLoader:
+    def loader(self, part: str) -> DataLoader:
         """The evaluation chunks of one part (``train``, ``val``, ``test``, or another part
         the task added, e.g. the test split with shuffled words)."""
         corpus = self.parts[part]
@@ -293,11 +293,11 @@ class RetrievalDataModule(L.LightningDataModule):
         return DataLoader(chunks, batch_size=None, collate_fn=lambda chunk: self.collate(part, chunk))
 
     def val_dataloader(self) -> DataLoader:
-        return self.split_loader("val")
+        return self.loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self.split_loader("test")
+        return self.loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self.split_loader("test")
+        return self.loader("test")
 

@@ -41,7 +41,7 @@ from polyfuse.text import ptb_tokenize
 __all__ = [
     "VARIANTS", "CaptioningConfig", "CaptioningSpec", "CaptioningTask", "DecoderConfig",
     "build_captioning_data", "build_captioning_task", "checkpoint_captioning_data", "initialise_word_embeddings",
-    "reference_oov", "split_videos", "variant_settings",
+    "reference_oov", "variant_settings",
 ]
 
 
@@ -322,14 +322,6 @@ def checkpoint_captioning_data(extras: Mapping[str, Any]) -> CaptioningData:
     return data
 
 
-def split_videos(data: CaptioningData, split: str) -> list[str]:
-    """The videos of ``split`` (``all``: every video)."""
-    if split == "all":
-        return list(data.videos)
-    key = {"val": "valid", "validation": "valid"}.get(split, split)
-    if key not in data.splits:
-        raise ValueError(f"no {split!r} split; have train, valid, test, all")
-    return data.splits[key]
 
 
 @register_task
@@ -407,12 +399,12 @@ class CaptioningSpec(TaskSpec):
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
                         **options: Any) -> TaskData:
         data = checkpoint_captioning_data(extras)
-        split_videos(data, split)  # an unknown split is refused before anything runs
         module = CaptioningDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
+        module.loader(split)  # an unknown split is refused before anything runs
         return TaskData(module, data, {split: len(videos) for split, videos in data.splits.items()})
 
     def loaders(self, data: TaskData, split: str) -> dict[str, Any]:
-        return {split: data.datamodule.video_loader(split_videos(data.prepared, split))}
+        return {split: data.datamodule.loader(split)}
 
     def bind(self, module: Any, data: TaskData, **options: Any) -> None:
         module.references = data.prepared.captions

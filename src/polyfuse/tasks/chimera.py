@@ -490,7 +490,7 @@ class ChimeraSpec(TaskSpec):
     def after_test(self, module: ChimeraTask, data: TaskData, run_dir: Path) -> dict[str, Any]:
         if "test_shuffled" not in data.prepared.parts:
             return {}
-        return {"test_shuffled_words": module.evaluate(data.datamodule.split_loader("test_shuffled")),
+        return {"test_shuffled_words": module.evaluate(data.datamodule.loader("test_shuffled")),
                 "learned_scalars": learned_scalars(module.model)}
 
     def module_from_extras(self, extras: Mapping[str, Any]) -> ChimeraTask:
@@ -515,7 +515,7 @@ class ChimeraSpec(TaskSpec):
 
     def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
         part = getattr(data, "split_part", None) or SPLITS.get(split, split)
-        return {part: data.datamodule.split_loader(part)}
+        return {part: data.datamodule.loader(part)}
 
     def loader(self, data: TaskData, split: str) -> DataLoader:
         """The one evaluation loader of ``split``."""

@@ -454,7 +454,7 @@ class RetrievalSpec(TaskSpec):
     def after_test(self, module: RetrievalTask, data: TaskData, run_dir: Path) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if "test_shuffled" in data.prepared.parts:
-            out["test_shuffled_words"] = module.evaluate(data.datamodule.split_loader("test_shuffled"))
+            out["test_shuffled_words"] = module.evaluate(data.datamodule.loader("test_shuffled"))
         if data.prepared.references:
             out["references"] = data.prepared.references
         return out
@@ -488,7 +488,7 @@ class RetrievalSpec(TaskSpec):
 
     def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
         part = getattr(data, "split_part", None) or SPLITS.get(split, split)
-        return {part: data.datamodule.split_loader(part)}
+        return {part: data.datamodule.loader(part)}
 
     def loader(self, data: TaskData, split: str) -> DataLoader:
         """The one evaluation loader of ``split``."""
