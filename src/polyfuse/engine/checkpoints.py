@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
@@ -33,6 +33,7 @@ from polyfuse.engine.rundir import atomic_temp_path
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "CheckpointExtras",
     "SafetensorsCheckpointIO",
     "SafetensorsModelCheckpoint",
     "check_extras",
@@ -160,6 +161,18 @@ def checkpoint_epoch(path: str | Path) -> int | None:
     except (SafetensorError, OSError, json.JSONDecodeError, AttributeError):
         return None
     return int(epoch) + 1 if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+class CheckpointExtras(Callback):
+    """Writes a run's checkpoint extras (its task spec's ``checkpoint_extras``: the
+    resolved configuration, vocabularies, statistics) into every checkpoint under
+    ``"polyfuse"``, whatever the task's Lightning module."""
+
+    def __init__(self, extras: Mapping[str, Any]) -> None:
+        self.extras = dict(extras)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint["polyfuse"] = self.extras
 
 
 class SafetensorsCheckpointIO(CheckpointIO):

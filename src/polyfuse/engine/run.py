@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import Callback
 from polyfuse import __version__
 from polyfuse.engine.build import build_trainer, monitor_of
 from polyfuse.engine.checkpoints import (
+    CheckpointExtras,
     check_extras,
     check_finite_state,
     checkpoint_epoch,
@@ -249,12 +250,14 @@ def _train_in(
     seed_everything(int(config["seed"]))
     data = spec.build_data(config)
     task = spec.build_module(config, data)
-    task.checkpoint_extras = spec.checkpoint_extras(config, data)
+    extras = spec.checkpoint_extras(config, data)
     datamodule, samples = data.datamodule, data.samples
     if resume_checkpoint is not None:
         _check_resume_checkpoint(resume_checkpoint, task, config, spec)
     prepared = spec.prepare_module(task, config, data, resume_checkpoint is not None)
-    trainer, checkpoint = build_trainer(config, run_dir, callbacks=callbacks, steps_per_epoch=data.steps_per_epoch)
+    trainer, checkpoint = build_trainer(
+        config, run_dir, callbacks=[CheckpointExtras(extras), *callbacks], steps_per_epoch=data.steps_per_epoch
+    )
     threads = thread_plan_for(config["trainer"])  # the CLI prints it; results.json records it
     if threads.oversubscribed and not is_worker():
         warnings.warn(threads.describe(), stacklevel=2)

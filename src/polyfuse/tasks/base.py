@@ -130,9 +130,6 @@ class FusionTask(L.LightningModule):
         self.max_epochs = max_epochs
         self.optimizer_name = optimizer
         self.stage_metrics = nn.ModuleDict({"val": self.make_metrics(), "test": self.make_metrics()})
-        # What the engine wants stored beside the weights (configuration,
-        # standardisation statistics, label encoding): see on_save_checkpoint.
-        self.checkpoint_extras: dict[str, Any] = {}
 
     # ---- what a task defines ------------------------------------------------------
     @property
@@ -202,5 +199,3 @@ class FusionTask(L.LightningModule):
             scheduler=self.scheduler, max_epochs=self.max_epochs,
         )  # fmt: skip
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["polyfuse"] = self.checkpoint_extras

@@ -68,7 +68,6 @@ class CaptioningTask(L.LightningModule):
         self.references: Mapping[str, Sequence[str]] = {}  # set by the engine before testing
         self.generated: dict[str, str] = {}  # video -> caption, filled by test / predict
         self.test_details: dict[str, Any] = {}
-        self.checkpoint_extras: dict[str, Any] = {}
 
     # ---- losses -----------------------------------------------------------------
     def _loss(self, batch: Mapping[str, Any], smoothing: float) -> Tensor:
@@ -148,8 +147,6 @@ class CaptioningTask(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["polyfuse"] = self.checkpoint_extras
 
 
 # -- configuration: the captioning and decoder sections -----------------------------------

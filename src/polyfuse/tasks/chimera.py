@@ -213,7 +213,6 @@ class ChimeraTask(L.LightningModule):
         object.__setattr__(self, "encoder", encoder)  # not a submodule: frozen, not in the checkpoint
         object.__setattr__(self, "lm_head", None)  # set by ChimeraSpec.prepare_module
         self.held_out: list[tuple[Tensor, ...]] | None = None  # fixed masked validation captions (held-out L_T)
-        self.checkpoint_extras: dict[str, Any] = {}  # set by the engine; written into every checkpoint
         self._masks = torch.Generator().manual_seed(self.seed)
         self._seen: dict[str, list] = {}
 
@@ -321,8 +320,6 @@ class ChimeraTask(L.LightningModule):
         self.train(was_training)
         return self._metrics(chance=chance)
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["polyfuse"] = self.checkpoint_extras
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = [{"params": list(self.model.parameters())}]

@@ -152,7 +152,6 @@ class RetrievalTask(L.LightningModule):
         # whole-split ranking, per stage (the chance recalls at test only)
         self.stage_metrics = torch.nn.ModuleDict({"val": TextVideoRetrieval(chunk_size=self.chunk_size, chance=False),
                                                   "test": TextVideoRetrieval(chunk_size=self.chunk_size, chance=True)})
-        self.checkpoint_extras: dict[str, Any] = {}  # set by the engine; written into every checkpoint
 
     # ---- steps ----------------------------------------------------------------------
     def _sentences(self, batch: Mapping[str, Any]) -> Tensor:
@@ -227,8 +226,6 @@ class RetrievalTask(L.LightningModule):
         self.train(was_training)
         return self._compute(metric)
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["polyfuse"] = self.checkpoint_extras
 
     # ---- optimiser ------------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -73,7 +73,6 @@ class VQATask(L.LightningModule):
         self.lr, self.weight_decay, self.scheduler, self.max_epochs = float(lr), float(weight_decay), scheduler, max_epochs
         self.optimizer_name = optimizer
         self.stage_metrics = nn.ModuleDict({"val": VQAScore(type_names), "test": VQAScore(type_names)})
-        self.checkpoint_extras: dict[str, Any] = {}
 
     def forward(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         logits, attention = self.model(batch["tokens"], batch["image"], batch["boxes"])
@@ -126,7 +125,6 @@ class VQATask(L.LightningModule):
     # The same optimiser (AdamW or ban-vqa's Adamax, no decay on biases), schedule and
     # checkpoint extras as every task.
     configure_optimizers = FusionTask.configure_optimizers
-    on_save_checkpoint = FusionTask.on_save_checkpoint
 
 
 # -- configuration: data.vqa and model.vqa -----------------------------------------------
