@@ -307,8 +307,10 @@ class ChimeraTask(L.LightningModule):
     def on_predict_epoch_start(self) -> None:
         self._start()
 
-    def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
+    def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> dict[str, Any]:
+        """Keeps the chunk's vectors (the spec's ``records`` ranks them all); nothing per batch."""
         self._collect(batch)
+        return {}
 
     def evaluate(self, loader: DataLoader, *, chance: bool = True) -> dict[str, float]:
         """The metrics of one split's chunks, outside a Trainer (eval mode, float32)."""
