@@ -521,8 +521,9 @@ def _residual_chain_by_glimpses(x_features, y, attention, y_weight, y_bias, proj
     return stream
 
 
+@pytest.mark.parametrize("one_product", [True, False])
 @pytest.mark.parametrize(("pool", "glimpses"), [(1, 3), (2, 2), (1, 1)])
-def test_residual_glimpses_equal_the_glimpse_loop_on_the_whole_stream(pool, glimpses):
+def test_residual_glimpses_equal_the_glimpse_loop_on_the_whole_stream(pool, glimpses, one_product):
     """The batched chain (a residual r per sample, one product for V'_g^T y_j and for
     A_g^T relu(X^T U'_g) of all glimpses) against the per-glimpse loop it replaces."""
     g = torch.Generator().manual_seed(3)
@@ -538,14 +539,15 @@ def test_residual_glimpses_equal_the_glimpse_loop_on_the_whole_stream(pool, glim
         torch.randn(glimpses, dim_y, hidden, generator=g, dtype=DTYPE),
         torch.randn(glimpses, dim_y, generator=g, dtype=DTYPE),
     )
-    residual = bilinear_residual_glimpses(x_features, y, attention, *weights, pool=pool)
+    residual = bilinear_residual_glimpses(x_features, y, attention, *weights, pool=pool, one_product=one_product)
     expected = _residual_chain_by_glimpses(x_features, y, attention, *weights, pool)
     assert residual.shape == (batch, 1, dim_y)
     torch.testing.assert_close(y + residual, expected, rtol=1e-12, atol=1e-12)
     # every glimpse counts: the chain of the first G - 1 glimpses differs
     if glimpses > 1:
         shorter = bilinear_residual_glimpses(
-            x_features[:, :, :-1], y, attention[:, :-1], *(w[:-1] for w in weights), pool=pool
+            x_features[:, :, :-1], y, attention[:, :-1], *(w[:-1] for w in weights), pool=pool,
+            one_product=one_product,
         )
         assert not torch.allclose(shorter, residual)
 

@@ -212,19 +212,24 @@ def test_options_defaults_and_their_checks():
         BAN([X_DIM, Y_DIM], 4, attention_dropout=-0.1)
 
 
-def test_operation_counts_at_the_sizes_of_issue_26():
+def test_operation_counts_at_the_sizes_of_issue_26(monkeypatch):
     """Operations dispatched by one forward (eval, no_grad) and one forward+backward at the
     sizes of issue 26 (out_dim 8, batch 8, inputs of sizes 300 and 74, lengths 20 and 30,
-    random padding): 325 and 1,252 before the glimpses were batched (main 71d5fea).
-    Deterministic; see `polyfuse bench ops`."""
+    random padding) on the batched chain that CUDA takes (forced here): 325 and 1,252
+    before the glimpses were batched (main 71d5fea), 151 and 498 with them batched
+    (4f01894), 160 and 558 since the stacked weights are split once and the residual takes
+    2-d products (issue 40: 2-3x less time and 2 GB less memory at the VQA size). The CPU's
+    glimpse loop dispatches more (290 and 835) for less time there. Deterministic; see
+    `polyfuse bench ops`."""
     from polyfuse.bench.dispatch import OpsSettings, count_module_operations, ops_inputs
 
+    monkeypatch.setattr("polyfuse.nn.ban.chain_on", lambda device: True)
     settings = OpsSettings()
     torch.manual_seed(0)
     model = create("ban", input_dims=list(settings.dims[:2]), out_dim=settings.out_dim)
     forward, forward_backward = count_module_operations(model, *ops_inputs(settings, 2))
-    assert forward.total <= 151
-    assert forward_backward.total <= 498
+    assert forward.total <= 160
+    assert forward_backward.total <= 558
     assert forward.by_name["aten._weight_norm_interface"] == 3  # U'_g, V'_g, P_g: one each
 
 
@@ -264,9 +269,10 @@ def test_state_dicts_of_the_per_glimpse_layout_still_load():
         fresh.load_state_dict(old)
 
 
-def test_the_glimpse_loop_with_dropout_equals_the_batched_chain_without():
+def test_the_glimpse_loop_with_dropout_equals_the_batched_chain_without(monkeypatch):
     """Training with dropout runs the glimpses one by one on the whole stream; with the
-    dropout off it must give the batched chain's answer."""
+    dropout off on CUDA it must give the batched chain's answer (the chain forced here)."""
+    monkeypatch.setattr("polyfuse.nn.ban.chain_on", lambda device: True)
     model = _model(out_dim=4, hidden_dim=4, joint_pool=2).double()
     x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
     batched = model([x, y], masks=[x_mask, y_mask], return_details=True)
@@ -276,3 +282,27 @@ def test_the_glimpse_loop_with_dropout_equals_the_batched_chain_without():
     torch.testing.assert_close(looped.fused, batched.fused, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(looped.sequences[1], batched.sequences[1], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(looped.attention, batched.attention, rtol=0, atol=0)
+
+
+def test_the_cpu_takes_the_glimpse_loop_without_dropout(monkeypatch):
+    """In evaluation the CPU runs the glimpse loop (faster there, issue 40), with the same
+    answer as the chain; and with gradients too (the loop builds the weights by the fused
+    weight norm, without them it scales the products)."""
+    from polyfuse.nn import ban as ban_module
+
+    assert not ban_module.chain_on(torch.device("cpu")) and ban_module.chain_on(torch.device("cuda"))
+    model = _model(out_dim=4, hidden_dim=4, joint_pool=2).double()
+    x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
+    calls = []
+    loop = ban_module.BAN._glimpses_with_dropout
+    monkeypatch.setattr(ban_module.BAN, "_glimpses_with_dropout", lambda *a: calls.append(1) or loop(*a))
+    looped = model([x, y], masks=[x_mask, y_mask], return_details=True)
+    with torch.no_grad():
+        looped_without_grad = model([x, y], masks=[x_mask, y_mask], return_details=True)
+    assert len(calls) == 2
+    monkeypatch.setattr(ban_module, "chain_on", lambda device: True)
+    chained = model([x, y], masks=[x_mask, y_mask], return_details=True)
+    assert len(calls) == 2
+    for other in (looped, looped_without_grad):
+        torch.testing.assert_close(other.fused, chained.fused, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(other.sequences[1], chained.sequences[1], rtol=1e-12, atol=1e-12)

@@ -22,17 +22,19 @@ Eq. 11 is the question X, i.e. the second input y here:
 Every linear map is weight-normalised over the whole matrix (weight norm with
 ``dim=None``) as in the reference, and preceded by dropout. The per-glimpse maps U'_g,
 V'_g and P_g are stored stacked (:class:`GlimpseLinears`), so that each side is one
-batched product. Without dropout (evaluation, or ``dropout=0``) the glimpse loop
-works on (B, d_y) vectors only: the update of Eq. 11 is the same for every token of y,
+batched product. Without dropout (evaluation, or ``dropout=0``) on CUDA (:func:`chain_on`)
+the glimpse loop works on (B, d_y) vectors only: the update of Eq. 11 is the same for every token of y,
 so y after glimpse g is y + r_g and V'_g^T (y_j + r_g) = V'_g^T y_j + V'_g^T r_g (see
 :func:`polyfuse.functional.bilinear_residual_glimpses`). With dropout in training, which
 draws a mask over the whole stream for each glimpse, the glimpses run one after the
-other on the (B, T_y, d_y) stream as in the reference.
+other on the (B, T_y, d_y) stream as in the reference; on the CPU so do the glimpses
+without dropout, which is faster there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -82,6 +84,20 @@ class _Glimpse(NamedTuple):
         return F.linear(tensor, self.weight, self.bias)
 
 
+def chain_on(device: torch.device) -> bool:
+    """Whether BAN without dropout runs the residual chain on (B, d_y) vectors
+    (:func:`polyfuse.functional.bilinear_residual_glimpses`: fewer, larger launches) rather
+    than the glimpse loop on the whole stream. On the CPU the loop is faster: at the VQA
+    size (issue 40, one thread) forward+backward took 0.73x ban-vqa's time against 0.88x,
+    forward the same; the chain's large (B T_x, G R) intermediates are fresh pages on every
+    call. On CUDA the chain is kept (not measured: no GPU lent to that session)."""
+    return device.type == "cuda"
+
+
+def _scaled_linear(x: Tensor, *, direction: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    return torch.addcmul(bias, F.linear(x, direction), scale)
+
+
 class GlimpseLinears(nn.Module):
     """G weight-normalised linear maps of one shape, one per glimpse, stored stacked.
 
@@ -111,6 +127,23 @@ class GlimpseLinears(nn.Module):
     def weight(self) -> Tensor:
         """The G weights, (G, out, in)."""
         return torch._weight_norm(self.weight_v, self.weight_g, 0)
+
+    def maps(self, count: int) -> list[Callable[[Tensor], Tensor]]:
+        """The first ``count`` maps ``x -> weight[g] x + bias[g]``, split once (indexing the
+        stack per glimpse would make the backward fill and add a zero tensor of the whole
+        stack per glimpse: a third of a training step at the VQA size).
+
+        Without gradients each map computes ``(g_g / ||v_g||_F) (v_g x) + bias[g]``: the gain
+        scales the product instead of v_g, so the (G, out, in) weights are never built (11%
+        of BAN's forward at the VQA size on the CPU). With gradients the weights are built by
+        the fused weight norm, whose backward costs a fifth of the norm's and the scaling's
+        (measured on the CPU, docs/BENCHMARKS.md)."""
+        biases = self.bias.unbind(0)[:count]  # zip stops at the first count glimpses
+        if torch.is_grad_enabled():
+            return [partial(F.linear, weight=w, bias=b) for w, b in zip(self.weight.unbind(0), biases, strict=False)]
+        scales = self.weight_g.flatten() / torch.linalg.vector_norm(self.weight_v, dim=(1, 2))
+        parts = zip(self.weight_v.unbind(0), scales.unbind(0), biases, strict=False)
+        return [partial(_scaled_linear, direction=v, scale=s, bias=b) for v, s, b in parts]
 
     def __len__(self) -> int:
         return self.weight_v.shape[0]
@@ -283,7 +316,7 @@ class BAN(FusionModule):
             layers.append(self.output_projection)
         weights = _weights_of(layers)
         attention = self._attention_maps(x, y, x_mask, y_mask, *weights[:3])  # 0 at padded pairs
-        if self.training and self.dropout > 0:
+        if (self.training and self.dropout > 0) or not chain_on(x.device):
             stream = self._glimpses_with_dropout(x, y, attention)
             # Sum over the real tokens of y (the reference's q_emb.sum(1)), (B, d_y).
             fused = stream.masked_fill(~y_mask.unsqueeze(-1), 0.0).sum(dim=1)
@@ -320,19 +353,19 @@ class BAN(FusionModule):
         """The residual stream after the last glimpse, (B, T_y, d_y), one glimpse after the
         other with its own dropout on x, on the stream and on f'_g, in the reference's
         order of random draws (BAN Eq. 11, 12)."""
-        joint_x, joint_y = self.joint_x.weight, self.joint_y.weight
-        projections = self.joint_projections.weight
+        joint_x, joint_y, projections = (layers.maps(self.glimpses) for layers in (
+            self.joint_x, self.joint_y, self.joint_projections))
         stream = y  # the residual stream, (B, T_y, d_y)
         for glimpse in range(self.glimpses):
-            x_features = F.relu(F.linear(self._drop(x), joint_x[glimpse], self.joint_x.bias[glimpse]))
-            y_features = F.relu(F.linear(self._drop(stream), joint_y[glimpse], self.joint_y.bias[glimpse]))
+            x_features = F.relu(joint_x[glimpse](self._drop(x)))
+            y_features = F.relu(joint_y[glimpse](self._drop(stream)))
             # f'_g: (B, K), BAN Eq. 12. Padded steps were zeroed on entry and the map is 0
             # at padded pairs, so padded steps add nothing.
             joint = bilinear_pooling_of_features(
                 x_features, y_features, attention[:, glimpse], pool=self.joint_pool
             )
             # BAN Eq. 11 (on y, as the reference code): y <- P_g^T f'_g 1^T + y
-            step = F.linear(self._drop(joint), projections[glimpse], self.joint_projections.bias[glimpse])
+            step = projections[glimpse](self._drop(joint))
             stream = stream + step.unsqueeze(1)
         return stream
 
