@@ -31,7 +31,7 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
         a sample without any real step gets a zero vector.
     """
     if x.shape[-2] == 1:  # a vector given as a sequence of length 1: no division
-        return torch.where(mask, x.squeeze(-2), torch.zeros((), dtype=x.dtype, device=x.device))
+        return torch.where(mask, x.squeeze(-2), 0.0)
     weights = mask.to(x.dtype).unsqueeze(-1)  # (..., T, 1)
     total = torch.where(mask.unsqueeze(-1), x, torch.zeros_like(x)).sum(dim=-2)  # (..., d)
     count = weights.sum(dim=-2).clamp_min(1.0)  # (..., 1)

@@ -95,7 +95,10 @@ class PooledSubnetwork(nn.Module):
         self.layers = _linear_stack(input_dim, hidden_dim, layers, activation=True)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        return self.layers(self.dropout(masked_mean(x, mask)))  # (B, d) -> (B, h)
+        pooled = masked_mean(x, mask)  # (B, d)
+        if self.training and self.dropout.p > 0:  # two module calls less for the identity
+            pooled = self.dropout(pooled)
+        return self.layers(pooled) if len(self.layers) else pooled  # (B, h)
 
 
 class SequenceSubnetwork(nn.Module):
