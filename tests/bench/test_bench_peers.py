@@ -1,4 +1,5 @@
-"""``polyfuse bench peers``: weight mappings, skipped and refused rows, the CLI.
+"""``polyfuse bench peers``: weight mappings, skipped and refused rows, train mode, peak
+memory, the guard against a baseline (``--against``), the CLI.
 
 The fake peer below is a temporary folder laid out like MultiBench (``fusions/
 common_fusions.py``, ``unimodals/common_models.py``) whose modules are written here
@@ -20,8 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from polyfuse.bench.peer_rows import ROWS, tfn_permutation
-from polyfuse.bench.peers import format_table, peer_commit, run_peers
+from polyfuse.bench.peer_rows import ROWS, Pair, RowSpec, tfn_permutation
+from polyfuse.bench.peers import (
+    compare_to_baseline,
+    format_changes,
+    format_table,
+    peer_commit,
+    run_peers,
+)
 from polyfuse.cli.main import main
 
 _FAKE_FUSIONS = '''
@@ -133,12 +140,12 @@ def test_fake_multibench_rows_equal_and_timed(tmp_path):
         assert rows[name]["status"] == "timed", rows[name]
         assert rows[name]["max_abs_difference"] < 1e-5
         assert rows[name]["max_abs_peer_output"] > 0.1  # not a trivial zero output
-        ratio = rows[name]["timings"]["1"]["forward"]["ratio"]
+        ratio = rows[name]["timings"]["1"]["train"]["forward"]["ratio"]
         assert ratio["rounds"] == 2 and ratio["median"] > 0
     # TFN at batch 3 on both sides: the encoders 3 -> 2, 4 -> 3, 2 -> 1 (2 x 3 x 20 FLOPs), then
     # (2+1)(3+1)(1+1) = 24 fused features through 24 -> 5 -> 2 (2 x 3 x (120 + 10)): 900 each.
     assert rows["tfn"]["forward_flops"] == {"polyfuse": 900, "peer": 900}
-    assert "| 1 |" in format_table(payload) and "MFLOP polyfuse / peer" in format_table(payload)
+    assert "| tfn | 1 | 3 | eval |" in format_table(payload) and "MFLOP polyfuse / peer" in format_table(payload)
     assert payload["peers"]["multibench"]["present"] and payload["peers"]["multibench"]["commit"] is None
     (root / "PEER_COMMIT").write_text("49f9be224f342de005b7f001281f33df4301eb22\n")  # a staged copy's record
     assert peer_commit(root) == "49f9be224f342de005b7f001281f33df4301eb22"
@@ -246,7 +253,7 @@ def test_batch_sizes_run_every_row_at_each_size(tmp_path):
     assert [row["forward_flops"]["polyfuse"] for row in rows] == [600, 900]
     assert payload["settings"]["batch_sizes"] == [2, 3] and payload["settings"]["device"] == "cpu"
     assert all(row["patches"] == [] for row in rows)  # nothing patched on the CPU
-    assert "| tfn | 1 | 3 |" in format_table(payload)
+    assert "| tfn | 1 | 3 | train |" in format_table(payload)
 
 
 def test_pair_moves_modules_loose_weights_and_inputs(tmp_path):
@@ -330,3 +337,176 @@ def test_real_ban_vqa_with_its_cuda_patch_matches_polyfuse():
     with torch.no_grad():
         torch.testing.assert_close(pair.ours(pair.inputs), pair.theirs(pair.inputs), rtol=1e-5, atol=1e-5)
     assert (_PEERS / "ban-vqa" / "attention.py").read_text() == source
+
+
+# ---------------------------------------------------------------------------
+# Train mode, peak memory and the guard against a baseline (issue 40)
+# ---------------------------------------------------------------------------
+
+
+class _ModeRecorder(torch.nn.Module):
+    """A linear layer and dropout that records ``self.training`` at every call."""
+
+    def __init__(self, modes_seen: list[bool]) -> None:
+        super().__init__()
+        self.linear, self.dropout, self.modes_seen = torch.nn.Linear(6, 4), torch.nn.Dropout(0.5), modes_seen
+
+    def forward(self, x):
+        self.modes_seen.append(self.training)
+        return self.dropout(self.linear(x))
+
+
+def _recorder_spec(modes_seen: list[bool]) -> RowSpec:
+    """Both sides the same module on the same weights: equal outputs in eval mode."""
+
+    def build(root, sizes, seed, device):
+        torch.manual_seed(seed)
+        ours, theirs = _ModeRecorder(modes_seen), _ModeRecorder([])
+        theirs.load_state_dict(ours.state_dict())
+        inputs = [torch.randn(sizes["batch"], 6)]
+        return Pair(lambda x: ours(x[0]), lambda x: theirs(x[0]), inputs, [ours, theirs])
+
+    return RowSpec("recorder", "multibench", "a linear layer and dropout on each side", {"batch": 5}, build)
+
+
+def test_each_mode_is_timed_with_the_modules_in_that_mode(tmp_path):
+    seen: list[bool] = []
+    payload = run_peers({"multibench": tmp_path}, specs={"recorder": _recorder_spec(seen)}, **_QUICK)
+    (row,) = payload["rows"]
+    assert row["status"] == "timed" and set(row["timings"]["1"]) == {"eval", "train"}
+    assert set(row["timings"]["1"]["train"]) == {"forward", "forward_backward"}
+    # the comparison (one call), the FLOP count (one), then 2 rounds of each pass in eval, then in train
+    assert seen == [False, False] + [False] * 4 + [True] * 4
+    assert payload["settings"]["modes"] == ["eval", "train"] and "mode" not in payload["settings"]
+    assert "| recorder | 1 | 5 | train |" in format_table(payload)
+
+    seen.clear()
+    payload = run_peers({"multibench": tmp_path}, specs={"recorder": _recorder_spec(seen)}, modes=("eval",),
+                        **_QUICK)
+    assert not any(seen) and set(payload["rows"][0]["timings"]["1"]) == {"eval"}
+    with pytest.raises(ValueError, match="modes must be"):
+        run_peers({"multibench": tmp_path}, specs={"recorder": _recorder_spec(seen)}, modes=("test",), **_QUICK)
+
+
+def test_peak_memory_of_the_rows_asked(tmp_path):
+    seen: list[bool] = []
+    payload = run_peers({"multibench": tmp_path}, specs={"recorder": _recorder_spec(seen)}, memory=("recorder",),
+                        modes=("train",), **_QUICK)
+    memory = payload["rows"][0]["memory"]
+    # the same module on each side: the same bytes (a count, not a sample)
+    assert memory["polyfuse_mib"] > 0 and memory["polyfuse_mib"] == memory["peer_mib"] and memory["ratio"] == 1.0
+    assert not seen[-1]  # measured in eval mode, after the timing in train mode
+    assert "| recorder | 5 | " in format_table(payload).split("Peak memory")[1]
+    assert payload["settings"]["memory_rows"] == ["recorder"]
+    without = run_peers({"multibench": tmp_path}, specs={"recorder": _recorder_spec(seen)}, **_QUICK)
+    assert "memory" not in without["rows"][0] and "Peak memory" not in format_table(without)
+    with pytest.raises(ValueError, match="unknown rows"):
+        run_peers({"multibench": tmp_path}, specs={"recorder": _recorder_spec(seen)}, memory=("ban",), **_QUICK)
+
+
+def _timed_row(name: str, ratios: dict[tuple[int, str, str], float], memory: float | None = None) -> dict:
+    timings: dict = {}
+    for (threads, mode, name_of_pass), ratio in ratios.items():
+        timings.setdefault(str(threads), {}).setdefault(mode, {})[name_of_pass] = {"ratio": {"median": ratio}}
+    row = {"name": name, "batch": 32, "status": "timed", "timings": timings}
+    if memory is not None:
+        row["memory"] = {"polyfuse_mib": 80.0 * memory, "peer_mib": 80.0, "ratio": memory}
+    return row
+
+
+def _result(*rows: dict) -> dict:
+    return {"benchmark": "peers", "settings": {"device": "cpu", "threads": [1], "modes": ["eval"],
+                                               "batch_sizes": None, "memory_rows": []}, "rows": list(rows)}
+
+
+def _changes(old: float, new: float) -> list:
+    key = (1, "eval", "forward_backward")
+    return compare_to_baseline(_result(_timed_row("ban_vqa", {key: new})), _result(_timed_row("ban_vqa", {key: old})))
+
+
+def test_a_ratio_fails_when_much_worse_or_crossing_one():
+    assert not _changes(0.80, 0.88)[0].failed  # 10% worse
+    worse = _changes(0.80, 0.96)[0]  # 20% worse
+    assert worse.failed and worse.reason == "more than 15% worse"
+    crossed = _changes(0.95, 1.02)[0]  # under 15% but now slower than the peer
+    assert crossed.failed and crossed.reason == "crossed 1.0"
+    assert not _changes(1.05, 1.08)[0].failed  # under 15%, already above 1
+    assert not _changes(1.30, 0.70)[0].failed  # better
+    assert _changes(0.50, 1.20)[0].reason == "more than 15% worse; crossed 1.0"
+    change = _changes(0.80, 0.96)[0]
+    assert (change.row, change.threads, change.mode, change.measure) == ("ban_vqa b32", 1, "eval", "forward_backward")
+
+
+def test_missing_ratios_are_reported_not_failed_and_memory_is_held_too():
+    forward = (1, "eval", "forward")
+    baseline = _result(_timed_row("ban_vqa", {forward: 0.9, (2, "eval", "forward"): 0.9}, memory=0.8),
+                       _timed_row("lmf", {forward: 0.9}))
+    payload = _result(_timed_row("ban_vqa", {forward: 0.9, (1, "train", "forward"): 0.9}, memory=1.1),
+                      {"name": "lmf", "batch": 32, "status": "skipped", "note": "no checkout at /x"},
+                      _timed_row("tfn", {forward: 1.2}))
+    changes = {(c.row, c.threads, c.mode, c.measure): c for c in compare_to_baseline(payload, baseline)}
+    assert [key for key, change in changes.items() if change.failed] == [("ban_vqa b32", None, None, "memory")]
+    assert changes[("ban_vqa b32", None, None, "memory")].reason == "more than 15% worse; crossed 1.0"
+    assert changes[("ban_vqa b32", 2, "eval", "forward")].reason == "not measured now"
+    assert changes[("ban_vqa b32", 1, "train", "forward")].reason == "not measured in the baseline"
+    assert changes[("lmf b32", 1, "eval", "forward")].reason == "skipped now: no checkout at /x"
+    assert changes[("tfn b32", 1, "eval", "forward")].reason == "row not in the baseline"
+    # a row whose outputs now differ from the peer's fails: it is not timed any more
+    refused = {"name": "lmf", "batch": 32, "status": "refused", "note": "outputs differ by 0.4 (> 1e-05): not timed"}
+    (change,) = compare_to_baseline(_result(refused), _result(_timed_row("lmf", {forward: 0.9})))
+    assert change.failed and change.reason.startswith("refused now: outputs differ")
+
+
+def test_format_changes_one_line_per_ratio():
+    key = (1, "eval", "forward_backward")
+    changes = compare_to_baseline(_result(_timed_row("ban_vqa", {key: 0.81})), _result(_timed_row("ban_vqa", {key: 0.79})))
+    assert format_changes(changes) == ["ban_vqa b32  t1 eval  fwd+bwd  0.79 -> 0.81  (+2.5%)"]
+    assert format_changes(_changes(0.80, 0.96))[0].endswith("(+20.0%)  FAIL: more than 15% worse")
+
+
+def test_cli_against_a_result_file_exits_1_on_a_regression(tmp_path, capsys):
+    key = (1, "eval", "forward")
+    old, good, bad = tmp_path / "old.json", tmp_path / "good.json", tmp_path / "bad.json"
+    old.write_text(json.dumps(_result(_timed_row("ban_vqa", {key: 0.8}), _timed_row("lmf", {key: 0.9}))))
+    good.write_text(json.dumps(_result(_timed_row("ban_vqa", {key: 0.85}), _timed_row("lmf", {key: 0.7}))))
+    bad.write_text(json.dumps(_result(_timed_row("ban_vqa", {key: 0.85}), _timed_row("lmf", {key: 1.01}))))
+    assert main(["bench", "peers", "--against", str(old), "--result", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "ban_vqa b32  t1 eval  fwd      0.80 -> 0.85  (+6.2%)" in out and "no regression: 2 ratios compared" in out
+    assert main(["bench", "peers", "--against", str(old), "--result", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert "lmf b32      t1 eval  fwd      0.90 -> 1.01  (+12.2%)  FAIL: crossed 1.0" in captured.out
+    assert captured.err.strip() == f"polyfuse bench peers: 1 of 2 ratios regressed against {old}: lmf b32"
+    assert not list(tmp_path.glob("*.md"))  # nothing measured, nothing written
+
+
+def test_cli_refuses_a_baseline_of_the_old_format_or_another_benchmark(tmp_path, capsys):
+    old, ops = tmp_path / "old.json", tmp_path / "ops.json"
+    old.write_text(json.dumps({"benchmark": "peers", "settings": {"mode": "eval, float32"}, "rows": []}))
+    ops.write_text(json.dumps({"benchmark": "ops", "settings": {}, "rows": []}))
+    assert main(["bench", "peers", "--against", str(old), "--result", str(old)]) == 2
+    assert "measured before train mode was timed" in capsys.readouterr().err
+    assert main(["bench", "peers", "--against", str(ops), "--result", str(old)]) == 2
+    assert "is not a 'peers' result (benchmark 'ops')" in capsys.readouterr().err
+    assert main(["bench", "peers", "--result", str(old)]) == 2
+    assert "give both" in capsys.readouterr().err
+
+
+def test_cli_against_measures_what_the_baseline_measured(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(ROWS, "recorder", _recorder_spec([]))
+    baseline = _result(_timed_row("recorder", {(1, "train", "forward"): 50.0, (1, "train", "forward_backward"): 50.0}))
+    baseline["rows"][0]["batch"] = 5
+    baseline["settings"] |= {"modes": ["train"], "memory_rows": ["recorder"]}
+    baseline["rows"][0]["memory"] = {"polyfuse_mib": 1.0, "peer_mib": 1.0, "ratio": 1.0}
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(baseline))
+    out = tmp_path / "results"
+    code = main(["bench", "peers", "--multibench", str(tmp_path), "--against", str(path), "--repeats", "1",
+                 "--warmup", "0", "--output-dir", str(out), "--quiet"])
+    payload = json.loads((out / "peers.json").read_text())
+    assert [row["name"] for row in payload["rows"]] == ["recorder"]
+    assert payload["settings"]["threads"] == [1] and payload["settings"]["modes"] == ["train"]
+    assert payload["settings"]["memory_rows"] == ["recorder"] and payload["rows"][0]["memory"]["ratio"] == 1.0
+    assert code == 0  # ratios of about 1 against 50: better; the memory ratio is a count: the same
+    assert "recorder b5  t1 train fwd+bwd  50.00 -> " in capsys.readouterr().out
+    assert f"--against {path}" in (out / "peers.md").read_text()

@@ -11,7 +11,10 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polyfuse.bench.peers import Change
 
 __all__ = ["add_parser", "run"]
 
@@ -202,8 +205,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "modules are imported unchanged from the checkouts given; each side gets the "
             "same weights; a row whose outputs differ beyond --tolerance is not timed. "
             "Forward and forward+backward are timed in interleaved rounds at each thread "
-            "count; the ratio polyfuse / peer (below 1: polyfuse faster) is the median over "
-            "rounds with its quartiles. A row whose checkout is missing is skipped."
+            "count, in eval and in train mode; the ratio polyfuse / peer (below 1: polyfuse "
+            "faster) is the median over rounds with its quartiles. A row whose checkout is "
+            "missing is skipped. With --against, the result is held against a baseline: exit "
+            "status 1 when a ratio is more than 15% worse or crosses 1.0."
         ),
     )
     peers.add_argument("--man", type=Path, default=None, help="checkout of github.com/wangzih98/MAN")
@@ -219,6 +224,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="run every row at each of these batch sizes, e.g. '32 512' (default: each row's own, 32)")
     peers.add_argument("--thread-counts", type=_ints, default=None,
                        help="intra-op threads, each in turn (default '1 2' on the CPU, torch's count on CUDA)")
+    peers.add_argument("--modes", type=_words, default=None,
+                       help="the modules' modes to time, each in turn, of: eval train (default 'eval train')")
+    peers.add_argument("--memory", type=_words, default=None, metavar="ROWS",
+                       help="rows whose peak memory of one forward+backward per side is measured "
+                            "(default 'ban_vqa ban_small'; 'none': no row)")
+    peers.add_argument("--against", type=Path, default=None, metavar="BASELINE.json",
+                       help="hold the result against an earlier one (the same rows, batch sizes, threads, modes "
+                            "and memory rows unless given): one line per ratio, exit status 1 when one is more "
+                            "than 15%% worse or crosses 1.0")
+    peers.add_argument("--result", type=Path, default=None, metavar="NEW.json",
+                       help="with --against: compare this result file with the baseline, measuring nothing")
     peers.add_argument("--repeats", type=int, default=15, help="timed rounds (default 15)")
     peers.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     peers.add_argument("--tolerance", type=float, default=1e-5,
@@ -467,7 +483,13 @@ def _compile(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    from polyfuse.bench.peers import format_table, markdown_report, run_peers
+    from polyfuse.bench.peers import (
+        MODES,
+        compare_to_baseline,
+        format_table,
+        markdown_report,
+        run_peers,
+    )
 
     if args.threads is not None:
         raise ValueError("bench peers: use --thread-counts (it times every count in turn), not --threads")
@@ -477,13 +499,26 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
     device = bench_device(args.device)
     on_gpu = device.type == "cuda"
-    default_threads = (torch.get_num_threads(),) if on_gpu else (1, 2)
-    threads = default_threads if args.thread_counts is None else args.thread_counts
+    # What is not given: the baseline's with --against, else the defaults.
+    chosen = {"rows": None, "threads": (torch.get_num_threads(),) if on_gpu else (1, 2), "batch_sizes": None,
+              "modes": MODES, "memory": ("ban_vqa", "ban_small")}
+    baseline = _peers_baseline(args)
+    if baseline is not None:
+        settings = baseline["settings"]
+        if torch.device(settings["device"]).type != device.type:
+            raise ValueError(f"{args.against} was measured on {settings['device']}, this run is on {device}")
+        chosen |= {"rows": list(dict.fromkeys(row["name"] for row in baseline["rows"])),
+                   "threads": settings["threads"], "batch_sizes": settings["batch_sizes"],
+                   "modes": settings["modes"], "memory": settings["memory_rows"]}
+    given = {"rows": args.rows, "threads": args.thread_counts, "batch_sizes": args.batch_sizes, "modes": args.modes,
+             "memory": None if args.memory is None else [row for row in args.memory if row != "none"]}
+    chosen |= {key: value for key, value in given.items() if value is not None}
     paths = {"man": args.man, "ban_vqa": args.ban_vqa, "multibench": args.multibench}
-    payload = run_peers(paths, rows=args.rows, threads=threads, warmup=args.warmup,
-                        repeats=args.repeats, tolerance=args.tolerance, time_unequal=args.time_unequal,
-                        profile=args.profile, progress=_progress(args), device=device,
-                        batch_sizes=args.batch_sizes)
+    payload = run_peers(paths, **chosen, warmup=args.warmup, repeats=args.repeats, tolerance=args.tolerance,
+                        time_unequal=args.time_unequal, profile=args.profile, progress=_progress(args),
+                        device=device)
+    if baseline is not None:
+        args.changes = compare_to_baseline(payload, baseline)
     print(format_table(payload))
     words = ["polyfuse bench peers"] + [f"--{key.replace('_', '-')} {value}" for key, value in paths.items()
                                          if value is not None]
@@ -495,6 +530,12 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         words.append("--batch-sizes '" + " ".join(map(str, args.batch_sizes)) + "'")
     if args.thread_counts is not None:
         words.append("--thread-counts '" + " ".join(map(str, args.thread_counts)) + "'")
+    if args.modes is not None:
+        words.append("--modes '" + " ".join(args.modes) + "'")
+    if args.memory is not None:
+        words.append("--memory '" + " ".join(args.memory) + "'")
+    if args.against is not None:
+        words.append(f"--against {args.against}")
     for option, default in (("repeats", 15), ("warmup", 3), ("tolerance", 1e-5), ("profile", 0)):
         if getattr(args, option) != default:
             words.append(f"--{option} {getattr(args, option)}")
@@ -507,6 +548,34 @@ def _peers(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     report.write_text(markdown_report(payload, command), encoding="utf-8")
     print(f"wrote {report}")
     return payload, None
+
+
+def _peers_baseline(args: argparse.Namespace) -> dict[str, Any] | None:
+    from polyfuse.bench.peers import read_peers_result
+
+    if args.result is not None and args.against is None:
+        raise ValueError("bench peers: --result NEW.json is compared with --against BASELINE.json; give both")
+    return None if args.against is None else read_peers_result(args.against)
+
+
+def _report_changes(changes: list[Change], baseline: Path) -> int:
+    """Print the ratios against the baseline; 1 (and a line on stderr naming the rows)
+    when one regressed, else 0."""
+    from polyfuse.bench.peers import format_changes
+
+    print(f"against {baseline} (polyfuse / peer; a regression: more than 15% worse, or crossing 1.0):")
+    for line in format_changes(changes):
+        print(line)
+    failed = [change for change in changes if change.failed]
+    if failed:
+        rows = ", ".join(dict.fromkeys(change.row for change in failed))
+        print(f"polyfuse bench peers: {len(failed)} of {len(changes)} ratios regressed against {baseline}: {rows}",
+              file=sys.stderr)
+        return 1
+    missing = sum(change.old is None or change.new is None for change in changes)
+    print(f"no regression: {len(changes) - missing} ratios compared" + (
+        f", {missing} missing on one side" if missing else ""))
+    return 0
 
 
 def _ops(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -531,6 +600,11 @@ def run(args: argparse.Namespace) -> int:
 
     from polyfuse.bench.results import write_results
 
+    if args.benchmark == "peers" and args.result is not None:  # two results compared, nothing measured
+        from polyfuse.bench.peers import compare_to_baseline, read_peers_result
+
+        baseline = _peers_baseline(args)
+        return _report_changes(compare_to_baseline(read_peers_result(args.result), baseline), args.against)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError("--threads must be >= 1")
@@ -550,4 +624,6 @@ def run(args: argparse.Namespace) -> int:
             verdict = "pass" if target["passed"] else "FAIL"
             print(f"{name}: {target['value']:.3g} (target {target['direction']} "
                   f"{target['threshold']}) {verdict}")
+    if args.benchmark == "peers" and args.against is not None:
+        return _report_changes(args.changes, args.against)
     return 0

@@ -11,7 +11,8 @@ Exit codes (documented in docs/RELIABILITY.md):
   a directory, ... (one line naming the path);
 - 4: training diverged (NaN / Inf loss or weights);
 - 130: interrupted (Ctrl-C); a training run says how to resume it;
-- 1: an unexpected error (a bug: a traceback is printed).
+- 1: an unexpected error (a bug: a traceback is printed); also ``polyfuse bench peers
+  --against`` when a ratio regressed against the baseline (docs/TESTING.md).
 """
 
 from __future__ import annotations
