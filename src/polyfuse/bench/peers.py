@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from polyfuse.bench.dispatch import source_commit
 from polyfuse.bench.measure import (
     LoadMonitor,
     bench_device,
@@ -327,7 +328,7 @@ def run_peers(
                 "warmup": warmup, "repeats": repeats, "tolerance": tolerance, "time_unequal": time_unequal,
                 "seed": seed}
     payload = result_header("peers", settings, device)
-    payload |= {"peers": peers, "rows": results}
+    payload |= {"commit": source_commit(), "peers": peers, "rows": results}
     return payload
 
 
@@ -468,7 +469,7 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
               f"Machine: {_gpu_text(machine)}{machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']}, "
               f"Python {machine['python']}; thread counts {settings['threads']} (intra-op, set in turn), "
               f"{settings['interop_threads']} inter-op; measured {payload['created']} (polyfuse "
-              f"{payload['polyfuse']}).", ""]
+              f"{payload['polyfuse']}, commit {payload.get('commit') or 'unknown'}).", ""]
     if loads:
         busy = [load["machine_busy"] for load in loads if load.get("machine_busy") is not None]
         others = [load["others"] for load in loads if load.get("others") is not None]
