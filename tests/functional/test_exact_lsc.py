@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from polyfuse.functional import lsc_sum
 from polyfuse.functional import multilinear as ML
 
 DOUBLE = torch.float64
@@ -104,9 +105,17 @@ def oracle(features, values, mask, matrix, lengths, chunks, scale, temperature=0
     return (torch.stack(outputs).reshape(*shape, -1), [torch.stack(mg).reshape(*shape, -1) for mg in marginals])
 
 
-@pytest.mark.parametrize(("lengths", "chunks"), [((3, 4), 2), ((2, 3, 4), 3), ((3, 3, 3), 4), ((2, 3, 2, 3), 2)])
+@pytest.fixture(params=["dense", "histograms"])
+def algorithm(request, monkeypatch):
+    """Either way of summing over the chunk tuples, forced (lsc_sum.DENSE_ADVANTAGE)."""
+    monkeypatch.setattr(lsc_sum, "DENSE_ADVANTAGE", math.inf if request.param == "dense" else 0.0)
+    return request.param
+
+
+@pytest.mark.parametrize(("lengths", "chunks"), [((3, 4), 2), ((2, 3, 4), 3), ((3, 3, 3), 4), ((2, 3, 2, 3), 2),
+                                                 ((1, 2, 3, 2, 1), 3)])
 @pytest.mark.parametrize("padded", [True, False])
-def test_exact_lsc_equals_the_tuple_oracle(lengths, chunks, padded):
+def test_exact_lsc_equals_the_tuple_oracle(lengths, chunks, padded, algorithm):
     features, values, mask, matrix = make_case(lengths, chunks=chunks, padded=padded)
     output, marginals = fast(features, values, mask if padded else None, matrix, lengths, chunks, 0.8)
     expected_output, expected_marginals = oracle(features, values, mask, matrix, lengths, chunks, 0.8)
@@ -117,7 +126,7 @@ def test_exact_lsc_equals_the_tuple_oracle(lengths, chunks, padded):
 
 @pytest.mark.parametrize("attention", [True, False])  # autograd path / the custom backward
 @pytest.mark.parametrize("padded", [True, False])
-def test_exact_lsc_gradients_equal_the_oracle_gradients(attention, padded):
+def test_exact_lsc_gradients_equal_the_oracle_gradients(attention, padded, algorithm):
     lengths, chunks = (2, 3, 3), 3
     features, values, mask, matrix = make_case(lengths, batch=2, value_dim=3, chunks=chunks, padded=padded)
     weights = torch.randn((*features.shape[:2], values.shape[-1]), dtype=DOUBLE)
@@ -147,13 +156,14 @@ def test_estimated_lsc_equals_the_features_with_the_codes_appended():
     torch.testing.assert_close(output, expected, rtol=1e-12, atol=1e-12)
 
 
-def test_beyond_the_tuple_limit_the_lsc_part_is_estimated(monkeypatch):
+def test_beyond_the_work_limit_the_lsc_part_is_estimated(monkeypatch):
     lengths, chunks = (3, 4, 2), 3
     features, values, mask, matrix = make_case(lengths, chunks=chunks)
     estimated = fast(features, values, mask, matrix, lengths, chunks, 0.9, attention=False, exact_lsc=False)
     exact = fast(features, values, mask, matrix, lengths, chunks, 0.9, attention=False)
     assert (exact - estimated).abs().max() > 1e-3  # the two paths differ here
-    monkeypatch.setattr(ML, "EXACT_LSC_TUPLES", chunks**3 - 1)
+    work = lsc_sum.lsc_sum_of(lengths, chunks, 0.9, 0.6, DOUBLE, "cpu").plan.work
+    monkeypatch.setattr(ML, "EXACT_LSC_WORK", work - 1)
     beyond = fast(features, values, mask, matrix, lengths, chunks, 0.9, attention=False)
     torch.testing.assert_close(beyond, estimated, rtol=0, atol=0)
 
@@ -245,17 +255,91 @@ def test_the_custom_backward_when_only_one_input_needs_a_gradient(needs):
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)
 
 
-def test_lsc_log_kappa_is_the_pair_sum_less_its_largest_kept_per_arguments():
-    chunks, scale, temperature = 3, 0.7, 0.4
-    table = ML.lsc_log_kappa(chunks, scale, temperature, 3, torch.float32, "cpu")
-    assert table.dtype == torch.float32 and table.shape == (3, 3, 3)
-    logits = torch.zeros(3, 3, 3, dtype=DOUBLE)
-    for c in itertools.product(range(chunks), repeat=3):
-        logits[c] = temperature * sum(code(c[j], chunks, scale) @ code(c[k], chunks, scale)
-                                      for j, k in itertools.combinations(range(3), 2))
-    torch.testing.assert_close(table.double(), logits - logits.max(), rtol=1e-6, atol=1e-6)
-    assert table.max() == 0  # the largest tuple weight is exp(0): kappa never overflows
-    assert ML.lsc_log_kappa(chunks, scale, temperature, 3, torch.float32, "cpu") is table  # kept
+def _tuple_sum_oracle(factors, chunks, scale, temperature):
+    """sum_c kappa(c) prod_j F_j[c_j] over every chunk tuple, kappa from Eq. 8's vectors."""
+    total = 0.0
+    for c in itertools.product(range(chunks), repeat=len(factors)):
+        logit = temperature * sum(code(c[j], chunks, scale) @ code(c[k], chunks, scale)
+                                  for j, k in itertools.combinations(range(len(c)), 2))
+        product = 1.0
+        for j, chunk in enumerate(c):
+            product = product * factors[j][..., chunk, :]
+        total = total + torch.exp(logit) * product
+    return total
+
+
+@pytest.mark.parametrize(("modalities", "chunks"), [(2, 3), (3, 4), (4, 3), (5, 2), (3, 10), (6, 3), (5, 4)])
+def test_tuple_sum_by_histogram_equals_the_sum_over_all_tuples(modalities, chunks, algorithm):
+    """The histogram recursion against the loop over all C^m tuples, up to the constant
+    kappa is scaled by (its largest, all modalities in one chunk, is 1)."""
+    generator = torch.Generator().manual_seed(modalities * 10 + chunks)
+    factors = [torch.rand(2, 3, chunks, 4, generator=generator, dtype=DOUBLE) for _ in range(modalities)]
+    scale, temperature = 0.7, 0.4
+    lsc = lsc_sum.lsc_sum_of([chunks] * modalities, chunks, scale, temperature, DOUBLE, "cpu")
+    largest = temperature * scale**2 * chunks * modalities * (modalities - 1) / 2
+    expected = _tuple_sum_oracle(factors, chunks, scale, temperature) * math.exp(-largest)
+    torch.testing.assert_close(lsc_sum.tuple_sum(factors, lsc), expected, rtol=1e-12, atol=0)
+    assert float(lsc.kappa.max()) == 1.0
+    assert lsc.plan.dense == (algorithm == "dense")
+
+
+def test_tuple_sum_blocks_of_rows_and_gradients(monkeypatch, algorithm):
+    """Rows in blocks give the same sums, and gradients flow to every factor (against the
+    oracle's autograd)."""
+    generator = torch.Generator().manual_seed(5)
+    factors = [torch.rand(5, 3, 4, generator=generator, dtype=DOUBLE, requires_grad=True) for _ in range(4)]
+    lsc = lsc_sum.lsc_sum_of([3, 3, 3, 3], 3, 0.9, 0.5, DOUBLE, "cpu")
+    whole = lsc_sum.tuple_sum(factors, lsc)
+    monkeypatch.setattr(lsc_sum, "BLOCK_ELEMENTS", 1)  # one row per block
+    blocked = lsc_sum.tuple_sum(factors, lsc)
+    torch.testing.assert_close(blocked, whole, rtol=0, atol=0)
+    weights = torch.randn(whole.shape, generator=generator, dtype=DOUBLE)
+    grads = torch.autograd.grad((blocked * weights).sum(), factors)
+    largest = 0.5 * 0.9**2 * 3 * 4 * 3 / 2
+    expected = _tuple_sum_oracle(factors, 3, 0.9, 0.5) * math.exp(-largest)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), factors)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-14)
+
+
+def test_the_dense_contraction_is_chosen_for_few_tuples():
+    """Measured rule (lsc_sum.DENSE_ADVANTAGE = 2.5): m = 3, C = 4 contracts 84 products
+    densely against 60 by histogram; m = 6 (5,460 against 504) goes by histogram."""
+    three = lsc_sum.histogram_plan(4, [range(4)] * 3, "cpu")
+    six = lsc_sum.histogram_plan(4, [range(4)] * 6, "cpu")
+    assert (three.dense_work, three.work, three.dense) == (84, 60, True)
+    assert (six.dense_work, six.work, six.dense) == (5460, 504, False)
+
+
+def test_occupied_chunks_and_what_an_unoccupied_chunk_costs():
+    """A modality of n <= T real steps puts step r in chunk floor(r C / n): one step only
+    in chunk 0, two in 0 and 2 of 4; T >= C in every chunk. A chunk no modality can occupy
+    adds no histogram: six one-step modalities make one histogram and m - 1 products."""
+    assert lsc_sum.occupied_chunks(1, 4) == (0,)
+    assert lsc_sum.occupied_chunks(2, 4) == (0, 2)
+    assert lsc_sum.occupied_chunks(3, 4) == (0, 1, 2)  # n = 3: 0, 1, 2; n = 2: 0, 2
+    assert lsc_sum.occupied_chunks(4, 4) == (0, 1, 2, 3) == lsc_sum.occupied_chunks(9, 4)
+    single = lsc_sum.lsc_sum_of([1] * 6, 4, 0.5, 0.5, DOUBLE, "cpu")
+    assert single.plan.sizes == (1,) * 6 and single.plan.work == 6
+    full = lsc_sum.lsc_sum_of([4] * 6, 4, 0.5, 0.5, DOUBLE, "cpu")
+    assert full.plan.sizes == (4, 10, 20, 35, 56, 84)  # binom(j + 3, 3) histograms
+    assert full.plan.work == (1 + 4 + 10 + 20 + 35 + 56) * 4
+    with pytest.raises(ValueError, match="at least one chunk"):
+        lsc_sum.histogram_plan(4, [(0,), ()], "cpu")
+
+
+def test_histogram_log_kappa_is_the_pair_sum_of_eq_8():
+    """log kappa of a histogram = temperature sum_{j<k} E(c_j) . E(c_k) of any tuple with
+    that histogram, less the largest (hand-built tuples, Eq. 8's vectors)."""
+    chunks, scale, temperature = 4, 0.7, 0.4
+    histograms = torch.tensor([[3, 0, 0, 0], [1, 1, 1, 0], [1, 0, 0, 2], [0, 2, 1, 0]])
+    tuples = [(0, 0, 0), (0, 1, 2), (0, 3, 3), (1, 1, 2)]
+    logits = torch.stack([
+        temperature * sum(code(c[j], chunks, scale) @ code(c[k], chunks, scale)
+                          for j, k in itertools.combinations(range(3), 2))
+        for c in tuples])
+    got = lsc_sum.histogram_log_kappa(histograms, scale, temperature)
+    torch.testing.assert_close(got, logits - logits.max(), rtol=1e-12, atol=1e-12)
 
 
 def test_resolve_mode_follows_the_budget():

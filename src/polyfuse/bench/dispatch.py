@@ -258,7 +258,7 @@ def ops_markdown(payload: dict[str, Any], output_dir: str = "docs/benchmarks") -
         "empty `.grad` (one `detach` per leaf). The counts are "
         "deterministic (the tests guard some of them). MAN's registry default is `mode=\"auto\"`, "
         "which computes exact attention at these sizes (4 heads x 20 x 30 x 25 = 60,000 tuples per "
-        "sample <= 2^16); its had mode, counted by `tests/nn/test_man.py`, takes at most 254 / 609 "
+        "sample <= 2^16); its had mode, counted by `tests/nn/test_man.py`, takes at most 249 / 613 "
         "operations with the LSC part exact (the default) and 194 / 410 with it estimated. BAN's "
         "counts are those of the device measured: on the CPU it runs its glimpses one by one also "
         "without dropout (faster there, issue 40: `polyfuse.nn.ban.chain_on`), on CUDA the batched "

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from polyfuse.functional import random_features as random_features_module
+from polyfuse.functional.lsc_sum import LscSum, tuple_sum
 
 __all__ = [
     "CHUNK_BYTES",
@@ -400,7 +401,7 @@ def had_exact_lsc(
     padded: Tensor | None,
     layout: HadLayout,
     chunk_of_step: Tensor,
-    log_kappa: Tensor,
+    lsc: LscSum,
     return_attention: bool,
 ) -> tuple[Tensor, list[Tensor]]:
     """The had steps with the LSC logits computed exactly rather than estimated.
@@ -416,11 +417,13 @@ def had_exact_lsc(
     (the denominator likewise with v = 1): the random features estimate only the
     learned part, whose features' norms stay small, while the LSC part, whose codes
     carry most of the norm (e^2 per chunk entry), is summed over its C^m chunk tuples
-    exactly. Cost O(sum_j T_j H K C + C^m H K) per sample and head.
+    exactly, by histogram of chunks (:mod:`polyfuse.functional.lsc_sum`). Cost
+    O(sum_j T_j H K C + W H K) per sample and head, W the histogram recursion's work
+    (:attr:`~polyfuse.functional.lsc_sum.HistogramPlan.work`, 504 for m = 6, C = 4).
 
     Arguments as :func:`had_whole`'s (out of place, for autograd), with
     ``chunk_of_step`` (G or 1, N, T, C) one-hot chunk of each step (zero at padded
-    steps) and ``log_kappa`` (C,) * m the LSC logits of every chunk tuple, largest 0.
+    steps) and ``lsc`` the histograms and their kappa (:func:`~polyfuse.functional.lsc_sum.lsc_sum_of`).
     Returns the output (G, N, K) and, if asked, the marginals (G, N, T_j).
     """
     heads, rows, total, _ = stacked_features.shape
@@ -432,7 +435,7 @@ def had_exact_lsc(
     value_dim = values.shape[-1]
     by_chunk = values_by_chunk(values, chunk_of_step, layout)
     factors = [chunk_factor(e, b, num_chunks) for e, b in zip(random, by_chunk, strict=True)]
-    output, denominator = combine_chunk_factors(factors, log_kappa, value_dim)
+    output, denominator = combine_chunk_factors(factors, lsc, value_dim)
     marginals = []
     if return_attention:
         # The LSC weight of chunk c of modality j times the other modalities' sums,
@@ -441,9 +444,10 @@ def had_exact_lsc(
         sums = [f.unflatten(-1, (-1, value_dim + 1))[..., value_dim] for f in factors]  # s_j, (G, N, C, H)
         identity = torch.eye(num_chunks, dtype=output.dtype, device=output.device)
         identity = identity.unsqueeze(-1).expand(-1, -1, sums[0].shape[-1]).flatten(-2)  # (C, C H)
+        identity = identity.expand(*sums[0].shape[:-2], -1, -1)
         for j in range(count):
             tiled = [identity if i == j else s.repeat(1, 1, 1, num_chunks) for i, s in enumerate(sums)]
-            weight = kappa_contraction(log_kappa.exp(), tiled).unflatten(-1, (num_chunks, -1))  # (G, N, C, H)
+            weight = tuple_sum(tiled, lsc).unflatten(-1, (num_chunks, -1))  # (G, N, C, H)
             marginal = ((random[j] @ weight.transpose(-1, -2)) * chunks[j]).sum(-1)  # (G, N, T_j)
             marginals.append(marginal / denominator)
     return output, marginals
@@ -466,12 +470,13 @@ def chunk_factor(random: Tensor, by_chunk: Tensor, num_chunks: int) -> Tensor:
 
 
 def combine_chunk_factors(
-    factors: Sequence[Tensor], log_kappa: Tensor, value_dim: int
+    factors: Sequence[Tensor], lsc: LscSum, value_dim: int
 ) -> tuple[Tensor, Tensor]:
     """The output of :func:`had_exact_lsc` from the chunk factors: sum over chunk tuples
-    (weighted by kappa) and over features h of the products over modalities, numerator
-    (first K columns) over denominator (the last), Eq. 10 and 12; and the denominator."""
-    combined = kappa_contraction(log_kappa.exp(), factors).unflatten(-1, (-1, value_dim + 1)).sum(-2)
+    (weighted by kappa, :func:`~polyfuse.functional.lsc_sum.tuple_sum`) and over features h
+    of the products over modalities, numerator (first K columns) over denominator (the
+    last), Eq. 10 and 12; and the denominator."""
+    combined = tuple_sum(factors, lsc).unflatten(-1, (-1, value_dim + 1)).sum(-2)
     denominator = combined[..., value_dim:]
     return combined[..., :value_dim] / denominator, denominator
 
@@ -482,7 +487,7 @@ class ExactLscFunction(torch.autograd.Function):
     of one call while the backward runs, none kept between forward and backward).
 
     Inputs as :class:`HadFunction`'s, with ``chunk_of_step`` (G or 1, N, T, C) and
-    ``log_kappa`` of :func:`had_exact_lsc`. Backward: autograd through the small
+    ``lsc`` of :func:`had_exact_lsc`. Backward: autograd through the small
     chunk-tuple combination gives dF_j (C, H (K + 1)) per modality; then, with
     b_j = one-hot chunk (x) [v_j, 1] per step (:func:`values_by_chunk`), the factor
     F_j = E_j^T b_j gives dE_j = b_j dF_j^T and db_j = E_j dF_j, whence dv_j[t] =
@@ -491,15 +496,15 @@ class ExactLscFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, stacked_features, weights, scale, values, padded, chunk_of_step, log_kappa, layout):
-        ctx.layout = layout
-        ctx.save_for_backward(stacked_features, weights, scale, values, padded, chunk_of_step, log_kappa)
+    def forward(ctx, stacked_features, weights, scale, values, padded, chunk_of_step, lsc, layout):
+        ctx.layout, ctx.lsc = layout, lsc
+        ctx.save_for_backward(stacked_features, weights, scale, values, padded, chunk_of_step)
         with torch.no_grad():
             random, by_chunk = _exact_lsc_parts(stacked_features, weights, scale, values, padded, chunk_of_step,
                                                 layout)
             num_chunks = chunk_of_step.shape[-1]
             factors = [chunk_factor(e, b, num_chunks) for e, b in zip(random, by_chunk, strict=True)]
-            output, _ = combine_chunk_factors(factors, log_kappa, values.shape[-1])
+            output, _ = combine_chunk_factors(factors, lsc, values.shape[-1])
         return output.view(*stacked_features.shape[:2], -1)
 
     @staticmethod
@@ -509,7 +514,7 @@ class ExactLscFunction(torch.autograd.Function):
                 'multilinear_attention(mode="had"): the backward is not differentiable '
                 '(no second derivatives); use mode="exact" for double backward'
             )
-        stacked_features, weights, scale, values, padded, chunk_of_step, log_kappa = ctx.saved_tensors
+        stacked_features, weights, scale, values, padded, chunk_of_step = ctx.saved_tensors
         layout = ctx.layout
         heads, rows, total, _ = stacked_features.shape
         count = heads * rows
@@ -518,7 +523,7 @@ class ExactLscFunction(torch.autograd.Function):
                                             layout)
         factors = [chunk_factor(e, b, num_chunks).requires_grad_() for e, b in zip(random, by_chunk, strict=True)]
         with torch.enable_grad():  # the chunk-tuple combination only: small, (C, H (K + 1)) per modality
-            output, _ = combine_chunk_factors(factors, log_kappa, value_dim)
+            output, _ = combine_chunk_factors(factors, ctx.lsc, value_dim)
             grad_factors = torch.autograd.grad(output, factors, grad_output.reshape(output.shape))
         grad_random, grad_values = [], []
         for e, b, grad in zip(random, by_chunk, grad_factors, strict=True):
@@ -549,19 +554,6 @@ def _exact_lsc_parts(stacked_features, weights, scale, values, padded, chunk_of_
     onehot = chunk_of_step.expand(heads, rows, total, -1).reshape(count, total, -1)
     by_chunk = values_by_chunk(values.reshape(count, total, -1), onehot, layout)
     return list(exponent.split(list(layout.lengths), dim=1)), by_chunk
-
-
-def kappa_contraction(kappa: Tensor, factors: Sequence[Tensor]) -> Tensor:
-    """sum_c kappa[c_1, .., c_m] prod_j factors_j[.., c_j, :] for m factors (..., C, F)
-    (broadcasting in their leading dims): the sum over chunk tuples of
-    :func:`had_exact_lsc`, contracted one modality at a time, last first
-    (C^m F multiplications for the first, C^(m-1) F for the next, ...)."""
-    num_chunks = kappa.shape[0]
-    accumulated = kappa.reshape(-1, num_chunks) @ factors[-1]  # (..., C^(m-1), F)
-    for j in range(len(factors) - 2, -1, -1):
-        accumulated = accumulated.unflatten(-2, (num_chunks**j, num_chunks))  # (..., C^j, C, F)
-        accumulated = (accumulated * factors[j].unsqueeze(-3)).sum(-2)
-    return accumulated.squeeze(-2)
 
 
 def random_features_out_of_place(

@@ -16,7 +16,6 @@ features (Eq. 9 to 12); the ``"exact"`` and ``"hadamard"`` modes build the tenso
 
 from __future__ import annotations
 
-import itertools
 import math
 import string
 from collections.abc import Sequence
@@ -32,12 +31,12 @@ from polyfuse._checks import (
     check_stacked_steps,
 )
 from polyfuse._precision import float32_under_autocast
-from polyfuse.functional import _had
+from polyfuse.functional import _had, lsc_sum
 
 __all__ = [
     "AUTO_EXACT_TUPLES",
     "ESTIMATORS",
-    "EXACT_LSC_TUPLES",
+    "EXACT_LSC_WORK",
     "MODES",
     "attention_marginals",
     "lsc_chunk_of_steps",
@@ -54,9 +53,14 @@ MODES = ("exact", "hadamard", "had", "auto")
 #: Default budget of ``mode="auto"``: the largest number of tuples per sample (heads x
 #: prod_j T_j) whose attention tensor is computed exactly; beyond it, had mode.
 AUTO_EXACT_TUPLES = 1 << 16
-#: Largest number of chunk tuples C^m for which had mode computes the LSC logits
-#: exactly (see :func:`stacked_multilinear_attention`); beyond it they are estimated.
-EXACT_LSC_TUPLES = 4096
+#: Largest work (:attr:`polyfuse.functional.lsc_sum.HistogramPlan.work`, products per
+#: row and feature of the histogram recursion, whose intermediates the backward keeps)
+#: for which had mode computes the LSC logits exactly (see
+#: :func:`stacked_multilinear_attention`); beyond it they are estimated. About the cost of
+#: the former limit, 4,096 chunk tuples (5,460 products by tuple): m <= 13 at C = 4
+#: (m = 6: 504), m <= 4 at C = 10; the MAN paper's retrieval setting (m = 7, C = 10) needs
+#: 80,080.
+EXACT_LSC_WORK = 1 << 13
 #: The random features of had mode (see :func:`multilinear_attention`).
 ESTIMATORS = _had.ESTIMATORS
 # Einsum letters for the time axes of up to 25 modalities ("k" is the channel axis).
@@ -175,32 +179,6 @@ def lsc_chunk_of_steps(mask: Tensor, lengths: Sequence[int], chunks: int) -> Ten
     rank = real.cumsum(-1) - 1 - before.index_select(-1, ids)  # rank within j's real steps
     length = counts.clamp_min(1).index_select(-1, ids)
     return torch.div(rank.clamp_min(0) * chunks, length, rounding_mode="floor")
-
-
-_LOG_KAPPA: dict[tuple, Tensor] = {}
-
-
-def lsc_log_kappa(
-    chunks: int, scale: float, temperature: float, num_modalities: int, dtype: torch.dtype, device: str
-) -> Tensor:
-    """The LSC logits of every tuple of chunks, less their largest: a (C,) * m tensor
-    log kappa(c_1, .., c_m) = temperature sum_{j<k} E(c_j) . E(c_k) - max, with E the
-    LSC vectors of :func:`lsc_encoding` (MAN Eq. 8). Kept per arguments."""
-    key = (chunks, scale, temperature, num_modalities, dtype, device)
-    cached = None if torch.compiler.is_compiling() else _LOG_KAPPA.get(key)
-    if cached is not None:
-        return cached
-    codes = _lsc_from_chunks(torch.arange(chunks, device=device), chunks, scale, torch.float64)
-    pair = temperature * (codes @ codes.T)  # (C, C)
-    logits = torch.zeros((chunks,) * num_modalities, dtype=torch.float64, device=device)
-    for j, k in itertools.combinations(range(num_modalities), 2):
-        shape = [1] * num_modalities
-        shape[j] = shape[k] = chunks
-        logits = logits + pair.reshape(shape)
-    built = (logits - logits.max()).to(dtype)
-    if not torch.compiler.is_compiling() and len(_LOG_KAPPA) < 256:
-        _LOG_KAPPA[key] = built
-    return built
 
 
 def _lsc_from_chunks(chunk_of_step: Tensor, chunks: int, scale: float, dtype: torch.dtype) -> Tensor:
@@ -390,7 +368,8 @@ def stacked_multilinear_attention(
         chunks: C > 0 appends the LSC vectors of ``lsc_scale`` (MAN Eq. 8,
             :func:`lsc_encoding_stacked` of the mask) to the features; 0: none.
         exact_lsc: in had mode with chunks, compute the LSC part of the logits exactly
-            over the C^m chunk tuples (when C^m <= :data:`EXACT_LSC_TUPLES`) and estimate
+            over the C^m chunk tuples, by histogram of chunks (:mod:`polyfuse.functional.lsc_sum`,
+            while its work is at most :data:`EXACT_LSC_WORK`), and estimate
             only the learned features' part with the random features (the first K'
             columns of random_matrix; :func:`polyfuse.functional._had.had_exact_lsc`).
             The LSC codes carry most of the features' norm (an entry of size e on
@@ -440,7 +419,12 @@ def stacked_multilinear_attention(
             raise ValueError("hadamard mode (w/o CAO) cannot use LSC; set chunks=0")
         real = features.new_ones(sum(lengths), dtype=torch.bool) if mask is None else mask
         chunk_of_step = lsc_chunk_of_steps(real, lengths, chunks)
-        if not (mode == "had" and exact_lsc and chunks ** len(lengths) <= EXACT_LSC_TUPLES):
+        lsc = None
+        if mode == "had" and exact_lsc:
+            lsc = lsc_sum.lsc_sum_of(lengths, chunks, float(lsc_scale), float(temperature), features.dtype,
+                                     features.device)
+            lsc = lsc if lsc.plan.work <= EXACT_LSC_WORK else None
+        if lsc is None:
             codes = _lsc_from_chunks(chunk_of_step, chunks, lsc_scale, features.dtype) * real.unsqueeze(-1)
             features = torch.cat([features, codes.expand(*features.shape[:-1], chunks)], -1)
             chunk_of_step = None  # estimated with the rest (had) or part of the exact logits
@@ -460,9 +444,7 @@ def stacked_multilinear_attention(
             if mask is not None:
                 onehot = onehot & mask.unsqueeze(-1)
             onehot = onehot.to(features.dtype)
-            log_kappa = lsc_log_kappa(chunks, float(lsc_scale), float(temperature), len(lengths),
-                                      features.dtype, str(features.device))
-            exact_lsc_parts = (in_layout(onehot, 2), log_kappa)
+            exact_lsc_parts = (in_layout(onehot, 2), lsc)
         return _had_stacked(in_layout(features, 2), in_layout(values, 2), None if mask is None else in_layout(mask, 1),
                             layout, random_matrix, temperature, return_attention, estimator, exact_lsc_parts)
     features_list, values_list = features.split(lengths, -2), values.split(lengths, -2)

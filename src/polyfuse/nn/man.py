@@ -211,8 +211,9 @@ class MAN(FusionModule):
             C^m chunk tuples and leave only the learned features to the random
             features (default; the LSC codes carry most of the features' norm, and
             estimating them costs accuracy: docs/HAD_ESTIMATOR.md section 9). Used
-            while C^m <= ``EXACT_LSC_TUPLES`` (4096); False estimates them too (polyfuse
-            before this option).
+            by histogram of chunks while that recursion's work is at most
+            ``EXACT_LSC_WORK`` (2^13: m <= 13 at C = 4, m <= 4 at C = 10); False estimates
+            them too (polyfuse before this option).
         layers: number of stacked residual layers (MAN Eq. 13).
         residual: project every modality to hidden_dim first and, after each layer,
             add a fused vector to every real step of each modality (Eq. 13), so
