@@ -59,9 +59,10 @@ class HistogramPlan:
     """The histograms of chunks reachable modality after modality, and how each step of
     the recursion maps (histogram, chunk) pairs to the next histograms.
 
-    ``occupied[j]``: the chunks of modality j (long, C_j); ``targets[j]``: for modality
-    j > 0, the index in S_j of the histogram of (state s of S_{j-1}) + e_(occupied[j][c]),
-    laid out s-major, c-minor (long, |S_{j-1}| C_j); ``histograms``: S_m, (|S_m|, C).
+    ``occupied[j]``: the chunks of modality j (long, C_j); ``targets[j - 1]``, for
+    modality j >= 1: the index in S_j of (histogram s of S_{j-1}) + e_(occupied[j][c]),
+    laid out s-major, c-minor (long, |S_{j-1}| C_j); ``sizes[j]``: |S_{j+1}|, the
+    histograms of the first j + 1 modalities; ``histograms``: S_m, (|S_m|, C).
     """
 
     occupied: tuple[Tensor, ...]
