@@ -283,6 +283,34 @@ def test_tuple_sum_by_histogram_equals_the_sum_over_all_tuples(modalities, chunk
     assert lsc.plan.dense == (algorithm == "dense")
 
 
+def test_tuple_sum_in_blocks_of_two_rows(monkeypatch):
+    """Five rows in blocks of two (the histogram recursion's largest product, 10 histograms
+    x 3 chunks x 4 features, twice): three blocks, the sums of one block."""
+    generator = torch.Generator().manual_seed(6)
+    factors = [torch.rand(5, 3, 4, generator=generator, dtype=DOUBLE) for _ in range(4)]
+    monkeypatch.setattr(lsc_sum, "DENSE_ADVANTAGE", 0.0)
+    lsc = lsc_sum.lsc_sum_of([3, 3, 3, 3], 3, 0.9, 0.5, DOUBLE, "cpu")
+    assert lsc.plan.sizes == (3, 6, 10, 15)
+    whole = lsc_sum.tuple_sum(factors, lsc)
+    blocks = []
+    rows = lsc_sum._tuple_sum_rows
+    monkeypatch.setattr(lsc_sum, "_tuple_sum_rows", lambda f, *a: blocks.append(len(f[0])) or rows(f, *a))
+    monkeypatch.setattr(lsc_sum, "BLOCK_ELEMENTS", 2 * 10 * 3 * 4)
+    torch.testing.assert_close(lsc_sum.tuple_sum(factors, lsc), whole, rtol=0, atol=0)
+    assert blocks == [2, 2, 1]
+
+
+def test_plans_and_kappa_are_kept_and_kappa_takes_the_factors_dtype():
+    plan = lsc_sum.histogram_plan(4, [(0, 2), (0, 1, 2, 3)], "cpu")  # two steps: chunks 0 and 2
+    assert lsc_sum.histogram_plan(4, [[0, 2], range(4)], "cpu") is plan  # kept per arguments
+    single = lsc_sum.lsc_sum_of([2, 5], 4, 0.5, 0.3, torch.float32, "cpu")
+    assert single.plan is plan and single.kappa.dtype == torch.float32
+    assert lsc_sum.lsc_sum_of([2, 5], 4, 0.5, 0.3, torch.float32, "cpu").kappa is single.kappa
+    assert lsc_sum.lsc_sum_of([2, 5], 4, 0.5, 0.3, DOUBLE, "cpu").kappa.dtype == DOUBLE
+    with pytest.raises(ValueError, match=r"^tuple_sum: 1 factors for a plan of 2 modalities$"):
+        lsc_sum.tuple_sum([torch.ones(2, 4, 3)], single)
+
+
 def test_tuple_sum_blocks_of_rows_and_gradients(monkeypatch, algorithm):
     """Rows in blocks give the same sums, and gradients flow to every factor (against the
     oracle's autograd)."""
@@ -324,7 +352,7 @@ def test_occupied_chunks_and_what_an_unoccupied_chunk_costs():
     full = lsc_sum.lsc_sum_of([4] * 6, 4, 0.5, 0.5, DOUBLE, "cpu")
     assert full.plan.sizes == (4, 10, 20, 35, 56, 84)  # binom(j + 3, 3) histograms
     assert full.plan.work == (1 + 4 + 10 + 20 + 35 + 56) * 4
-    with pytest.raises(ValueError, match="at least one chunk"):
+    with pytest.raises(ValueError, match=r"^every modality occupies at least one chunk, got \[\(0,\), \(\)\]$"):
         lsc_sum.histogram_plan(4, [(0,), ()], "cpu")
 
 
@@ -340,6 +368,9 @@ def test_histogram_log_kappa_is_the_pair_sum_of_eq_8():
         for c in tuples])
     got = lsc_sum.histogram_log_kappa(histograms, scale, temperature)
     torch.testing.assert_close(got, logits - logits.max(), rtol=1e-12, atol=1e-12)
+    # without the one-chunk histogram the largest logit is below the constant term, and still 0 after
+    spread = lsc_sum.histogram_log_kappa(histograms[1:], scale, temperature)
+    torch.testing.assert_close(spread, logits[1:] - logits[1:].max(), rtol=1e-12, atol=1e-12)
 
 
 def test_resolve_mode_follows_the_budget():

@@ -128,15 +128,14 @@ def histogram_plan(chunks: int, occupied: Sequence[Sequence[int]], device: torch
 
 
 def histogram_log_kappa(histograms: Tensor, scale: float, temperature: float) -> Tensor:
-    """The LSC logit of every histogram (|S|, C), less the largest, in float64:
-    temperature e^2 [C m (m - 1) / 2 - 2 sum_{a<b} n_a n_b (b - a)] (module doc)."""
+    """The LSC logit of every histogram (|S|, C), less the largest, in float64: of
+    temperature e^2 [C m (m - 1) / 2 - 2 sum_{a<b} n_a n_b (b - a)] (module doc) only the
+    second term varies, the first is a constant of m and C that the largest takes away."""
     counts = histograms.to(torch.float64)
-    chunks = counts.shape[-1]
-    modalities = counts[0].sum()
-    position = torch.arange(chunks, dtype=torch.float64, device=counts.device)
+    position = torch.arange(counts.shape[-1], dtype=torch.float64, device=counts.device)
     distance = (position[None, :] - position[:, None]).clamp_min(0)  # b - a for a < b, else 0
     separated = torch.einsum("sa,ab,sb->s", counts, distance, counts)  # sum_{a<b} n_a n_b (b - a)
-    logits = temperature * scale**2 * (chunks * modalities * (modalities - 1) / 2 - 2 * separated)
+    logits = -2 * temperature * scale**2 * separated
     return logits - logits.max()
 
 
@@ -168,9 +167,8 @@ def _kappa(plan: HistogramPlan, scale: float, temperature: float, dtype: torch.d
     if cached is not None:
         return cached
     if plan.dense:  # the histogram of every tuple of occupied chunks, (C_0, .., C_{m-1}, C)
-        chunks = plan.histograms.shape[-1]
         grids = torch.meshgrid(*plan.occupied, indexing="ij")
-        histograms = sum(torch.nn.functional.one_hot(grid, chunks) for grid in grids)
+        histograms = sum(torch.nn.functional.one_hot(grid, plan.histograms.shape[1]) for grid in grids)
         log_kappa = histogram_log_kappa(histograms.flatten(0, -2), scale, temperature).view(histograms.shape[:-1])
     else:
         log_kappa = histogram_log_kappa(plan.histograms, scale, temperature)
