@@ -294,8 +294,8 @@ def test_the_cpu_takes_the_glimpse_loop_without_dropout(monkeypatch):
     model = _model(out_dim=4, hidden_dim=4, joint_pool=2).double()
     x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
     calls = []
-    loop = ban_module.BAN._glimpses_with_dropout
-    monkeypatch.setattr(ban_module.BAN, "_glimpses_with_dropout", lambda *a: calls.append(1) or loop(*a))
+    loop = ban_module.BAN._glimpse_loop
+    monkeypatch.setattr(ban_module.BAN, "_glimpse_loop", lambda *a: calls.append(1) or loop(*a))
     looped = model([x, y], masks=[x_mask, y_mask], return_details=True)
     with torch.no_grad():
         looped_without_grad = model([x, y], masks=[x_mask, y_mask], return_details=True)

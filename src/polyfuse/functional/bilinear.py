@@ -445,8 +445,8 @@ def bilinear_residual_glimpses(
         one_product: z_g of all glimpses in one product over a (B G, T_x, R) copy of
             x_features (True) or one product per glimpse on its strided slice (False);
             None: one product on CUDA (one launch instead of G), per glimpse elsewhere
-            (3.0 ms against 19.7 ms at the VQA size on the CPU, one thread; the CUDA choice
-            is not measured: no GPU was lent to the session that measured the CPU's).
+            (no copy; faster on the CPU, `scripts/bench_ban_paths.py`; the CUDA choice is
+            not measured: no GPU was lent to the session that measured the CPU's).
 
     Returns:
         r_{G+1}, (B, 1, d_y): the stream after the last glimpse is ``y + r``.

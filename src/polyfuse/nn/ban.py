@@ -87,10 +87,10 @@ class _Glimpse(NamedTuple):
 def chain_on(device: torch.device) -> bool:
     """Whether BAN without dropout runs the residual chain on (B, d_y) vectors
     (:func:`polyfuse.functional.bilinear_residual_glimpses`: fewer, larger launches) rather
-    than the glimpse loop on the whole stream. On the CPU the loop is faster: at the VQA
-    size (issue 40, one thread) forward+backward took 0.73x ban-vqa's time against 0.88x,
-    forward the same; the chain's large (B T_x, G R) intermediates are fresh pages on every
-    call. On CUDA the chain is kept (not measured: no GPU lent to that session)."""
+    than the glimpse loop on the whole stream. On the CPU the loop is faster in
+    forward+backward and equal in forward (`scripts/bench_ban_paths.py`, docs/BENCHMARKS.md
+    "BAN's two paths"): the chain's large (B T_x, G R) intermediates are fresh pages on
+    every call. On CUDA the chain is kept (not measured: no GPU lent to that session)."""
     return device.type == "cuda"
 
 
@@ -134,10 +134,9 @@ class GlimpseLinears(nn.Module):
         stack per glimpse: a third of a training step at the VQA size).
 
         Without gradients each map computes ``(g_g / ||v_g||_F) (v_g x) + bias[g]``: the gain
-        scales the product instead of v_g, so the (G, out, in) weights are never built (11%
-        of BAN's forward at the VQA size on the CPU). With gradients the weights are built by
-        the fused weight norm, whose backward costs a fifth of the norm's and the scaling's
-        (measured on the CPU, docs/BENCHMARKS.md)."""
+        scales the product instead of v_g, so the (G, out, in) weights are never built. With
+        gradients the weights are built by the fused weight norm, whose backward is cheaper
+        than autograd through a norm and a scaling (issue 40, profiled on the CPU)."""
         biases = self.bias.unbind(0)[:count]  # zip stops at the first count glimpses
         if torch.is_grad_enabled():
             return [partial(F.linear, weight=w, bias=b) for w, b in zip(self.weight.unbind(0), biases, strict=False)]
@@ -317,7 +316,7 @@ class BAN(FusionModule):
         weights = _weights_of(layers)
         attention = self._attention_maps(x, y, x_mask, y_mask, *weights[:3])  # 0 at padded pairs
         if (self.training and self.dropout > 0) or not chain_on(x.device):
-            stream = self._glimpses_with_dropout(x, y, attention)
+            stream = self._glimpse_loop(x, y, attention)
             # Sum over the real tokens of y (the reference's q_emb.sum(1)), (B, d_y).
             fused = stream.masked_fill(~y_mask.unsqueeze(-1), 0.0).sum(dim=1)
         else:
@@ -349,7 +348,7 @@ class BAN(FusionModule):
             weight, bias = weight[: self.glimpses], bias[: self.glimpses]
         return weight, bias
 
-    def _glimpses_with_dropout(self, x: Tensor, y: Tensor, attention: Tensor) -> Tensor:
+    def _glimpse_loop(self, x: Tensor, y: Tensor, attention: Tensor) -> Tensor:
         """The residual stream after the last glimpse, (B, T_y, d_y), one glimpse after the
         other with its own dropout on x, on the stream and on f'_g, in the reference's
         order of random draws (BAN Eq. 11, 12)."""

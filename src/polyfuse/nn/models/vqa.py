@@ -163,8 +163,12 @@ class BanVQA(nn.Module):
             training=self.training,
         )
         attention = bilinear_attention_map(logits)  # BAN Eq. 8
-        # U'_g, V'_g, P_g of all glimpses, each stack weight-normalised at once: (G, out, in)
-        joint_x, joint_y, projections = ban.joint_x.weight, ban.joint_y.weight, ban.joint_projections.weight
+        # U'_g, V'_g, P_g of all glimpses, each stack weight-normalised at once and split once
+        # (indexing a stack per glimpse makes the backward fill a zero stack per glimpse).
+        joint_x, joint_y, projections = (layers.weight.unbind(0) for layers in (
+            ban.joint_x, ban.joint_y, ban.joint_projections))
+        x_biases, y_biases, projection_biases = (layers.bias.unbind(0) for layers in (
+            ban.joint_x, ban.joint_y, ban.joint_projections))
         stream = question
         for glimpse in range(self.glimpses):
             joint = bilinear_attention_pooling(  # f'_g, (B, H), BAN Eq. 12
@@ -173,12 +177,12 @@ class BanVQA(nn.Module):
                 attention[:, glimpse],
                 joint_x[glimpse],
                 joint_y[glimpse],
-                x_bias=ban.joint_x.bias[glimpse],
-                y_bias=ban.joint_y.bias[glimpse],
+                x_bias=x_biases[glimpse],
+                y_bias=y_biases[glimpse],
                 x_mask=objects,
             )
             # BAN Eq. 11 (residual learning of attention): f_{g+1} = P_g^T f_g 1^T + f_g
-            step = F.linear(drop(joint), projections[glimpse], ban.joint_projections.bias[glimpse])
+            step = F.linear(drop(joint), projections[glimpse], projection_biases[glimpse])
             stream = stream + step.unsqueeze(1)
             if self.counter is not None:
                 # Count features from each object's largest logit over the words (ban-vqa),
