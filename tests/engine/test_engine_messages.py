@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from polyfuse.cli.plot import sample_title
 from polyfuse.data import load_arrays, prepare_data
 from polyfuse.data.sources import parse_synthetic
 from polyfuse.engine.build import build_backbone
 from polyfuse.engine.config import resolve_config
 from polyfuse.nn import HOCAFusion
+from polyfuse.tasks.attention_figure import sample_title
 
 
 def test_a_limit_reached_from_a_config_names_the_config_key():

@@ -1,14 +1,14 @@
-"""``polyfuse plot``: learning curves of a run; ``polyfuse plot attention``: attention of
-MAN or BAN for one sample, or of BAN for VQA questions (each glimpse over the image grid
-and the question words)."""
+"""``polyfuse plot``: learning curves of a run; ``polyfuse plot attention``: the attention
+of a checkpoint's model, drawn by its task (tabular tasks and retrieval: MAN's marginal
+attention over time or BAN's maps for one sample; VQA: BAN's glimpses over the image grid
+and the question words; captioning: MAF's attention per generated word)."""
 
 from __future__ import annotations
 
 import argparse
-import textwrap
 from pathlib import Path
 
-__all__ = ["add_parser", "run", "sample_title"]
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -16,9 +16,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "plot",
         help="learning curves, MAN attention over time, BAN bilinear maps (PNG)",
         description=(
-            "--run DIR: learning curves from the run's CSV logs. --checkpoint FILE: for one "
-            "sample of a split, MAN's per-modality marginal attention over time (had mode) or "
-            "BAN's bilinear attention maps."
+            "--run DIR: learning curves from the run's CSV logs. --checkpoint FILE: the attention "
+            "of the model for one sample of a split, as its task draws it: sentiment, traits, "
+            "classification and retrieval (MAN fusions) MAN's per-modality marginal attention over "
+            "time or BAN's bilinear maps; vqa BAN's glimpses over the image and the question; "
+            "captioning MAF's attention per generated word. Chimera has no attention figure."
         ),
     )
     parser.add_argument(
@@ -30,8 +32,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--run", dest="run_dir", help="a run directory (learning curves)")
     source.add_argument("--checkpoint", help="a .safetensors checkpoint (attention of one sample)")
     source.add_argument("--captions", metavar="RUN_DIR", help="a captioning run: frames, captions and MAF attention of --video")
-    parser.add_argument("--video", help="with --captions: the video id")
-    parser.add_argument("--clips", help="with --captions: folder of <video>.avi (default: clips/ beside the caption file)")
+    parser.add_argument("--video", help="with --captions or a captioning --checkpoint: the video id "
+                        "(default with --checkpoint: the --sample-th video of --split)")
+    parser.add_argument("--clips", help="with --captions or a captioning --checkpoint: the folder of <video>.avi "
+                        "whose frames are drawn (default: the folder 'clips' in the folder of captioning.captions)")
     parser.add_argument("--split", default="test", help="split of the sample (default test)")
     parser.add_argument("--sample", type=int, default=0, help="sample index within the split (default 0)")
     parser.add_argument("--data", help="another data source with the same modalities")
@@ -46,27 +50,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _short(value) -> str:
-    """A tensor value for a title: 3 significant decimals, lists kept short."""
-    values = value.reshape(-1).tolist()
-    text = ", ".join(f"{v:.3g}" for v in values)
-    return text if len(values) == 1 else f"[{text}]"
-
-
 def _question_ids(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"--question-ids takes comma-separated integers, got {text!r}") from None
-
-
-TITLE_WIDTH = 90
-
-
-def sample_title(text: str, width: int = TITLE_WIDTH) -> str:
-    """A figure title wrapped onto lines of at most ``width`` characters, so that long
-    vectors (a traits checkpoint's predictions and labels) are not cut off."""
-    return "\n".join(textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,36 +76,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
     from polyfuse.engine.build import quiet_lightning
-    from polyfuse.engine.run import apply_checkpoint, load_model
-    from polyfuse.figures.attention import draw_ban_maps, draw_man_attention
+    from polyfuse.engine.run import load_model
     from polyfuse.tasks.registry import task_spec
 
     quiet_lightning()
     task, extras = load_model(args.checkpoint)
-    own = task_spec(extras["config"]["task"]["type"]).attention_figures(
-        task, extras, args.out, split=args.split, sample=args.sample,
-        question_ids=_question_ids(args.question_ids) if args.question_ids else None, images=args.images,
-        source=args.data, modalities=args.modalities,
+    spec = task_spec(extras["config"]["task"]["type"])
+    options = {"question_ids": _question_ids(args.question_ids) if args.question_ids else None,
+               "images": args.images, "video": args.video, "clips": args.clips}
+    given = [name for name, value in options.items() if value is not None]
+    foreign = [name for name in given if name not in spec.figure_options]
+    if foreign:
+        flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
+        raise ValueError(f"{flags} do(es) not apply to a {spec.name} checkpoint")
+    if spec.reads_own_files and (args.data or args.modalities):
+        raise ValueError(f"a {spec.name} checkpoint reads the files of its configuration: drop --data / --modalities")
+    paths = spec.attention_figures(
+        task, extras, Path(args.out), split=args.split, sample=args.sample, source=args.data,
+        modalities=args.modalities, **{name: options[name] for name in given},
     )
-    if own is not None:
-        for path in own:
-            print(f"wrote {path}")
-        return 0
-    if args.question_ids or args.images:
-        raise ValueError("--question-ids and --images apply to VQA checkpoints only")
-    applied = apply_checkpoint(args.checkpoint, split=args.split, source=args.data, modalities=args.modalities,
-                               require_labels=False)
-    task = applied.module
-    batch = applied.data.datamodule.sample(args.split, args.sample)
-    attention = plots.attention_for_sample(task, batch)
-    row = int(batch["row"][0])
-    prediction = _short(task.predictions(task(batch))[0])
-    label = "" if "target" not in batch else f", label {_short(batch['target'][0])}"
-    title = sample_title(f"{args.split} sample {args.sample} (row {row}): prediction {prediction}{label}")
-    centre = int(batch["centre"][0]) if "centre" in batch else None
-    if attention["kind"] == "man":
-        path = draw_man_attention(attention, args.out, title=title, centre=centre)
-    else:
-        path = draw_ban_maps(attention, args.out, title=title)
-    print(f"wrote {Path(path)}")
+    for path in paths:
+        print(f"wrote {path}")
     return 0

@@ -1,6 +1,6 @@
 """Attention of one sample: MAN's marginal attention over time, BAN's bilinear maps.
 
-The inputs are what :func:`polyfuse.engine.plots.attention_for_sample` returns:
+The inputs are what :func:`polyfuse.tasks.attention_figure.fusion_attention` returns:
 ``{"kind": "man", "layers": [[(heads, T_j) per input] per layer], "names": [...]}`` or
 ``{"kind": "ban", "maps": (G, T_x, T_y), "names": [...]}``.
 """

@@ -28,7 +28,11 @@ def draw_learning_curves(
     title: str = "",
 ) -> Path:
     """One panel of loss (``train/loss``, ``val/loss``) and one per metric, against the
-    epoch, from ``{epoch: {logged key: value}}``; ``monitor`` is marked in its title."""
+    epoch, from ``{epoch: {logged key: value}}`` (Lightning's 0-based epochs, drawn
+    1-based on integer ticks as the command line counts them: "epoch 2 of 2");
+    ``monitor`` is marked in its title."""
+    from matplotlib.ticker import MaxNLocator
+
     if metrics is None:
         metrics = curve_metrics(list({k for values in epochs.values() for k in values}), monitor)
     plt = pyplot()
@@ -36,18 +40,19 @@ def draw_learning_curves(
     figure, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4), squeeze=False)
     order = sorted(epochs)
     for key in ("train/loss", "val/loss"):
-        points = [(e, epochs[e][key]) for e in order if key in epochs[e]]
+        points = [(e + 1, epochs[e][key]) for e in order if key in epochs[e]]
         if points:
             axes[0, 0].plot(*zip(*points, strict=True), marker="o", markersize=3, label=key)
     axes[0, 0].set_title("loss")
     axes[0, 0].legend()
     for axis, key in zip(axes[0, 1:], metrics, strict=False):
-        points = [(e, epochs[e][key]) for e in order if key in epochs[e]]
+        points = [(e + 1, epochs[e][key]) for e in order if key in epochs[e]]
         if points:
             axis.plot(*zip(*points, strict=True), marker="o", markersize=3)
         axis.set_title(key + (" (monitor)" if key == monitor else ""))
     for axis in axes[0]:
         axis.set_xlabel("epoch")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
     figure.suptitle(title)
     figure.tight_layout()

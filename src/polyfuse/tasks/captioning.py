@@ -339,6 +339,7 @@ class CaptioningSpec(TaskSpec):
     reads_own_files = True
     path_keys = ("captioning.captions", "captioning.splits", "decoder.word_vectors_file")
     path_mappings = ("captioning.features",)
+    figure_options = ("video", "clips")
 
     def check_config(self, config: Any) -> None:
         if config.decoder is None:
@@ -415,3 +416,14 @@ class CaptioningSpec(TaskSpec):
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
         """JSON ``{video id: caption}``."""
         atomic_write_text(Path(path), json.dumps({r["id"]: r["caption"] for r in records}, indent=2) + "\n")
+
+    def attention_figures(self, module: Any, extras: Mapping[str, Any], out: Path, *, split: str, sample: int,
+                          source: str | None, modalities: Sequence[str] | None, video: str | None = None,
+                          clips: str | None = None) -> list[Path]:
+        """The caption of one video (``video``, or the ``sample``-th of ``split``) with its
+        frames and MAF's attention per generated word (:mod:`polyfuse.tasks.captioning_figure`)."""
+        from polyfuse.tasks.captioning_figure import plot_caption_attention, video_of
+
+        data = checkpoint_captioning_data(extras)
+        video = video or video_of(data, split, sample)
+        return [plot_caption_attention(module, dict(extras), video, out, clips=clips, data=data)]

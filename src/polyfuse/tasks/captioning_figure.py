@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from polyfuse.data.captioning import CaptioningData
 from polyfuse.nn.beam_search import score_captions
 from polyfuse.tasks.captioning import checkpoint_captioning_data
 
-__all__ = ["best_checkpoint", "caption_attention", "plot_caption_attention"]
+__all__ = ["best_checkpoint", "caption_attention", "plot_caption_attention", "video_of"]
 
 
 def best_checkpoint(run_dir: Path) -> Path:
@@ -34,10 +35,21 @@ def best_checkpoint(run_dir: Path) -> Path:
     return path
 
 
-def caption_attention(task: Any, extras: dict[str, Any], video: str) -> dict[str, Any]:
+def video_of(data: CaptioningData, split: str, sample: int) -> str:
+    """The ``sample``-th video of ``split`` (in the splits file's order)."""
+    if split not in data.splits:
+        raise ValueError(f"no {split!r} split; have {', '.join(data.splits)}")
+    videos = data.splits[split]
+    if not 0 <= sample < len(videos):
+        raise ValueError(f"sample {sample} outside the {len(videos)} videos of {split!r}")
+    return videos[sample]
+
+
+def caption_attention(task: Any, extras: dict[str, Any], video: str, data: CaptioningData | None = None) -> dict[str, Any]:
     """The generated caption of ``video``, its words' attention per modality, and the
-    references, by a loaded captioning checkpoint (``task``, ``extras``)."""
-    data = checkpoint_captioning_data(extras)
+    references, by a loaded captioning checkpoint (``task``, ``extras``; ``data``: its
+    videos, read from the configuration's files when None)."""
+    data = data if data is not None else checkpoint_captioning_data(extras)
     if video not in data.videos:
         raise ValueError(f"video {video!r} is not in the checkpoint's data ({len(data.videos)} videos)")
     rows = torch.tensor([data.row_of(video)])
@@ -66,13 +78,13 @@ def caption_attention(task: Any, extras: dict[str, Any], video: str) -> dict[str
 
 def plot_caption_attention(
     task: Any, extras: dict[str, Any], video: str, out: str | Path, *, clips: str | Path | None = None,
-    frames: int = 8, references: int = 3,
+    frames: int = 8, references: int = 3, data: CaptioningData | None = None,
 ) -> Path:
     """Write the figure (see the module docstring; drawn by
     :func:`polyfuse.figures.captioning.draw_caption_attention`) to ``out``."""
     from polyfuse.figures.captioning import draw_caption_attention
 
-    found = caption_attention(task, extras, video)
+    found = caption_attention(task, extras, video, data)
     clips = Path(clips) if clips is not None else Path(found["captions_file"]).parent / "clips"
     clip = clips / f"{video}.avi"
     images = None

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 __all__ = [
     "TaskData",
     "TaskSpec",
+    "attention_task_types",
     "available_tasks",
     "register_task",
     "task_spec",
@@ -73,6 +74,8 @@ class TaskSpec:
         prediction_suffix: the file type ``predict --out`` writes (``.csv`` or ``.json``).
         predict_options: the task's own options of ``polyfuse predict`` and their
             defaults (VQA: ``images``, ``top_k``); another task refuses them.
+        figure_options: the task's own options of ``polyfuse plot attention`` (VQA:
+            ``question_ids``, ``images``); another task refuses them.
         reads_own_files: True when a checkpoint reads the files of its configuration
             only (``--data`` / ``--modalities`` do not apply).
         path_keys: dotted configuration keys that name files, and ``path_mappings``
@@ -89,6 +92,7 @@ class TaskSpec:
     distributed: ClassVar[str | None] = None
     prediction_suffix: ClassVar[str] = ".csv"
     predict_options: ClassVar[dict[str, Any]] = {}
+    figure_options: ClassVar[tuple[str, ...]] = ()
     reads_own_files: ClassVar[bool] = False
     path_keys: ClassVar[tuple[str, ...]] = ()
     path_mappings: ClassVar[tuple[str, ...]] = ()
@@ -173,11 +177,14 @@ class TaskSpec:
         raise NotImplementedError
 
     def attention_figures(self, module: L.LightningModule, extras: Mapping[str, Any], out: Path, *,
-                          split: str, sample: int, question_ids: Sequence[int] | None, images: str | None,
-                          source: str | None, modalities: Sequence[str] | None) -> list[Path] | None:
-        """The task's own figures of its model's attention (``polyfuse plot attention``),
-        written to ``out``; None: the engine's figure of one sample's fusion attention."""
-        return None
+                          split: str, sample: int, source: str | None, modalities: Sequence[str] | None,
+                          **options: Any) -> list[Path]:
+        """The figures of the model's attention for the ``sample``-th item of ``split``
+        (``polyfuse plot attention``), written to ``out``; ``options``: the
+        :attr:`figure_options` the user gave. The default refuses in one line, naming the
+        task types that have a figure."""
+        raise ValueError(f"a {self.name} checkpoint has no attention figure; plot attention draws those of "
+                         f"{', '.join(attention_task_types())}")
 
     # -- comparison ----------------------------------------------------------------
     def baselines(self, config: Mapping[str, Any], statistics: Sequence[str] = ("median", "mean")) -> dict[str, dict[str, float]]:
@@ -209,6 +216,12 @@ def register_task(cls: SpecType) -> SpecType:
 def available_tasks() -> list[str]:
     """The registered task types, in registration order."""
     return list(_SPECS)
+
+
+def attention_task_types() -> list[str]:
+    """The registered task types whose spec draws an attention figure."""
+    return [name for name, spec in _SPECS.items()
+            if type(spec).attention_figures is not TaskSpec.attention_figures]
 
 
 def task_specs() -> list[TaskSpec]:

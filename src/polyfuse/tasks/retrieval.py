@@ -516,3 +516,30 @@ class RetrievalSpec(TaskSpec):
 
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
         write_rank_records(records, path)
+
+    def attention_figures(self, module: RetrievalTask, extras: Mapping[str, Any], out: Path, *, split: str,
+                          sample: int, source: str | None, modalities: Sequence[str] | None) -> list[Path]:
+        """MAN's marginal attention over each expert's steps for the ``sample``-th video of
+        ``split`` (an absent expert shows its one learned absent step)."""
+        from polyfuse.nn import MAN
+        from polyfuse.tasks.attention_figure import draw_fusion_attention, fusion_attention
+
+        encoder = module.model.video
+        if not isinstance(getattr(encoder, "fusion", None), MAN):
+            with_man = [name for name in VIDEO_FUSIONS if "man" in name.split("+")]
+            raise ValueError(f"the retrieval fusion {encoder.fusion_name} has no attention to plot; "
+                             f"those with MAN ({', '.join(with_man)}) have")
+        data = self.checkpoint_data(extras, split=split, source=source, modalities=modalities)
+        corpus = data.prepared.parts[data.split_part]
+        if not 0 <= sample < len(corpus.video_ids):
+            raise ValueError(f"sample {sample} outside the {len(corpus.video_ids)} videos of {split!r}")
+        batch = _video_batch(corpus, torch.tensor([sample]))
+        with torch.no_grad():
+            inputs, masks = encoder.joint_inputs(batch["features"], batch["masks"], batch["present"])
+            names = [name if bool(here) else f"{name} (absent)"
+                     for name, here in zip(corpus.experts, batch["present"][0], strict=True)]
+            attention = fusion_attention(encoder.fusion, inputs, masks, names)
+        video = corpus.video_ids[sample]
+        caption = next((c for c, v in zip(corpus.captions, corpus.caption_video, strict=True) if v == video), "")
+        title = f"{split} video {sample} ({video}): MAN over the experts; a caption: {caption}"
+        return [draw_fusion_attention(attention, out, title=title)]

@@ -298,6 +298,15 @@ class TabularSpec(TaskSpec):
         """Add a row's prediction (and label, when known) to its record."""
         raise NotImplementedError
 
+    def attention_figures(self, module: Any, extras: Mapping[str, Any], out: Path, *, split: str, sample: int,
+                          source: str | None, modalities: Sequence[str] | None) -> list[Path]:
+        """The fusion's attention for one sample (MAN's marginals, BAN's maps)."""
+        from polyfuse.tasks.attention_figure import tabular_attention_figure
+
+        data = self.checkpoint_data(extras, split=split, source=source, modalities=modalities, require_labels=False)
+        batch = data.datamodule.sample(_partition_key(data.prepared, split), sample)
+        return [tabular_attention_figure(module, batch, out, split=split, sample=sample)]
+
     def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData, extras: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``row``, ``id`` (when ``data.id`` names an array), the prediction and the label when known."""
         prepared = data.prepared

@@ -240,6 +240,7 @@ class VQASpec(TaskSpec):
     required_sections = ("data.vqa",)
     default_monitor = VQATask.default_monitor
     predict_options: ClassVar[dict[str, Any]] = {"images": None, "top_k": 1}
+    figure_options: ClassVar[tuple[str, ...]] = ("question_ids", "images")
     path_keys = (
         *(f"data.vqa.{key}" for key in (
             "train_questions", "train_annotations", "test_questions", "test_annotations", "train_features",
@@ -352,8 +353,8 @@ class VQASpec(TaskSpec):
         return records
 
     def attention_figures(self, module: Any, extras: Mapping[str, Any], out: Path, *, split: str, sample: int,
-                          question_ids: Sequence[int] | None, images: str | None, source: str | None,
-                          modalities: Sequence[str] | None) -> list[Path]:
+                          source: str | None, modalities: Sequence[str] | None,
+                          question_ids: Sequence[int] | None = None, images: str | None = None) -> list[Path]:
         """BAN's attention maps of questions of ``split`` (those of ``question_ids``, or the
         ``sample``-th) over their images."""
         from polyfuse.tasks.vqa_attention import plot_vqa_checkpoint_attention

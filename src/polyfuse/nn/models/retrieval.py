@@ -267,15 +267,20 @@ class ExpertVideoEncoder(nn.Module):
                unit: bool = True) -> Tensor:
         """MAN or Concat over all experts, an absent expert as its learned absent step:
         (B, D), L2-normalised when ``unit``."""
+        fused = self.fused_output(self.fusion(*self.joint_inputs(features, masks, present)))
+        return nn.functional.normalize(fused, dim=-1) if unit else fused
+
+    def joint_inputs(self, features: Sequence[Tensor], masks: Sequence[Tensor],
+                     present: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """The inputs of the joint fusion: each expert (B, 1 + T_j, d_j), its learned absent
+        step first, real only where the expert is absent (its own steps then never read)."""
         inputs, input_masks = [], []
         for j, (x, m) in enumerate(zip(features, masks, strict=True)):
             here = present[:, j]
-            m = m & here.unsqueeze(1)  # an absent expert's steps are never read
             absent_step = self.absent[j].to(x.dtype).expand(x.shape[0], 1, -1)
             inputs.append(torch.cat((absent_step, x), dim=1))
-            input_masks.append(torch.cat(((~here).unsqueeze(1), m), dim=1))
-        fused = self.fused_output(self.fusion(inputs, input_masks))
-        return nn.functional.normalize(fused, dim=-1) if unit else fused
+            input_masks.append(torch.cat(((~here).unsqueeze(1), m & here.unsqueeze(1)), dim=1))
+        return inputs, input_masks
 
 
 class RetrievalModel(nn.Module):

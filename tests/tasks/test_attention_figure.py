@@ -1,0 +1,81 @@
+"""What ``plot attention`` shows of a fusion: the attention over the real steps only,
+wherever they are (retrieval's experts start with a learned absent step that is real
+only when the expert is absent)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from polyfuse.nn import BAN, MAN, Concat
+from polyfuse.nn.models.retrieval import ExpertVideoEncoder
+from polyfuse.tasks.attention_figure import fusion_attention
+
+
+def _masks(*rows: list[int]) -> list[torch.Tensor]:
+    return [torch.tensor([row], dtype=torch.bool) for row in rows]
+
+
+def test_man_marginals_cover_the_real_steps_wherever_they_are():
+    torch.manual_seed(0)
+    man = MAN([3, 2], out_dim=4, hidden_dim=8, heads=2, mode="exact").eval()
+    inputs = [torch.randn(1, 4, 3), torch.randn(1, 3, 2)]
+    masks = _masks([0, 1, 1, 0], [1, 0, 1])  # not prefixes
+    shown = fusion_attention(man, inputs, masks, ["a", "b"])
+    assert shown["kind"] == "man" and shown["lengths"] == [2, 2]
+    for layer in shown["layers"]:
+        for weights in layer:
+            # each head's marginal over the shown steps is the whole distribution
+            assert weights.shape == (2, 2)
+            np.testing.assert_allclose(weights.sum(1), 1.0, rtol=1e-5)
+    # a masked step moved to the end changes nothing shown but its place
+    moved = fusion_attention(man, [inputs[0][:, [1, 2, 0, 3]], inputs[1]], _masks([1, 1, 0, 0], [1, 0, 1]), ["a", "b"])
+    np.testing.assert_allclose(moved["layers"][0][0], shown["layers"][0][0], rtol=1e-5)
+
+
+def test_ban_maps_are_cut_to_the_real_steps():
+    torch.manual_seed(0)
+    ban = BAN([3, 2], out_dim=4, hidden_dim=6, glimpses=2).eval()
+    inputs = [torch.randn(1, 4, 3), torch.randn(1, 3, 2)]
+    shown = fusion_attention(ban, inputs, _masks([1, 1, 1, 0], [0, 1, 1]), ["x", "y"])
+    assert shown["maps"].shape == (2, 3, 2)
+    # each glimpse is a softmax over all (x, y) step pairs: the real ones carry it all
+    np.testing.assert_allclose(shown["maps"].sum((1, 2)), 1.0, rtol=1e-5)
+
+
+def test_a_fusion_without_attention_is_refused_by_name():
+    with pytest.raises(ValueError, match="fusion Concat has no attention to plot; MAN and BAN have"):
+        fusion_attention(Concat([3, 2], out_dim=4), [torch.randn(1, 2, 3), torch.randn(1, 2, 2)],
+                         _masks([1, 1], [1, 1]), ["a", "b"])
+
+
+def test_retrieval_experts_show_their_steps_or_their_absent_step():
+    torch.manual_seed(0)
+    encoder = ExpertVideoEncoder([3, 2], embed_dim=4, fusion="man", hidden_dim=8,
+                                 fusion_options={"heads": 2, "mode": "exact"}).eval()
+    features = [torch.randn(1, 3, 3), torch.randn(1, 2, 2)]
+    masks = _masks([1, 1, 0], [1, 1])
+    present = torch.tensor([[True, False]])
+    inputs, input_masks = encoder.joint_inputs(features, masks, present)
+    shown = fusion_attention(encoder.fusion, inputs, input_masks, ["rgb", "audio"])
+    rgb, audio = shown["layers"][0]
+    assert shown["lengths"] == [2, 1]
+    assert rgb.shape == (2, 2)  # the two real steps, not the absent step before them
+    np.testing.assert_allclose(rgb.sum(1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(audio, 1.0)  # the absent expert: all weight on its absent step
+
+
+def test_learning_curves_count_epochs_from_one_on_integer_ticks(monkeypatch, tmp_path):
+    from polyfuse.figures import curves
+
+    drawn = {}
+    monkeypatch.setattr(curves, "save_figure", lambda figure, out, **_: drawn.setdefault("figure", figure))
+    epochs = {0: {"train/loss": 1.0, "val/loss": 1.2, "val/acc": 0.5}, 1: {"train/loss": 0.8, "val/loss": 1.1, "val/acc": 0.6}}
+    curves.draw_learning_curves(epochs, tmp_path / "c.png", monitor="val/acc")
+    loss, accuracy = drawn["figure"].axes
+    assert [list(line.get_xdata()) for line in loss.get_lines()] == [[1, 2], [1, 2]]
+    assert list(accuracy.get_lines()[0].get_xdata()) == [1, 2]
+    drawn["figure"].canvas.draw()
+    ticks = [t for t in accuracy.get_xticks() if 1 <= t <= 2]
+    assert ticks and all(float(t).is_integer() for t in ticks)
