@@ -18,8 +18,7 @@ from polyfuse.tasks.registry import attention_task_types, available_tasks, task_
 #: the tabular tasks' fusion here: two with attention to draw, one without
 FUSIONS = {"sentiment": "man", "traits": "ban", "classification": "concat"}
 #: the tasks whose tiny model has no attention figure, and what the one-line refusal says
-NO_FIGURE = {"classification": "fusion Concat has no attention to plot; MAN and BAN have",
-             "chimera": "a chimera checkpoint has no attention figure; plot attention draws those of"}
+NO_FIGURE = {"classification": "fusion Concat has no attention to plot; MAN and BAN have"}
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))
@@ -49,8 +48,8 @@ def _one_line_or_success(code: int, err: str, command: str) -> None:
         assert errors[0].startswith(f"polyfuse {command}: error: ")
 
 
-def test_attention_figures_cover_every_task_with_attention():
-    assert set(attention_task_types()) == set(available_tasks()) - {"chimera"}
+def test_every_task_type_draws_its_attention():
+    assert set(attention_task_types()) == set(available_tasks())
 
 
 def test_plot_evaluate_predict_on_every_task(tiny_run, capfd, tmp_path):

@@ -79,3 +79,43 @@ def test_learning_curves_count_epochs_from_one_on_integer_ticks(monkeypatch, tmp
     drawn["figure"].canvas.draw()
     ticks = [t for t in accuracy.get_xticks() if 1 <= t <= 2]
     assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+def test_chimera_pair_attention_is_eq_8_over_the_real_positions():
+    from types import SimpleNamespace
+
+    from polyfuse.nn.models.chimera import ChimeraRetrievalModel
+    from polyfuse.tasks.chimera_figure import pair_attention
+
+    torch.manual_seed(0)
+    model = ChimeraRetrievalModel(4, 3, num_topics=0, hyperbolic_dim=2).eval()
+    tokens, steps = torch.randn(1, 3, 4), torch.randn(1, 2, 3)
+    token_mask, step_mask = _masks([1, 1, 0], [1, 1])
+    weights = pair_attention(SimpleNamespace(model=model), tokens, token_mask, steps, step_mask).double()
+    # by hand: h = [real tokens; projected steps], q/k = exp_0 of the projections, d = arccosh(-<q, k>_L)
+    layer = model.hyperbolic
+    with torch.no_grad():
+        hidden = torch.cat((tokens[0, :2], model.video_projection(steps[0]))).double()
+
+        def points(projection):
+            v = projection(hidden.float()).double()
+            r = v.norm(dim=-1, keepdim=True)
+            return torch.cat((torch.cosh(r), torch.sinh(r) * v / r), -1)
+
+        q, k = points(layer.query), points(layer.key)
+        inner = q[:, :1] * k[:, 0] - q[:, 1:] @ k[:, 1:].T
+        expected = torch.sigmoid(-layer.beta.double() * torch.arccosh(inner.clamp_min(1.0)) - layer.offset.double())
+    assert weights.shape == (4, 4)
+    torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_chimera_without_its_hyperbolic_layer_has_no_attention():
+    from types import SimpleNamespace
+
+    from polyfuse.nn.models.chimera import ChimeraRetrievalModel
+    from polyfuse.tasks.chimera_figure import pair_attention
+
+    model = ChimeraRetrievalModel(4, 3, num_topics=0, hyperbolic_dim=0)
+    with pytest.raises(ValueError, match="no hyperbolic layer"):
+        pair_attention(SimpleNamespace(model=model), torch.randn(1, 2, 4), *_masks([1, 1]), torch.randn(1, 1, 3),
+                       *_masks([1]))

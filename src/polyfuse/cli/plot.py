@@ -1,7 +1,8 @@
 """``polyfuse plot``: learning curves of a run; ``polyfuse plot attention``: the attention
 of a checkpoint's model, drawn by its task (tabular tasks and retrieval: MAN's marginal
 attention over time or BAN's maps for one sample; VQA: BAN's glimpses over the image grid
-and the question words; captioning: MAF's attention per generated word)."""
+and the question words; captioning: MAF's attention per generated word; chimera: the
+hyperbolic layer's attention over a caption and its video)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "of the model for one sample of a split, as its task draws it: sentiment, traits, "
             "classification and retrieval (MAN fusions) MAN's per-modality marginal attention over "
             "time or BAN's bilinear maps; vqa BAN's glimpses over the image and the question; "
-            "captioning MAF's attention per generated word. Chimera has no attention figure."
+            "captioning MAF's attention per generated word; chimera the hyperbolic layer's Lorentz "
+            "attention over a caption and its video."
         ),
     )
     parser.add_argument(

@@ -14,7 +14,7 @@ import numpy as np
 
 from polyfuse.figures.common import pyplot, save_figure
 
-__all__ = ["draw_ban_maps", "draw_man_attention"]
+__all__ = ["draw_ban_maps", "draw_man_attention", "draw_token_attention"]
 
 
 def draw_man_attention(attention: dict[str, Any], out: str | Path, *, title: str = "", centre: int | None = None) -> Path:
@@ -23,6 +23,8 @@ def draw_man_attention(attention: dict[str, Any], out: str | Path, *, title: str
     layers, names = attention["layers"], attention["names"]
     if not layers or any(len(layer) != len(names) for layer in layers):
         raise ValueError(f"draw_man_attention: each layer needs one map per input {names}")
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     rows, columns = len(layers), len(names)
     figure, axes = plt.subplots(rows, columns, figsize=(3.8 * columns, 2.4 * rows + 0.6), squeeze=False)
@@ -33,6 +35,8 @@ def draw_man_attention(attention: dict[str, Any], out: str | Path, *, title: str
             axis.set_title(f"{name}" + (f" (layer {i})" if rows > 1 else ""))
             axis.set_xlabel("time step")
             axis.set_ylabel("head")
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+            axis.yaxis.set_major_locator(MaxNLocator(integer=True))
             if centre is not None and centre < weights.shape[1]:
                 axis.axvline(centre, color="white", linestyle="--", linewidth=1)
             figure.colorbar(image, ax=axis, fraction=0.046)
@@ -57,5 +61,29 @@ def draw_ban_maps(attention: dict[str, Any], out: str | Path, *, title: str = ""
         axis.set_ylabel(f"{names[0]} step")
         figure.colorbar(image, ax=axis, fraction=0.046)
     figure.suptitle(title or "BAN bilinear attention maps")
+    figure.tight_layout()
+    return save_figure(figure, out, dpi=110)
+
+
+def draw_token_attention(weights: np.ndarray, labels: list[str], out: str | Path, *, boundary: int | None = None,
+                         title: str = "") -> Path:
+    """One heat map of (N, N) attention weights, queries in rows, each axis labelled;
+    lines after the first ``boundary`` positions (the first modality's)."""
+    weights = np.asarray(weights)
+    if weights.ndim != 2 or weights.shape[0] != weights.shape[1] or weights.shape[0] != len(labels):
+        raise ValueError(f"draw_token_attention: weights must be ({len(labels)}, {len(labels)}), got {weights.shape}")
+    plt = pyplot()
+    size = max(4.0, 0.28 * len(labels) + 2.0)
+    figure, axis = plt.subplots(figsize=(size + 1.0, size))
+    image = axis.imshow(weights, cmap="viridis", interpolation="nearest")
+    axis.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    axis.set_yticks(range(len(labels)), labels, fontsize=7)
+    axis.set_xlabel("key")
+    axis.set_ylabel("query")
+    if boundary is not None and 0 < boundary < len(labels):
+        axis.axvline(boundary - 0.5, color="white", linewidth=1)
+        axis.axhline(boundary - 0.5, color="white", linewidth=1)
+    figure.colorbar(image, ax=axis, fraction=0.046)
+    figure.suptitle(title or "attention weights")
     figure.tight_layout()
     return save_figure(figure, out, dpi=110)

@@ -500,6 +500,11 @@ class ChimeraSpec(TaskSpec):
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
                         shuffle_words: bool = False) -> TaskData:
+        return self._split_data(extras, split, source, modalities, shuffle_words, _encoder(extras["config"]["chimera"]))
+
+    @staticmethod
+    def _split_data(extras: Mapping[str, Any], split: str, source: str | None, modalities: Sequence[str] | None,
+                    shuffle_words: bool, encoder) -> TaskData:
         if source is not None or modalities:
             raise ValueError("chimera evaluates on its configuration's corpus: --data and --modalities do not apply")
         if split not in SPLITS:
@@ -507,8 +512,7 @@ class ChimeraSpec(TaskSpec):
         if shuffle_words and SPLITS[split] != "test":
             raise ValueError("shuffled words are drawn for the test split only")
         part = "test_shuffled" if shuffle_words else SPLITS[split]
-        config = extras["config"]
-        data = _data(config, prepare_chimera(config, _encoder(config["chimera"]), (part,)))
+        data = _data(extras["config"], prepare_chimera(extras["config"], encoder, (part,)))
         data.split_part = part
         return data
 
@@ -536,3 +540,13 @@ class ChimeraSpec(TaskSpec):
 
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
         write_rank_records(records, path)
+
+    def attention_figures(self, module: ChimeraTask, extras: Mapping[str, Any], out: Path, *, split: str,
+                          sample: int, source: str | None, modalities: Sequence[str] | None) -> list[Path]:
+        """The hyperbolic layer's attention over the ``sample``-th caption of ``split`` and
+        its video (:mod:`polyfuse.tasks.chimera_figure`)."""
+        from polyfuse.tasks.chimera_figure import plot_pair_attention
+
+        encoder = _encoder(extras["config"]["chimera"])  # its states and its word pieces
+        data = self._split_data(extras, split, source, modalities, False, encoder)
+        return [plot_pair_attention(module, encoder, data, out, split=split, sample=sample)]
