@@ -113,4 +113,16 @@ def test_a_captioning_checkpoint_draws_the_video_it_is_given(tiny_run, capfd, tm
     code, _, err = _run(capfd, ["plot", "attention", "--checkpoint", str(result.best_checkpoint),
                                      "--video", "no-such-video", "--out", str(out)])
     assert code == EXIT_INPUT and "video 'no-such-video' is not in the checkpoint's data" in err
+    # the run-directory form draws the same figure from the run's best checkpoint
+    code, _, err = _run(capfd, ["plot", "--captions", str(result.run_dir), "--video", video, "--out", str(out)])
+    assert code == 0 and out.stat().st_size > 0, err
+
+
+def test_the_captions_figure_of_another_task_is_one_line(tiny_run, capfd, tmp_path):
+    name, _, _, result = tiny_run
+    code, _, err = _run(capfd, ["plot", "--captions", str(result.run_dir), "--video", "v0",
+                                "--out", str(tmp_path / "c.png")])
+    _one_line_or_success(code, err, "plot")
+    if name != "captioning":
+        assert code == EXIT_INPUT and f"--captions draws a captioning run's figure; {result.run_dir} is a {name} run" in err
 

@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.video:
             raise ValueError("--captions needs --video ID")
         task, extras = load_model(best_checkpoint(Path(args.captions)))
+        if extras["config"]["task"]["type"] != "captioning":
+            raise ValueError(f"--captions draws a captioning run's figure; {args.captions} is a "
+                             f"{extras['config']['task']['type']} run (plot attention --checkpoint draws its own)")
         print(f"wrote {plot_caption_attention(task, extras, args.video, args.out, clips=args.clips)}")
         return 0
     if args.run_dir:
