@@ -126,3 +126,19 @@ def test_the_captions_figure_of_another_task_is_one_line(tiny_run, capfd, tmp_pa
     if name != "captioning":
         assert code == EXIT_INPUT and f"--captions draws a captioning run's figure; {result.run_dir} is a {name} run" in err
 
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict", "plot"])
+def test_wrong_input_to_any_task_is_one_line(tiny_run, capfd, tmp_path, command):
+    _, _, _, result = tiny_run
+    out = ["--out", str(tmp_path / ("x.png" if command == "plot" else "x.csv"))] if command != "evaluate" else []
+    base = [command, "--checkpoint", str(result.best_checkpoint), *out]
+    for extra in (["--split", "nosuch"], ["--data", str(tmp_path / "missing.npz")]):
+        code, _, err = _run(capfd, [*base, *extra])
+        _one_line_or_success(code, err, command)
+        assert code == EXIT_INPUT
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(result.best_checkpoint.read_bytes()[:200])
+    code, _, err = _run(capfd, [command, "--checkpoint", str(corrupt), *out])
+    _one_line_or_success(code, err, command)
+    assert code == EXIT_INPUT
