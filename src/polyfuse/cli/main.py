@@ -13,18 +13,24 @@ Exit codes (documented in docs/RELIABILITY.md):
 - 130: interrupted (Ctrl-C); a training run says how to resume it;
 - 1: an unexpected error (a bug: a traceback is printed); also ``polyfuse bench peers
   --against`` when a ratio regressed against the baseline (docs/TESTING.md).
+
+Warnings, Python's and those polyfuse logs, are one line each on stderr,
+``polyfuse <command>: warning: ...``, every message once per command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
+import logging
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["EXIT_DIVERGED", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_SYSTEM", "main"]
+__all__ = ["EXIT_DIVERGED", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_SYSTEM", "main", "one_line_warnings"]
 
 EXIT_INPUT, EXIT_SYSTEM, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 4, 130
 
@@ -74,6 +80,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _OneLineWarnings(logging.Handler):
+    """Says each warning of a command once, in one line: ``polyfuse <command>: warning: ...``.
+
+    Python warnings (through :func:`warnings.showwarning`) and the warnings polyfuse logs
+    both come here; a message said before in the same command is not said again (the
+    runs of ``polyfuse compare`` repeat theirs)."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(logging.WARNING)
+        self.command = command
+        self.said: set[str] = set()
+
+    def say(self, message: object) -> None:
+        text = " ".join(str(message).split())  # one line, whatever the message holds
+        if text not in self.said:
+            self.said.add(text)
+            print(f"polyfuse {self.command}: warning: {text}", file=sys.stderr, flush=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.say(record.getMessage())
+
+    def showwarning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        self.say(message)
+
+
+@contextlib.contextmanager
+def one_line_warnings(command: str) -> Iterator[None]:
+    """Within: every warning once, as one line naming the command (:class:`_OneLineWarnings`)."""
+    handler = _OneLineWarnings(command)
+    logger = logging.getLogger("polyfuse")
+    # The filters stay as they are (the user's -W, Lightning's noise filtered in
+    # polyfuse.engine.build): a warning they let through comes to the handler, which
+    # says each message once, whichever line or run raised it.
+    with warnings.catch_warnings():
+        warnings.showwarning = handler.showwarning
+        logger.addHandler(handler)
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -85,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Every expected failure is one clear line, not a traceback.
     try:
-        return int(args.run(args) or 0)
+        with one_line_warnings(args.command):
+            return int(args.run(args) or 0)
     except RunInterrupted as error:
         return fail(str(error), EXIT_INTERRUPTED)
     except KeyboardInterrupt:

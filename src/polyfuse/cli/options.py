@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["add_config_arguments", "config_from_args", "lightning_errors"]
+__all__ = ["add_config_arguments", "config_from_args", "display_settings", "lightning_errors"]
 
 # flag -> (config key, help)
 _SHORTCUTS = {
@@ -42,7 +42,20 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, config_required: bo
     for flag, (key, text) in _SHORTCUTS.items():
         group.add_argument("--" + flag.replace("_", "-"), dest=f"short_{flag}", metavar=key.split(".")[-1].upper(), help=f"{text} [{key}]")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--quiet", action="store_true", help="hide Lightning's info messages")
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print only the results and warnings: no progress bar, no Lightning info lines [trainer.quiet]",
+    )
+
+
+def display_settings(args: argparse.Namespace) -> dict[str, bool]:
+    """The ``trainer`` settings of --no-progress and --quiet (which hides the bar too)."""
+    settings = {}
+    if args.no_progress or args.quiet:
+        settings["progress_bar"] = False
+    if args.quiet:
+        settings["quiet"] = True
+    return settings
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -56,10 +69,7 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             overrides.append(f"{key}={value}")
     overrides.extend(args.overrides)
-    if args.no_progress:
-        overrides.append("trainer.progress_bar=false")
-    if args.quiet:
-        overrides.append("trainer.quiet=true")
+    overrides.extend(f"trainer.{key}={str(value).lower()}" for key, value in display_settings(args).items())
     config = apply_overrides(config, overrides)
     if not config.get("name") and args.config:
         config["name"] = args.config.rsplit("/", 1)[-1].rsplit(".", 1)[0]

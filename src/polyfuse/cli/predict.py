@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
 
 __all__ = ["add_parser", "run"]
 
@@ -44,16 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.run import predict
 
     quiet_lightning()
-    with warnings.catch_warnings():
-        # images and questions left out are said in one line each, naming them
-        warnings.showwarning = _one_line_warning
-        records = predict(
-            args.checkpoint, source=args.data, split=args.split, out=args.out, modalities=args.modalities,
-            images=args.images, top_k=args.top_k,
-        )  # fmt: skip
+    # images and questions left out are warnings, said in one line each by polyfuse.cli.main
+    records = predict(
+        args.checkpoint, source=args.data, split=args.split, out=args.out, modalities=args.modalities,
+        images=args.images, top_k=args.top_k,
+    )  # fmt: skip
     print(f"wrote {len(records)} predictions to {args.out}")
     return 0
-
-
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"polyfuse predict: warning: {message}", file=sys.stderr)

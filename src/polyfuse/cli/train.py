@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polyfuse.cli.options import add_config_arguments, config_from_args, lightning_errors
+from polyfuse.cli.options import (
+    add_config_arguments,
+    config_from_args,
+    display_settings,
+    lightning_errors,
+)
 
 __all__ = ["add_parser", "epoch_words", "format_metrics", "run", "shown_path"]
 
@@ -58,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 "--resume continues a run with its saved configuration; only --no-progress and "
                 "--quiet may be added"
             )
-        display = {"progress_bar": False} if args.no_progress else {}
-        display.update({"quiet": True} if args.quiet else {})
-        config = {"trainer": display}
+        config = {"trainer": display_settings(args)}
     elif not args.config:
         raise ValueError("give --config (or --resume RUN_DIR)")
     else:

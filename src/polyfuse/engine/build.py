@@ -33,9 +33,32 @@ __all__ = [
 
 
 def quiet_lightning() -> None:
-    """Silence Lightning's info lines and the warnings that do not apply here."""
+    """Silence Lightning's info lines (GPU / TPU available, fit stopped, ...); its warnings stay."""
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+# Lightning's info lines that never say anything about the run: an advertisement, and the
+# loading of the best checkpoint by train's final validation and test (train names that
+# checkpoint itself). A resumed run still says "Restored all states from the checkpoint at ...".
+_NOISE = (
+    "💡 Tip:",
+    "Restoring states from the checkpoint path at ",
+    "Loaded model weights from the checkpoint at ",
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_NOISE)
+
+
+def _drop_lightning_noise() -> None:
+    # the loggers of Lightning's rank_zero_info, where these records are made
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise())
 
 
 def _filter_warnings() -> None:
@@ -69,8 +92,9 @@ def build_trainer(
     """A Lightning trainer: checkpoints (best on validation and last), early stopping,
     CSV and TensorBoard logs under ``run_dir``, seeded epochs, DDP and precision options."""
     trainer_config = config["trainer"]
-    if trainer_config["quiet"]:
+    if trainer_config["quiet"] or not for_training:  # evaluation and prediction print results only
         quiet_lightning()
+    _drop_lightning_noise()
     _filter_warnings()
     apply_thread_plan(thread_plan_for(trainer_config))  # never more threads than free cores by default
     all_callbacks: list[Callback] = [ReseedEachEpoch(int(config["seed"]))]

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,14 +57,41 @@ def _check(references: Mapping[str, Sequence[str]], hypotheses: Mapping[str, str
             raise ValueError(f"caption metrics: the generated caption of video {video!r} is not a string")
 
 
+def _java_ptb_tokenize(captions: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """pycocoevalcap's ``PTBTokenizer().tokenize`` of ``{video: [caption, ...]}``, run as it
+    runs it (Stanford's PTBTokenizer of its jar, ``-preserveLines -lowerCase``, then its
+    PUNCTUATIONS dropped), but with Java's stderr read here: the tokenizer's report of
+    each call ("PTBTokenizer tokenized 3257 tokens at ... tokens per second.") is not
+    printed, anything else Java says is a warning, and a failure an error. The captions'
+    file is a temporary one, not one beside the jar (site-packages may be read-only)."""
+    import pycocoevalcap.tokenizer.ptbtokenizer as ptb
+
+    jar = Path(ptb.__file__).with_name(ptb.STANFORD_CORENLP_3_4_1_JAR)
+    videos = [video for video, texts in captions.items() for _ in texts]
+    sentences = "\n".join(text.replace("\n", " ") for texts in captions.values() for text in texts)
+    with tempfile.TemporaryDirectory(prefix="polyfuse-ptb-") as folder:
+        path = Path(folder) / "captions.txt"
+        path.write_bytes(sentences.encode())
+        command = ["java", "-cp", str(jar), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines", "-lowerCase",
+                   str(path)]  # fmt: skip
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    said = [line.strip() for line in done.stderr.decode(errors="replace").splitlines()
+            if line.strip() and not line.startswith("PTBTokenizer tokenized ")]  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the PTB tokenizer (java) failed with exit code {done.returncode}: {' '.join(said)[-500:]}")
+    for line in said:
+        warnings.warn(f"the PTB tokenizer (java) said: {line}", RuntimeWarning, stacklevel=3)
+    tokenized: dict[str, list[str]] = {}
+    for video, line in zip(videos, done.stdout.decode().split("\n"), strict=False):  # as pycocoevalcap pairs them
+        tokenized.setdefault(video, []).append(" ".join(w for w in line.rstrip().split(" ") if w not in ptb.PUNCTUATIONS))
+    return tokenized
+
+
 def _tokenize(references: Mapping[str, Sequence[str]], hypotheses: Mapping[str, str], java: bool) -> tuple[dict, dict]:
     ids = list(hypotheses)
     if java:
-        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
-        tokenizer = PTBTokenizer()
-        gts = tokenizer.tokenize({v: [{"caption": c} for c in references[v]] for v in ids})
-        res = tokenizer.tokenize({v: [{"caption": hypotheses[v]}] for v in ids})
+        gts = _java_ptb_tokenize({v: list(references[v]) for v in ids})
+        res = _java_ptb_tokenize({v: [hypotheses[v]] for v in ids})
         return gts, res
     gts = {v: [" ".join(ptb_tokenize(c)) for c in references[v]] for v in ids}
     res = {v: [" ".join(ptb_tokenize(hypotheses[v]))] for v in ids}

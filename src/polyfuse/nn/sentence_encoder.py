@@ -12,7 +12,8 @@ GloVe-format file by :mod:`polyfuse.data.formats.glove`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,6 +33,20 @@ class TextEncoding(NamedTuple):
     tokens: Tensor
     mask: Tensor
     sentence: Tensor
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """Within: no transformers (or huggingface_hub) progress bars; as it was after."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _check_sentences(sentences: Sequence[str]) -> list[str]:
@@ -62,7 +77,8 @@ class MiniLMEncoder(nn.Module):
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"no config.json in the MiniLM folder {folder}")
         self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        self.model = AutoModel.from_pretrained(folder, local_files_only=True)
+        with _no_progress_bar():  # a local folder read in a blink: its "Loading weights" bar is noise
+            self.model = AutoModel.from_pretrained(folder, local_files_only=True)
         self.hidden_size = int(self.model.config.hidden_size)
         self.max_length = int(max_length)
         self.trainable = bool(trainable)
