@@ -165,3 +165,11 @@ def test_the_java_ptb_tokenization_is_pycocoevalcaps_and_says_nothing(capfd):
     assert _java_ptb_tokenize(captions) == expected
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+def test_demo_quiet_prints_the_table_only(capfd):
+    assert main(["demo", "--samples", "40", "--epochs", "1", "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert err == ""  # no progress bars
+    lines = out.splitlines()
+    assert lines[0].startswith("| model") and lines[-1].startswith("Total time:")

@@ -25,6 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--epochs", type=int, default=12, help="training epochs (default 12)")
     parser.add_argument("--seed", type=int, default=0, help="data and training seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument("--quiet", action="store_true", help="print only the results (the table and the time)")
     parser.set_defaults(run=run)
 
 
@@ -33,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--samples must be >= 20 and --epochs >= 1")
     start = time.perf_counter()
     results = run_demo(
-        num_samples=args.samples, epochs=args.epochs, seed=args.seed, progress=not args.no_progress
+        num_samples=args.samples, epochs=args.epochs, seed=args.seed, progress=not (args.no_progress or args.quiet)
     )
-    print()
+    if not args.quiet:
+        print()
     print(format_table(results))
     print(f"\nTotal time: {time.perf_counter() - start:.0f} s")
     return 0

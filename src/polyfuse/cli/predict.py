@@ -1,4 +1,5 @@
-"""``polyfuse predict``: predictions of a checkpoint for the rows of a data source, as CSV."""
+"""``polyfuse predict``: predictions of a checkpoint for the rows of a data source, as CSV
+(captioning: JSON ``{video id: caption}``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "predict",
-        help="write a checkpoint's predictions as CSV",
+        help="write a checkpoint's predictions (CSV; captioning: JSON)",
         description="Predict every row of a data source (labels optional) with a .safetensors "
         "checkpoint, standardising with the training statistics stored in it. --modalities "
         "names the arrays to use when they are named differently than in training. A VQA "
