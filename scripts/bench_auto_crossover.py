@@ -2,7 +2,7 @@
 """Where exact attention stops being faster than had: forward+backward time of a MAN
 layer in each mode as the lengths grow (the evidence for ``mode="auto"``'s budget).
 
-    PYTHONPATH=src python scripts/bench_auto_crossover.py [--lengths 8,16,24,32,48]
+    python scripts/bench_auto_crossover.py [--lengths 8,16,24,32,48]
         [--batch 32] [--heads 4] [--features 64] [--threads 1] [--repeats 10]
 
 MAN over 3 modalities of equal length T (input sizes 16 / 12 / 8, hidden 32, 4 heads,

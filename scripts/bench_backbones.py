@@ -10,7 +10,7 @@ on ``--eval-batch`` samples. Calls of all models are timed in turns (median over
 ``--repeats``) so that load changes hit them alike; the 1-minute load average is
 written beside the numbers: timings on a loaded machine are not comparable.
 
-    PYTHONPATH=src .venv/bin/python scripts/bench_backbones.py --out docs/benchmarks/backbones.json
+    python scripts/bench_backbones.py --out docs/benchmarks/backbones.json
 """
 
 from __future__ import annotations

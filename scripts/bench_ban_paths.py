@@ -3,7 +3,7 @@
 glimpse loop (what the CPU runs) against the batched residual chain (what CUDA runs),
 forward and forward+backward; and the two layouts of z_g in the chain. Medians, one thread.
 
-    PYTHONPATH=src python scripts/bench_ban_paths.py [--repeats 5]
+    python scripts/bench_ban_paths.py [--repeats 5]
 
 The numbers behind ``polyfuse.nn.ban.chain_on`` and ``bilinear_residual_glimpses``'s
 ``one_product`` (issue 40).

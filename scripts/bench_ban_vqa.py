@@ -7,7 +7,7 @@ unchanged from a git mirror (``--git``, as in tests/nn/test_ban_vqa_reference.py
 Prints the median of ``--repeats`` timed forwards of each and their largest
 difference in logits.
 
-    PYTHONPATH=src python scripts/bench_ban_vqa.py --threads 2
+    python scripts/bench_ban_vqa.py --threads 2
 """
 
 from __future__ import annotations

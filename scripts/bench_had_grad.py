@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Forward, and forward + backward, of had-mode multilinear attention (issue 14's lean backward).
 
-    PYTHONPATH=src python scripts/bench_had_grad.py [--config retrieval|mosi] [--estimator gerf|arf]
+    python scripts/bench_had_grad.py [--config retrieval|mosi] [--estimator gerf|arf]
         [--threads 1] [--repeats 5] [--chunks C]
 
 ``retrieval``: m = 7 modalities of T = 30 steps, 8 heads of K = K' = 64, H = 512, batch 32;

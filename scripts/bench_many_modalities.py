@@ -2,7 +2,7 @@
 """One MAN layer over many modalities: exact attention, had with the LSC part exact (the
 default), had with it estimated; forward+backward and forward, one thread, medians.
 
-    PYTHONPATH=src python scripts/bench_many_modalities.py [--repeats 5] [--out FILE.json]
+    python scripts/bench_many_modalities.py [--repeats 5] [--out FILE.json]
 
 Issue 42's table: 6 modalities of the handwritten-digits sizes 240/76/216/47/64/6, hidden
 40, 10 heads, H = 24, 4 chunks, batch 32, lengths T = 1 and T = 4 for every modality;

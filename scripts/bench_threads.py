@@ -6,7 +6,7 @@ so that a drift of the machine's load hits them alike. Records per run the wall 
 of the process, the training time and test metrics from ``results.json``, the thread
 plan the run printed and the machine's load, then prints a Markdown table.
 
-    PYTHONPATH=src python scripts/bench_threads.py --configs configs/mosi/man.yaml \\
+    python scripts/bench_threads.py --configs configs/mosi/man.yaml \\
         --threads 1 2 --epochs 3 --repeats 2 --out runs/threads --json docs/benchmarks/threads.json
 """
 

@@ -3,7 +3,7 @@
 ``captioning.allow_unknown`` only changes decoding, so its effect is measured on the
 trained checkpoints themselves (docs/RESULTS.md, "Why the 0.3.0 defaults score lower"):
 
-    PYTHONPATH=src python scripts/captioning_allow_unknown.py --out runs/ablate/unk/hoca_b \\
+    python scripts/captioning_allow_unknown.py --out runs/ablate/unk/hoca_b \\
         runs/msvd-captioning-2streams-b/hoca_b/seed0 runs/msvd-captioning-2streams-b/hoca_b/seed1 \\
         runs/msvd-captioning-2streams-c/hoca_b/seed2
 

@@ -5,7 +5,7 @@
 # Needs ../shared/data/mosi/mosi_utterance.npz (see docs/TRAINING.md) or POLYFUSE_MOSI_PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PF=${PF:-.venv/bin/polyfuse}
+PF=${PF:-polyfuse}
 DATA=${POLYFUSE_MOSI_PATH:-../shared/data/mosi/mosi_utterance.npz}
 OUT=${OUT:-runs/mosi_backbones}
 SEEDS=${SEEDS:-5}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What a `polyfuse extract video` file holds, and a check that its features mean something.
 
-    PYTHONPATH=src python scripts/video_features_report.py FEATURES.h5 [--vgg features_vgg.npz]
+    python scripts/video_features_report.py FEATURES.h5 [--vgg features_vgg.npz]
 
 Prints the clips, streams, shapes and bytes of the file, the range of each stream, and
 a sanity check on real clips: clips cut from one YouTube video (ids

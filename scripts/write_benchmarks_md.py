@@ -24,7 +24,7 @@ COMMANDS = {
     "paper": "polyfuse bench paper --output-dir docs/benchmarks",
     "complexity": "polyfuse bench complexity --output-dir docs/benchmarks",
     "approximation": "polyfuse bench approximation --output-dir docs/benchmarks",
-    "backbones": "PYTHONPATH=src python scripts/bench_backbones.py --out docs/benchmarks/backbones.json",
+    "backbones": "python scripts/bench_backbones.py --out docs/benchmarks/backbones.json",
     "ops": "polyfuse bench ops --output-dir docs/benchmarks",
 }
 TARGET_TEXT = {
@@ -306,7 +306,7 @@ def ops_section(payload: dict[str, Any], folder: Path) -> list[str]:
     return ops_markdown(payload)
 
 
-GPU_COMMANDS = """```
+GPU_COMMANDS = """```bash
 polyfuse bench gpu --output-dir docs/benchmarks
 polyfuse bench peers --device cuda --man PATH/MAN --ban-vqa PATH/ban-vqa --multibench PATH/MultiBench \\
     --batch-sizes '32 512' --output-dir docs/benchmarks
@@ -369,7 +369,8 @@ def render(folder: Path) -> str:
         "written by `python scripts/write_benchmarks_md.py` from the JSON results in "
         "`docs/benchmarks/` (the plots are there too). Timings vary with the machine's load, "
         "which every section records; the speed targets are ratios measured in one run for "
-        "that reason. No GPU timings: no accelerator was available for these runs.",
+        "that reason. No GPU timings: no accelerator was available for these runs. The "
+        "commands assume the README's [set-up](../README.md#set-up) (`.venv` activated).",
         "",
         "What the numbers mean: **time** is wall-clock (`time.perf_counter`), the median of "
         "repeated calls after warm-up; **FLOPs** are what `torch.utils.flop_counter."

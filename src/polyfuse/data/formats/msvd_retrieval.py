@@ -7,7 +7,8 @@ post-ReLU VGG rows per clip (see its PROVENANCE.md). Two experts are made from i
   frames (80 / steps frames each), (steps, 4096);
 * ``vgg_motion``: differences of consecutive appearance steps, (steps - 1, 4096): a
   crude motion stream derived from the same network, not an optical-flow or 3D-CNN
-  expert. It stands in until ``polyfuse extract video`` gives real motion features.
+  expert. ``polyfuse extract video`` writes a real motion stream (histograms of
+  dense optical flow, docs/CAPTIONING.md); this corpus does not read it yet.
 
 Captions come from ``captions.json``, the split from ``splits.json`` (70 / 10 / 20).
 """
