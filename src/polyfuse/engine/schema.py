@@ -242,7 +242,7 @@ class TrainerConfig(_Section):
     progress_bar: bool = Field(True, description="show the progress bar")
     log_every_n_steps: PositiveInt = Field(10, description="logging interval in steps")
     num_threads: Annotated[int, Field(ge=1, le=4096)] | None = Field(None, description="torch intra-op CPU threads per process (default: the free cores divided among the processes, less one inter-op thread each)")
-    quiet: bool = Field(False, description="hide Lightning's info messages")
+    quiet: bool = Field(False, description="hide Lightning's info messages (the CLI's --quiet also hides the progress bar)")
 
     @field_validator("monitor")
     @classmethod
