@@ -124,7 +124,7 @@ def test_the_captions_figure_of_another_task_is_one_line(tiny_run, capfd, tmp_pa
                                 "--out", str(tmp_path / "c.png")])
     _one_line_or_success(code, err, "plot")
     if name != "captioning":
-        assert code == EXIT_INPUT and f"--captions draws a captioning run's figure; {result.run_dir} is a {name} run" in err
+        assert code == EXIT_INPUT and f"--video do(es) not apply to a {name} checkpoint" in err
 
 
 

@@ -77,9 +77,12 @@ def test_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert predicted == {v: g["generated"] for v, g in generated.items()}
     # The figure's data: the generated words (and <eos>), attention summing to one per word.
     from polyfuse.engine.run import load_model
-    from polyfuse.tasks.captioning_figure import best_checkpoint, caption_attention
+    from polyfuse.engine.rundir import best_checkpoint
+    from polyfuse.tasks.captioning import checkpoint_captioning_data
+    from polyfuse.tasks.captioning_figure import caption_attention
 
-    found = caption_attention(*load_model(best_checkpoint(run)), "vid10")
+    task, extras = load_model(best_checkpoint(run))
+    found = caption_attention(task, extras, "vid10", checkpoint_captioning_data(extras))
     assert found["caption"] == predicted["vid10"] and found["split"] == "test"
     assert " ".join(w for w in found["words"] if w != "<eos>") == predicted["vid10"]
     for attention in found["attention"]:

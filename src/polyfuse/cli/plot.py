@@ -62,18 +62,6 @@ def _question_ids(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine import plots
 
-    if args.captions:
-        from polyfuse.engine.run import load_model
-        from polyfuse.tasks.captioning_figure import best_checkpoint, plot_caption_attention
-
-        if not args.video:
-            raise ValueError("--captions needs --video ID")
-        task, extras = load_model(best_checkpoint(Path(args.captions)))
-        if extras["config"]["task"]["type"] != "captioning":
-            raise ValueError(f"--captions draws a captioning run's figure; {args.captions} is a "
-                             f"{extras['config']['task']['type']} run (plot attention --checkpoint draws its own)")
-        print(f"wrote {plot_caption_attention(task, extras, args.video, args.out, clips=args.clips)}")
-        return 0
     if args.run_dir:
         if args.what == "attention":
             raise ValueError("plot attention reads a checkpoint: give --checkpoint FILE (--run draws learning curves)")
@@ -82,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from polyfuse.engine.build import quiet_lightning
     from polyfuse.engine.run import load_model
+    from polyfuse.engine.rundir import best_checkpoint
     from polyfuse.tasks.registry import task_spec
 
+    if args.captions and not args.video:
+        raise ValueError("--captions needs --video ID")
     quiet_lightning()
-    task, extras = load_model(args.checkpoint)
+    task, extras = load_model(best_checkpoint(Path(args.captions)) if args.captions else args.checkpoint)
     spec = task_spec(extras["config"]["task"]["type"])
     options = {"question_ids": _question_ids(args.question_ids) if args.question_ids else None,
                "images": args.images, "video": args.video, "clips": args.clips}

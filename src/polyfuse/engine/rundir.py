@@ -23,7 +23,8 @@ from pathlib import Path
 from polyfuse.atomic import atomic_temp_path, atomic_write_text, write_bytes
 
 __all__ = [
-    "DATA_HASHES_NAME", "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "check_data_hashes",
+    "DATA_HASHES_NAME", "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "best_checkpoint",
+    "check_data_hashes",
     "claim_run_dir", "file_digest", "record_data_hashes", "safe_run_name", "write_bytes",
 ]
 
@@ -68,6 +69,17 @@ class RunDirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    """The best checkpoint of a run directory: results.json's, else checkpoints/best.safetensors."""
+    results = run_dir / "results.json"
+    if results.is_file():
+        return run_dir / json.loads(results.read_text())["best_checkpoint"]
+    path = run_dir / "checkpoints" / "best.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no best checkpoint in {run_dir} (results.json or checkpoints/best.safetensors)")
+    return path
 
 
 def safe_run_name(name: str) -> str:

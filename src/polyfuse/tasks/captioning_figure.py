@@ -1,8 +1,8 @@
 """The captioning figure: one video's frames, its generated and reference captions, and
 MAF's attention over time in every modality for each generated word.
 
-``polyfuse plot --captions RUN_DIR --video ID --out FILE.png``: the run's best
-checkpoint generates the caption by beam search (as at test time); the decoder is
+``polyfuse plot --captions RUN_DIR --video ID --out FILE.png`` (or ``plot attention
+--checkpoint FILE``): the checkpoint generates the caption by beam search (as at test time); the decoder is
 then run over that caption (teacher forcing) to record, at the step that emits each
 word, the attention of every modality over its steps (HOCA Eq. 19) and the
 modality weights beta (Eq. 20). The frames are sampled from the clip
@@ -12,7 +12,6 @@ shared MSVD layout) at the centres of equal segments.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,8 @@ import torch
 
 from polyfuse.data.captioning import CaptioningData
 from polyfuse.nn.beam_search import score_captions
-from polyfuse.tasks.captioning import checkpoint_captioning_data
 
-__all__ = ["best_checkpoint", "caption_attention", "plot_caption_attention", "video_of"]
-
-
-def best_checkpoint(run_dir: Path) -> Path:
-    results = run_dir / "results.json"
-    if results.is_file():
-        return run_dir / json.loads(results.read_text())["best_checkpoint"]
-    path = run_dir / "checkpoints" / "best.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"no best checkpoint in {run_dir} (results.json or checkpoints/best.safetensors)")
-    return path
+__all__ = ["caption_attention", "plot_caption_attention", "video_of"]
 
 
 def video_of(data: CaptioningData, split: str, sample: int) -> str:
@@ -45,11 +33,10 @@ def video_of(data: CaptioningData, split: str, sample: int) -> str:
     return videos[sample]
 
 
-def caption_attention(task: Any, extras: dict[str, Any], video: str, data: CaptioningData | None = None) -> dict[str, Any]:
+def caption_attention(task: Any, extras: dict[str, Any], video: str, data: CaptioningData) -> dict[str, Any]:
     """The generated caption of ``video``, its words' attention per modality, and the
     references, by a loaded captioning checkpoint (``task``, ``extras``; ``data``: its
-    videos, read from the configuration's files when None)."""
-    data = data if data is not None else checkpoint_captioning_data(extras)
+    videos, :func:`polyfuse.tasks.captioning.checkpoint_captioning_data`)."""
     if video not in data.videos:
         raise ValueError(f"video {video!r} is not in the checkpoint's data ({len(data.videos)} videos)")
     rows = torch.tensor([data.row_of(video)])
@@ -78,7 +65,7 @@ def caption_attention(task: Any, extras: dict[str, Any], video: str, data: Capti
 
 def plot_caption_attention(
     task: Any, extras: dict[str, Any], video: str, out: str | Path, *, clips: str | Path | None = None,
-    frames: int = 8, references: int = 3, data: CaptioningData | None = None,
+    data: CaptioningData, frames: int = 8, references: int = 3,
 ) -> Path:
     """Write the figure (see the module docstring; drawn by
     :func:`polyfuse.figures.captioning.draw_caption_attention`) to ``out``."""
