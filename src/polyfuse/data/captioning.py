@@ -9,6 +9,21 @@ A batch is a dict:
 
 Training and validation batches hold one (video, caption) pair per sample; test and
 predict batches one video per sample (``captions`` absent).
+
+Data parallel (N processes): ``batch_size`` and ``eval_batch_size`` are the global
+batches, those of one process. Each global batch is drawn as one process draws it and
+split into N contiguous shares in process order (:func:`share_of`), so every process
+runs the same number of steps and, read in process order, the shares are the batch of
+one process. Pair batches also carry
+
+- ``token_share``: float, this process's target tokens over the global batch's (1.0 on
+  one process): the weight of its per-token mean loss, so that DDP's average of the
+  processes' gradients is the gradient of the global batch's per-token mean;
+- ``global_size``: the number of pairs of the global batch.
+
+A share left empty (a global batch smaller than N) holds the batch's first pair with
+``token_share`` 0 (it weighs nothing but still takes part in the gradient all-reduce),
+or, for videos, no video (``videos`` empty; the inputs of the first video, unused).
 """
 
 from __future__ import annotations
@@ -16,6 +31,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +48,7 @@ from polyfuse.data.formats.captioning import (
     load_video_features,
 )
 
-__all__ = ["CaptioningData", "CaptioningDataModule", "prepare_captioning"]
+__all__ = ["CaptioningData", "CaptioningDataModule", "ReplayedShuffleSampler", "prepare_captioning", "share_of"]
 
 SPLITS = ("train", "valid", "test")
 
@@ -172,6 +188,21 @@ def prepare_captioning(
     )
 
 
+def share_of(items: Sequence[Any], rank: int, world: int) -> list[Any]:
+    """Process ``rank``'s share of a global batch of ``world`` processes: the contiguous
+    items ``[n rank // world, n (rank + 1) // world)``; the shares in process order are
+    ``items``, their sizes differ by at most one."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside [0, {world})")
+    size = len(items)
+    return list(items[size * rank // world : size * (rank + 1) // world])
+
+
+def _targets(ids: Sequence[int]) -> int:
+    """Target tokens of an encoded caption: every token after ``<bos>`` but padding (0)."""
+    return sum(1 for token in ids[1:] if token != 0)
+
+
 def _pad(sequences: Sequence[Sequence[int]]) -> Tensor:
     length = max(len(s) for s in sequences)
     return torch.tensor([list(s) + [0] * (length - len(s)) for s in sequences], dtype=torch.long)
@@ -205,7 +236,9 @@ class ReplayedShuffleSampler(Sampler[int]):
 
 
 class CaptioningDataModule(L.LightningDataModule):
-    """Caption-pair batches for training and validation, video batches for test and predict."""
+    """Caption-pair batches for training and validation, video batches for test and
+    predict; under data parallel, each process's share of every global batch (see the
+    module docstring)."""
 
     def __init__(self, data: CaptioningData, *, batch_size: int, eval_batch_size: int, seed: int = 0) -> None:
         super().__init__()
@@ -213,29 +246,43 @@ class CaptioningDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size, self.seed = int(batch_size), int(eval_batch_size), int(seed)
         self._pairs = {split: data.pairs(split) for split in ("train", "valid")}
 
-    def _pair_batch(self, items: list[tuple[int, list[int]]]) -> dict[str, Any]:
-        rows = torch.tensor([row for row, _ in items])
-        inputs, masks = self.data.gather(rows)
-        return {"inputs": inputs, "masks": masks, "captions": _pad([ids for _, ids in items]),
-                "videos": [self.data.videos[r] for r in rows.tolist()]}
+    def _world(self) -> tuple[int, int]:
+        """(rank, number of processes) of the trainer this module serves; (0, 1) without one."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
 
-    def _video_batch(self, videos: list[str]) -> dict[str, Any]:
-        rows = torch.tensor([self.data.row_of(v) for v in videos])
+    def _pair_batch(self, rank: int, world: int, items: list[tuple[int, list[int]]]) -> dict[str, Any]:
+        """Process ``rank``'s share of the global batch ``items``."""
+        share = share_of(items, rank, world)
+        tokens, mine = (sum(_targets(ids) for _, ids in part) for part in (items, share))
+        taken = share or items[:1]  # an empty share: the batch's first pair, weighing nothing
+        rows = torch.tensor([row for row, _ in taken])
         inputs, masks = self.data.gather(rows)
-        return {"inputs": inputs, "masks": masks, "videos": list(videos)}
+        return {"inputs": inputs, "masks": masks, "captions": _pad([ids for _, ids in taken]),
+                "videos": [self.data.videos[r] for r in rows.tolist()],
+                "token_share": mine / tokens if tokens else 0.0, "global_size": len(items)}
+
+    def _video_batch(self, rank: int, world: int, videos: list[str]) -> dict[str, Any]:
+        """Process ``rank``'s share of the global batch ``videos``."""
+        share = share_of(videos, rank, world)
+        rows = torch.tensor([self.data.row_of(v) for v in share or videos[:1]])  # an empty share: unused inputs
+        inputs, masks = self.data.gather(rows)
+        return {"inputs": inputs, "masks": masks, "videos": share}
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self._pairs["train"], batch_size=self.batch_size,
                           sampler=ReplayedShuffleSampler(len(self._pairs["train"]), seed=self.seed),
-                          collate_fn=self._pair_batch, generator=self._quiet_generator())
+                          collate_fn=partial(self._pair_batch, *self._world()), generator=self._quiet_generator())
 
     def _quiet_generator(self) -> torch.Generator:
         """The loader's own generator: building its iterator never draws from the global RNG."""
         return torch.Generator().manual_seed(self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self._pairs["valid"], batch_size=self.eval_batch_size, collate_fn=self._pair_batch,
-                          generator=self._quiet_generator())
+        return DataLoader(self._pairs["valid"], batch_size=self.eval_batch_size,
+                          collate_fn=partial(self._pair_batch, *self._world()), generator=self._quiet_generator())
 
     def loader(self, split: str) -> DataLoader:
         """An evaluation loader over the videos of ``split`` (``train``, ``valid``, ``test``;
@@ -248,8 +295,8 @@ class CaptioningDataModule(L.LightningDataModule):
         return self.video_loader(self.data.splits[key])
 
     def video_loader(self, videos: Sequence[str]) -> DataLoader:
-        return DataLoader(list(videos), batch_size=self.eval_batch_size, collate_fn=self._video_batch,
-                          generator=self._quiet_generator())
+        return DataLoader(list(videos), batch_size=self.eval_batch_size,
+                          collate_fn=partial(self._video_batch, *self._world()), generator=self._quiet_generator())
 
     def test_dataloader(self) -> DataLoader:
         return self.video_loader(self.data.splits["test"])

@@ -170,15 +170,17 @@ class CaptionMetrics(Metric):
     UTF-8 bytes of its JSON text (one uint8 tensor per batch, and its length per video),
     so the states are tensors that torchmetrics concatenates across processes under DDP
     (``dist_reduce_fx="cat"``) like any other, and are decoded back at ``compute()``.
-    (The captioning task itself trains and tests on one process.)
+    ``kwargs`` go to torchmetrics' ``Metric`` (the captioning task passes
+    ``sync_on_compute=False``: it gathers its processes' captions itself and scores them
+    once, on process 0).
     """
 
     full_state_update = False
     is_differentiable = False
     higher_is_better = True
 
-    def __init__(self, *, meteor: bool = True, java: bool | None = None) -> None:
-        super().__init__()
+    def __init__(self, *, meteor: bool = True, java: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.meteor, self.java = bool(meteor), java
         self.add_state("records", default=[], dist_reduce_fx="cat")  # uint8 UTF-8 JSON, concatenated
         self.add_state("record_lengths", default=[], dist_reduce_fx="cat")  # bytes per video

@@ -8,12 +8,22 @@ loss; test decodes every test video with beam search (``<unk>`` never generated
 unless ``allow_unknown``) and logs BLEU-1..4, METEOR,
 ROUGE-L and CIDEr-D (pycocoevalcap) and the loss. Logged keys: ``train/loss``,
 ``val/loss``, ``test/loss``, ``test/BLEU-4``, ...
+
+Data parallel (``trainer.devices > 1``) gives the numbers of one process. Every process
+takes its share of each global batch (:mod:`polyfuse.data.captioning`); its per-token
+mean loss is weighted by its share of the batch's target tokens (times the number of
+processes, which DDP's gradient average divides out), so the gradient and the logged
+``train/loss`` and ``val/loss`` (Lightning's batch-weighted means, summed over the
+processes at the epoch's end) are those of the global batch. At test, each process
+decodes its share of the videos; the captions (text: about their bytes per video) and
+the loss's sums are gathered once (``all_gather_object``), the caption metrics scored
+once on the whole split by process 0 and broadcast, so every process logs the same.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -63,25 +73,63 @@ class CaptioningTask(L.LightningModule):
         self.lr, self.weight_decay, self.label_smoothing = float(lr), float(weight_decay), float(label_smoothing)
         self.beam_size, self.max_length, self.length_penalty = int(beam_size), int(max_length), float(length_penalty)
         self.meteor = bool(meteor)
-        # the tasks' one name for their metrics; captioning scores captions at test only
-        self.stage_metrics = nn.ModuleDict({"test": CaptionMetrics(meteor=self.meteor)})
+        # the tasks' one name for their metrics; captioning scores captions at test only, on
+        # one process, after gathering every process's captions (so torchmetrics never syncs it)
+        self.stage_metrics = nn.ModuleDict({"test": CaptionMetrics(meteor=self.meteor, sync_on_compute=False)})
         self.references: Mapping[str, Sequence[str]] = {}  # set by the engine before testing
-        self.generated: dict[str, str] = {}  # video -> caption, filled by test / predict
+        self.generated: dict[str, str] = {}  # video -> caption, filled by test (every process's)
         self.test_details: dict[str, Any] = {}
 
     # ---- losses -----------------------------------------------------------------
     def _loss(self, batch: Mapping[str, Any], smoothing: float) -> Tensor:
+        """The per-token mean loss of this process's share, weighted so that DDP's mean over
+        the processes is the per-token mean of the global batch (the module docstring)."""
         captions = batch["captions"]
         logits = self.model(captions, batch["inputs"], batch["masks"])
-        return caption_cross_entropy(logits.float(), captions[:, 1:], 0, smoothing)  # Eq. 24
+        loss = caption_cross_entropy(logits.float(), captions[:, 1:], 0, smoothing)  # Eq. 24
+        return loss * (batch.get("token_share", 1.0) * self._world_size())
+
+    def _log_loss(self, key: str, loss: Tensor, batch: Mapping[str, Any]) -> None:
+        # Lightning's mean over the epoch's global batches, weighted by their sizes; its sums
+        # are reduced over the processes at the epoch's end (nothing is sent per step).
+        size = batch.get("global_size", len(batch["videos"]))
+        self.log(key, loss, on_step=False, on_epoch=True, batch_size=size, sync_dist=True)
 
     def training_step(self, batch: Mapping[str, Any], batch_index: int) -> Tensor:
         loss = self._loss(batch, self.label_smoothing)
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["videos"]))
+        self._log_loss("train/loss", loss, batch)
         return loss
 
     def validation_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self.log("val/loss", self._loss(batch, 0.0), on_step=False, on_epoch=True, batch_size=len(batch["videos"]))
+        self._log_loss("val/loss", self._loss(batch, 0.0), batch)
+
+    # ---- processes --------------------------------------------------------------------
+    def _world_size(self) -> int:
+        return 1 if self._trainer is None else int(self.trainer.world_size)
+
+    def _gather(self, value: Any) -> list[Any]:
+        """``value`` of every process, in process order (``[value]`` on one process)."""
+        if self._world_size() == 1:
+            return [value]
+        gathered: list[Any] = [None] * self._world_size()
+        torch.distributed.all_gather_object(gathered, value)
+        return gathered
+
+    def _from_process_zero(self, make: Callable[[], Any]) -> Any:
+        """``make()`` run on process 0 only and broadcast to the others; an exception it
+        raises is raised on every process (none is left waiting)."""
+        if self._world_size() == 1:
+            return make()
+        value: Any = None
+        if self.trainer.is_global_zero:
+            try:
+                value = make()
+            except Exception as error:  # re-raised below, on every process
+                value = error
+        value = self.trainer.strategy.broadcast(value, src=0)
+        if isinstance(value, Exception):
+            raise value
+        return value
 
     # ---- generation ---------------------------------------------------------------
     @torch.no_grad()
@@ -100,18 +148,20 @@ class CaptioningTask(L.LightningModule):
         return [] if self.allow_unknown else [self.vocabulary.index[UNKNOWN]]
 
     def _decode_batch(self, batch: Mapping[str, Any]) -> dict[str, str]:
+        if not batch["videos"]:  # this process's share of a global batch smaller than the processes
+            return {}
         generated = self.generate(batch["inputs"], batch["masks"])
         return {video: self.vocabulary.decode(row.tolist()) for video, row in zip(batch["videos"], generated.tokens, strict=True)}
 
     def on_test_epoch_start(self) -> None:
         self.generated = {}
         self.stage_metrics["test"].reset()
-        self._test_loss = [0.0, 0]
+        self._test_steps: list[list[tuple[str, str]]] = []  # per step: (video, caption) of this process
+        self._test_loss = [0.0, 0]  # sum of token losses, tokens
 
     def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
         generated = self._decode_batch(batch)
-        self.generated.update(generated)
-        self.stage_metrics["test"].update(list(generated), list(generated.values()), [self.references.get(v) for v in generated])
+        self._test_steps.append(list(generated.items()))
         # Teacher-forced loss over every reference caption of these videos.
         videos, rows, captions = batch["videos"], [], []
         for i, video in enumerate(videos):
@@ -133,12 +183,26 @@ class CaptioningTask(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         if not self.references:
             raise ValueError("CaptioningTask: no reference captions were given for testing")
-        scores = self.stage_metrics["test"].compute()
+        processes = self._gather((self._test_steps, self._test_loss))
+        # Every process ran the same global batches, its share after the previous process's:
+        # step by step, in process order, the captions come in the order of one process.
+        steps = zip(*(steps for steps, _ in processes), strict=True)
+        self.generated = {video: caption for step in steps for share in step for video, caption in share}
+        total, count = (sum(loss[i] for _, loss in processes) for i in (0, 1))
+        metric = self.stage_metrics["test"]
+
+        def score() -> dict[str, Any]:
+            videos = list(self.generated)
+            metric.update(videos, [self.generated[v] for v in videos], [self.references.get(v) for v in videos])
+            return metric.compute()
+
+        scores = self._from_process_zero(score)
         self.test_details = scores
         values = {f"test/{k}": float(v) for k, v in scores.items() if isinstance(v, float)}
-        if self._test_loss[1]:
-            values["test/loss"] = self._test_loss[0] / self._test_loss[1]
-        self.log_dict(values)
+        if count:
+            values["test/loss"] = total / count
+        # The same on every process: "max" over the processes keeps them bit for bit.
+        self.log_dict(values, sync_dist=True, reduce_fx="max")
 
     def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> dict[str, str]:
         return self._decode_batch(batch)
@@ -334,7 +398,6 @@ class CaptioningSpec(TaskSpec):
     required_sections = ("captioning",)
     model_sections = ("decoder",)
     default_monitor = CaptioningTask.default_monitor
-    distributed = "beam search and the caption metrics run on the whole split in one process"
     prediction_suffix = ".json"
     reads_own_files = True
     path_keys = ("captioning.captions", "captioning.splits", "decoder.word_vectors_file")
