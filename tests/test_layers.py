@@ -70,6 +70,9 @@ TOP_LEVEL: dict[str, str] = {
     "atomic": "ground",
     "sizes": "ground",
     "seeds": "ground",
+    # progress bars on a terminal and the final line of a long step: tqdm and the
+    # standard library, used by extract/, data/ and tasks/.
+    "progress": "ground",
     # converts other libraries' BAN checkpoints into nn modules: a user of nn/, as a
     # task is, and nothing below imports it.
     "interop": "tasks",

@@ -1,5 +1,8 @@
 """``polyfuse extract images DIR --out features.h5``: CNN grid features of a folder of images;
-``polyfuse extract video DIR --out features.h5``: appearance, motion and audio streams of clips."""
+``polyfuse extract video DIR --out features.h5``: appearance, motion and audio streams of clips.
+
+A progress bar on stderr when it is a terminal (not with ``--no-progress``); a summary
+line on stdout gives the counts, the time and what the file holds."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     images.add_argument("--image-size", type=int, default=224, help="resize to S x S pixels, S a multiple of 32 (default 224: 7 x 7 grid)")
     images.add_argument("--batch-size", type=int, default=32)
     images.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    images.add_argument("--no-progress", action="store_true", help="no progress bar")
+    images.add_argument("--no-progress", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
     video = kinds.add_parser(
         "video",
         help="a folder of clips (.avi, .mp4, ...): appearance, motion and audio streams",
@@ -42,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     video.add_argument("--streams", default="appearance,motion,audio", help="comma-separated streams to extract (default all: appearance,motion,audio; audio only exists for clips with an audio track)")
     video.add_argument("--batch-size", type=int, default=16, help="frames per forward pass of the CNN (default 16: peak memory about 0.8 GB at 224 px; 32 needs 1.2 GB)")
     video.add_argument("--threads", type=int, default=None, help="torch, decoder and OpenCV threads (default: their own)")
-    video.add_argument("--no-progress", action="store_true", help="no progress bar")
+    video.add_argument("--no-progress", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
     parser.set_defaults(run=run)
 
 
@@ -58,7 +61,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"polyfuse extract: warning: {message}", file=sys.stderr)
+    from tqdm import tqdm
+
+    # above the progress bar, when one is drawn
+    tqdm.write(f"polyfuse extract: warning: {message}", file=sys.stderr)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return " x ".join(str(size) for size in shape)
 
 
 def _run_images(args: argparse.Namespace) -> int:
@@ -75,7 +85,8 @@ def _run_images(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(
         f"{args.out}: {report.computed} images computed, {report.cached} cached, "
-        f"{len(report.skipped)} skipped in {seconds:.1f} s"
+        f"{len(report.skipped)} skipped in {seconds:.1f} s; in the file (images x cells x values): "
+        f"{_shape(report.held)}"
     )
     for path in report.skipped:
         print(f"  skipped: {path}: {report.reasons.get(path, 'cannot decode')}")
@@ -101,9 +112,10 @@ def _run_video(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     seconds = time.perf_counter() - start
+    held = ", ".join(f"{name} {_shape(shape)}" for name, shape in report.streams.items()) or "nothing"
     print(
         f"{args.out}: {len(report.computed)} clips computed, {len(report.cached)} cached, "
-        f"{len(report.skipped)} skipped in {seconds:.1f} s"
+        f"{len(report.skipped)} skipped in {seconds:.1f} s; in the file (clips x rows x values): {held}"
     )
     for video_id, (decoded, announced) in sorted(report.truncated.items()):
         print(f"  {video_id}: {decoded} of the {announced} frames its header announces were decoded (truncated?)")

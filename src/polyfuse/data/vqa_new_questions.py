@@ -12,7 +12,8 @@ features were: the run records the extractor and image size of its training
 features (``image_features`` in the checkpoint's extras), and the CNN weights come
 from the installed package, so nothing is downloaded. The questions are encoded with
 the checkpoint's word vocabulary and the features projected with its PCA, as in
-training.
+training; the words it lacks, which the model reads as ``<unk>``, are named in one
+warning (:func:`unknown_words`).
 """
 
 from __future__ import annotations
@@ -20,19 +21,24 @@ from __future__ import annotations
 import sys
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from polyfuse.data.formats.features import ImageFeatures, is_bottom_up, load_image_features
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
-from polyfuse.data.formats.vqa import VQAQuestion
+from polyfuse.data.formats.vqa import UNKNOWN_WORD, VQAQuestion
 from polyfuse.data.vqa_data import VQAData, encode_split, project_features
+from polyfuse.text import tokenize_question
 
-__all__ = ["NEW_SPLIT", "load_new_questions", "new_questions_data", "recorded_feature_settings"]
+__all__ = ["NEW_SPLIT", "load_new_questions", "new_questions_data", "recorded_feature_settings", "unknown_words",
+           "warn_unknown_words"]
 
 #: the ``split`` column of the predictions for questions given with ``--data``
 NEW_SPLIT = "new"
+#: the unknown words a warning names (the most frequent first); the rest are counted
+WORDS_NAMED = 20
 
 
 def load_new_questions(path: str | Path) -> list[VQAQuestion]:
@@ -53,6 +59,30 @@ def load_new_questions(path: str | Path) -> list[VQAQuestion]:
     if not questions:
         raise ValueError(f"{path}: the questions list is empty")
     return questions
+
+
+def unknown_words(questions: Sequence[VQAQuestion], words: Sequence[str], max_length: int) -> Counter[str]:
+    """How often each word outside ``words`` occurs among the words the model reads of
+    ``questions`` (the first ``max_length`` of each, as
+    :func:`~polyfuse.data.formats.vqa.encode_questions` reads them)."""
+    known = set(words) - {UNKNOWN_WORD}
+    return Counter(w for q in questions for w in tokenize_question(q.question)[:max_length] if w not in known)
+
+
+def warn_unknown_words(counts: Counter[str], words: Sequence[str], *, named: int = WORDS_NAMED) -> None:
+    """One warning naming the words of ``counts`` (the most frequent first, ``word xN``
+    when asked N > 1 times; past ``named`` words, how many more), if there are any."""
+    if not counts:
+        return
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    listed = ", ".join(word if count == 1 else f"{word} x{count}" for word, count in ranked[:named])
+    more = f" and {len(ranked) - named} more" if len(ranked) > named else ""
+    read_as = UNKNOWN_WORD if UNKNOWN_WORD in words else "padding (the checkpoint predates <unk>)"
+    warnings.warn(
+        f"VQA: {len(counts)} word(s) of the questions are not in the checkpoint's vocabulary and read as "
+        f"{read_as}: {listed}{more}",
+        RuntimeWarning, stacklevel=3,
+    )
 
 
 def recorded_feature_settings(extras: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,5 +197,6 @@ def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, im
     # new questions carry no answers, so the soft-score rule never applies; a checkpoint
     # saved before data.vqa.soft_score existed was trained with min(n/3, 1)
     section = {"soft_score": "min_third", **config["data"]["vqa"]}
+    warn_unknown_words(unknown_words(questions, data.words, int(section["max_length"])), data.words)
     data.partitions[NEW_SPLIT] = encode_split(questions, features, data, section, f"questions of {questions_path}")
     return data

@@ -9,7 +9,10 @@ dict. Only plain data can be stored: anything else is refused with its path.
 
 :class:`SafetensorsCheckpointIO` makes Lightning save and load (``--resume``,
 best-on-validation) through these functions; :class:`SafetensorsModelCheckpoint`
-names the files ``*.safetensors``.
+names the files ``*.safetensors``. The checkpoint kept for its validation score
+(``best``) is for using the model: it holds the weights, the run's extras and the epoch,
+not the optimiser, scheduler and callback state that only resuming reads (that is in
+``last``): Adam's two moments per weight would triple its size.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import numpy as np
 from lightning.fabric.plugins import CheckpointIO
@@ -33,11 +37,13 @@ from polyfuse.engine.rundir import atomic_temp_path
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "RESUME_ONLY_KEYS",
     "CheckpointExtras",
     "SafetensorsCheckpointIO",
     "SafetensorsModelCheckpoint",
     "check_extras",
     "check_finite_state",
+    "check_resumable",
     "checkpoint_epoch",
     "decode",
     "encode",
@@ -47,6 +53,9 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = "polyfuse-checkpoint/1"
+#: what a Lightning checkpoint holds for resuming a run only (with the precision
+#: plugin's state, under its class name): not in a weights-only checkpoint
+RESUME_ONLY_KEYS = ("optimizer_states", "lr_schedulers", "callbacks")
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
 
 
@@ -163,6 +172,21 @@ def checkpoint_epoch(path: str | Path) -> int | None:
     return int(epoch) + 1 if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
+def check_resumable(path: str | Path) -> None:
+    """Refuse to resume from a checkpoint without the optimiser's state (a ``best`` one,
+    weights only), naming the one to give; read from the file's metadata alone."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            content = json.loads((handle.metadata() or {}).get("content", "{}"))
+    except (SafetensorError, OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read the checkpoint (corrupt or truncated?): {error}") from None
+    if isinstance(content, dict) and "state_dict" in content and "optimizer_states" not in content:
+        raise ValueError(
+            f"{path} holds the weights only (a best checkpoint, for evaluate and predict): resume from the "
+            "run directory or its checkpoints/last.safetensors"
+        )
+
+
 class CheckpointExtras(Callback):
     """Writes a run's checkpoint extras (its task spec's ``checkpoint_extras``: the
     resolved configuration, vocabularies, statistics) into every checkpoint under
@@ -207,6 +231,14 @@ def _move(value: Any, device: Any) -> Any:
 class SafetensorsModelCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, writing ``<name>.safetensors`` files.
 
+    ``save_weights_only`` defaults to whether a ``monitor`` is given: the checkpoint
+    kept for its validation score holds what using the model needs (the weights, the
+    run's extras from :class:`CheckpointExtras`, the epoch), the unmonitored one (``last``)
+    everything resuming needs (:data:`RESUME_ONLY_KEYS`: the optimiser, schedulers and
+    callbacks, with the early-stopping and best-score state). Lightning's own weights-only
+    checkpoints would lack the extras (it calls no callback's ``on_save_checkpoint`` for
+    them): here :class:`CheckpointExtras` adds them.
+
     Its saved state names files by absolute paths; Lightning drops the best score
     when the directory differs on resume (a moved or copied run). Here the saved
     paths are re-rooted in the current directory, so a moved run keeps its best
@@ -214,6 +246,30 @@ class SafetensorsModelCheckpoint(ModelCheckpoint):
     """
 
     FILE_EXTENSION = ".safetensors"
+
+    def __init__(self, *args: Any, save_weights_only: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, save_weights_only=bool(save_weights_only), **kwargs)
+        if save_weights_only is None:
+            self.save_weights_only = self.monitor is not None
+
+    def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
+        if not self.save_weights_only:
+            super()._save_checkpoint(trainer, filepath)
+            return
+        # Lightning's Trainer.save_checkpoint(filepath, weights_only=True), with the run's
+        # extras, which a weights-only dump leaves out (it calls no callback's hook)
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
+        for callback in trainer.callbacks:
+            if isinstance(callback, CheckpointExtras):
+                callback.on_save_checkpoint(trainer, trainer.lightning_module, checkpoint)
+        trainer.strategy.save_checkpoint(checkpoint, filepath)
+        trainer.strategy.barrier("Trainer.save_checkpoint")
+        # and the bookkeeping of ModelCheckpoint._save_checkpoint
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved_dir = state_dict.get("dirpath")

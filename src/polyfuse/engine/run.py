@@ -5,8 +5,10 @@
     config.yaml            the resolved configuration, before training starts
     data_hashes.json       the sha256 of every data file the run reads; ``--resume``
                            refuses data that changed since (exit 2, naming the file)
-    checkpoints/best.safetensors   best on the validation monitor
-    checkpoints/last.safetensors   end of the last finished epoch (for --resume)
+    checkpoints/best.safetensors   best on the validation monitor: weights and extras
+                                   (evaluate, predict, plot)
+    checkpoints/last.safetensors   end of the last finished epoch, with the optimiser,
+                                   scheduler and loop state (for --resume)
     csv/version_*/metrics.csv      per-epoch logs (a new version per resumed part)
     tensorboard/version_*/         the same for TensorBoard
     results.json           validation and test metrics of the best checkpoint, times
@@ -37,6 +39,7 @@ from polyfuse.engine.build import build_trainer, monitor_of
 from polyfuse.engine.checkpoints import (
     CheckpointExtras,
     check_extras,
+    check_resumable,
     check_finite_state,
     checkpoint_epoch,
     load_state,
@@ -126,6 +129,7 @@ def resolve_resume(resume: str | Path) -> tuple[Path, dict[str, Any], Path]:
         raise FileNotFoundError(f"cannot resume: no config.yaml in {run_dir}")
     if not checkpoint.is_file():
         raise FileNotFoundError(f"cannot resume: no checkpoint {checkpoint} (did the first epoch finish?)")
+    check_resumable(checkpoint)
     return run_dir, load_config(config_path), checkpoint
 
 

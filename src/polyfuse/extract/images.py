@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from polyfuse.functional.counting import grid_boxes
+from polyfuse.progress import progress_bar
 
 if TYPE_CHECKING:
     import PIL.Image
@@ -94,6 +95,8 @@ class ExtractionReport:
     reasons: dict[str, str] = field(default_factory=dict)
     #: the decoder's warnings about images it decoded (kept), by path
     decoder_warnings: dict[str, str] = field(default_factory=dict)
+    #: the shape of the file's ``features`` after the run: (images, cells, 1280)
+    held: tuple[int, ...] = ()
 
 
 def load_backbone() -> torch.nn.Module:
@@ -285,10 +288,9 @@ def extract_image_features(
 ) -> ExtractionReport:
     """Extract grid features of ``images`` (``{image_id: path}``) into ``out`` (appended).
 
-    Returns how many images were computed, taken from the cache, and skipped (paths).
+    ``progress``: a bar on stderr when it is a terminal. Returns how many images were
+    computed, taken from the cache, and skipped (paths), and how many the file holds.
     """
-    from tqdm import tqdm
-
     side = grid_side(image_size)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -320,7 +322,7 @@ def extract_image_features(
             report.computed += len(pending)
             pending.clear()
 
-        for image_id, path in tqdm(sorted(images.items()), disable=not progress, desc="extract", unit="img"):
+        for image_id, path in progress_bar(sorted(images.items()), show=progress, desc="extract", unit="img"):
             path = Path(path)
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             if digest in known:
@@ -345,6 +347,7 @@ def extract_image_features(
             if len(pending) == batch_size:
                 flush()
         flush()
+        report.held = tuple(handle["features"].shape)
     finally:
         handle.close()
     return report

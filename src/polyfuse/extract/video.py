@@ -69,6 +69,7 @@ from polyfuse.extract.motion import (
     opencv_version,
 )
 from polyfuse.functional.audio import log_mel_spectrogram, segment_mean_std
+from polyfuse.progress import progress_bar
 
 __all__ = [
     "MODALITIES",
@@ -122,6 +123,8 @@ class VideoExtractionReport:
     reasons: dict[str, str] = field(default_factory=dict)
     #: computed ids of which fewer frames decoded than the header announced: (decoded, announced)
     truncated: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the streams of the file after the run: ``{name: (clips, T, d)}``
+    streams: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def video_paths_of_folder(folder: str | Path) -> dict[str, Path]:
@@ -270,6 +273,12 @@ def _clip_features(
     return features, attributes
 
 
+def _row_shape(group: h5py.Group) -> tuple[int, ...]:
+    """``(T, d)`` of a stream's datasets (all alike: the file's settings fix T and d)."""
+    first = next(iter(group.values()), None)
+    return tuple(first.shape) if first is not None else ()
+
+
 def _datasets_of(handle: h5py.File, video_id: str) -> dict[str, h5py.Dataset]:
     return {name: handle[name][video_id] for name in MODALITIES if name in handle and video_id in handle[name]}
 
@@ -314,11 +323,10 @@ def extract_video_features(
     Only the streams that the file lacks for a clip's content are computed, so a file made
     with ``streams=("motion",)`` is completed later by a run with all streams.
     ``batch_size`` frames go through the network at once; ``threads`` is the decoder's and
-    OpenCV's thread count (``None``: their defaults). Returns what was computed, taken
-    from the cache and skipped.
+    OpenCV's thread count (``None``: their defaults). ``progress``: a bar on stderr when it
+    is a terminal. Returns what was computed, taken from the cache and skipped, and the
+    streams the file holds.
     """
-    from tqdm import tqdm
-
     settings = settings if settings is not None else VideoSettings()
     streams = tuple(dict.fromkeys(streams))
     unknown = [name for name in streams if name not in MODALITIES]
@@ -338,7 +346,7 @@ def extract_video_features(
         by_digest = {str(data.attrs["sha256"]): video_id for name in MODALITIES if name in handle
                      for video_id, data in handle[name].items() if "sha256" in data.attrs}
         model = backbone  # loaded when a clip first needs it: not at all for a cached run
-        for video_id, path in tqdm(sorted(videos.items()), disable=not progress, desc="extract", unit="clip"):
+        for video_id, path in progress_bar(sorted(videos.items()), show=progress, desc="extract", unit="clip"):
             path = Path(path)
             try:
                 digest = _digest(path)
@@ -376,6 +384,7 @@ def extract_video_features(
             by_digest.setdefault(digest, video_id)
             if not any(data.attrs.get("has_audio", False) for data in _datasets_of(handle, video_id).values()):
                 report.without_audio.append(video_id)
+        report.streams = {name: (len(handle[name]), *_row_shape(handle[name])) for name in MODALITIES if name in handle}
     finally:
         handle.close()
     return report
