@@ -15,11 +15,14 @@ Shared by the task types ``retrieval`` (:mod:`polyfuse.tasks.retrieval`) and
   batches as the uninterrupted one.
 * :class:`SplitChunks`: a whole split for evaluation, as chunks that each hold some of
   its videos and some of its captions; the module ranks once it has seen them all.
+* :class:`Shard`: under DDP, process ``rank`` of ``world`` takes a contiguous share of
+  every global training batch (the draw is that of one process) and of each split's
+  captions (and videos) at evaluation; the modules gather what the loss and the ranking
+  need (:mod:`polyfuse.tasks.gather`).
 
-A training batch is a dict: ``rows`` (B,) video rows of the part, ``captions`` (B,)
-caption rows, and what :meth:`RetrievalData.video_batch` / the task's ``text`` entry
-gives for them. An evaluation chunk holds ``video_rows`` and ``caption_rows`` (either
-may be empty).
+A training batch is what the task's collate makes of the (video row, caption row) pairs
+of the process's share (``collate(part, pairs, shard)``). An evaluation chunk holds
+``video_rows`` and ``caption_rows`` (either may be empty).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import random
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
@@ -45,10 +48,12 @@ from polyfuse.data.formats.experts import RetrievalCorpus, load_captions, load_e
 from polyfuse.data.sources import is_synthetic
 
 __all__ = [
+    "ONE_PROCESS",
     "PARTS",
     "DistinctVideoBatches",
     "RetrievalDataModule",
     "RetrievalSourceConfig",
+    "Shard",
     "SplitChunks",
     "captions_by_video",
     "content_cache_path",
@@ -167,13 +172,16 @@ def _read_cache(cache: Path, count: int) -> Tensor | None:
     return vectors
 
 
-def encode_captions(encoder, captions: Sequence[str], *, batch_size: int = 128, cache_dir: Path | None = None) -> Tensor:
+def encode_captions(encoder, captions: Sequence[str], *, batch_size: int = 128, cache_dir: Path | None = None,
+                    bar: Any = None) -> Tensor:
     """(C, d_t) sentence vectors of a frozen encoder, cached by content.
 
     The cache file is named by a hash of the captions and of the encoder
     (:func:`encoder_fingerprint`: a run with another word-vector file never reads
     this one's vectors), written atomically (a temporary file renamed), and a cache
-    that cannot be read (truncated, empty) is rebuilt."""
+    that cannot be read (truncated, empty) is rebuilt. ``bar`` (a
+    :func:`polyfuse.progress.progress_bar`) is advanced by the captions encoded, not by
+    those read from the cache."""
     cache = content_cache_path(cache_dir, "text", [list(captions), encoder_fingerprint(encoder)])
     if cache is not None and cache.is_file():
         vectors = _read_cache(cache, len(captions))
@@ -183,6 +191,8 @@ def encode_captions(encoder, captions: Sequence[str], *, batch_size: int = 128, 
     with torch.no_grad():
         for start in range(0, len(captions), batch_size):
             parts.append(encoder(list(captions[start : start + batch_size])).sentence)
+            if bar is not None:
+                bar.update(len(parts[-1]))
     vectors = torch.cat(parts)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -200,10 +210,40 @@ def captions_by_video(corpus: RetrievalCorpus) -> list[list[int]]:
     return out
 
 
+class Shard(NamedTuple):
+    """Process ``rank`` of ``world``: its contiguous share of a batch or of a split.
+
+    Shares differ by at most one row, the larger first, and in rank order they are the
+    whole in its order: gathering the shares rank by rank gives back the batch of one
+    process."""
+
+    rank: int = 0
+    world: int = 1
+
+    def sizes(self, size: int) -> list[int]:
+        """The size of every process's share of ``size`` rows, in rank order."""
+        base, extra = divmod(int(size), self.world)
+        return [base + (r < extra) for r in range(self.world)]
+
+    def bounds(self, size: int) -> tuple[int, int]:
+        """``(start, stop)`` of this process's share of ``size`` rows."""
+        sizes = self.sizes(size)
+        start = sum(sizes[: self.rank])
+        return start, start + sizes[self.rank]
+
+
+#: The share of one process alone: the whole batch or split.
+ONE_PROCESS = Shard()
+
+
 class DistinctVideoBatches(Sampler[list[tuple[int, int]]]):
     """One training epoch: the videos in a random order, cut into batches of
     ``batch_size`` distinct videos, each with one of its captions drawn uniformly.
-    A last batch of fewer than 2 videos is dropped (no negative to rank against).
+    A last batch of fewer than ``min_batch`` videos (2: no negative to rank against; under
+    DDP at least one per process) is dropped.
+
+    These are the *global* batches: every process draws the same ones and takes its
+    share (:class:`Shard`), so N processes see the batches of one.
 
     The draws come from a generator seeded by ``seed`` and the epoch (:meth:`set_epoch`,
     which Lightning calls before each epoch), never from the global one."""
@@ -217,6 +257,7 @@ class DistinctVideoBatches(Sampler[list[tuple[int, int]]]):
         self.batch_size = int(batch_size)
         self.seed = int(seed)
         self.epoch = 0
+        self.min_batch = 2
         # Lightning calls set_epoch before each epoch on a loader's ``sampler`` and on its
         # ``batch_sampler.sampler``, not on the batch sampler itself: this is both.
         self.sampler = self
@@ -226,14 +267,14 @@ class DistinctVideoBatches(Sampler[list[tuple[int, int]]]):
 
     def __len__(self) -> int:
         full, rest = divmod(len(self.captions_of), self.batch_size)
-        return full + (rest >= 2)
+        return full + (rest >= self.min_batch)
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(len(self.captions_of), generator=generator).tolist()
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
-            if len(rows) < 2:
+            if len(rows) < self.min_batch:
                 continue
             picks = torch.randint(2**62, (len(rows),), generator=generator).tolist()
             yield [(r, self.captions_of[r][p % len(self.captions_of[r])]) for r, p in zip(rows, picks, strict=True)]
@@ -251,52 +292,77 @@ class _Pairs(Dataset):
 
 class SplitChunks(Dataset):
     """A whole split in ``ceil(max(N, C) / size)`` chunks: chunk k holds video rows and
-    caption rows ``[k size, (k + 1) size)`` (either may be empty at the end)."""
+    caption rows ``[k size, (k + 1) size)`` (either may be empty at the end).
 
-    def __init__(self, videos: int, captions: int, size: int) -> None:
-        self.videos, self.captions, self.size = int(videos), int(captions), int(size)
+    With a ``shard``, the chunks of that process's share of the captions and of the
+    videos (all the videos with ``whole_videos``: a cross-encoder scores its captions
+    against the whole gallery)."""
+
+    def __init__(self, videos: int, captions: int, size: int, shard: Shard = ONE_PROCESS, *,
+                 whole_videos: bool = False) -> None:
+        self.size = int(size)
+        self.video_range = (0, int(videos)) if whole_videos else shard.bounds(videos)
+        self.caption_range = shard.bounds(captions)
 
     def __len__(self) -> int:
-        return -(-max(self.videos, self.captions) // self.size)
+        longest = max(stop - start for start, stop in (self.video_range, self.caption_range))
+        return -(-longest // self.size)
+
+    def _rows(self, bounds: tuple[int, int], k: int) -> Tensor:
+        start, stop = bounds[0] + k * self.size, bounds[1]
+        return torch.arange(start, max(start, min(start + self.size, stop)))
 
     def __getitem__(self, k: int) -> dict[str, Tensor]:
-        start = k * self.size
-        return {"video_rows": torch.arange(start, max(start, min(start + self.size, self.videos))),
-                "caption_rows": torch.arange(start, max(start, min(start + self.size, self.captions)))}
+        return {"video_rows": self._rows(self.video_range, k), "caption_rows": self._rows(self.caption_range, k)}
 
 
 class RetrievalDataModule(L.LightningDataModule):
     """Loaders over the parts of a retrieval corpus.
 
-    ``collate(part, batch)`` turns a training batch (video and caption rows of ``part``)
-    or an evaluation chunk into tensors; it is the task's (what a batch carries differs
-    between ``retrieval`` and ``chimera``), the sampling is this module's."""
+    ``collate(part, batch, shard)`` turns a global training batch (video and caption rows
+    of ``part``) and the process's :class:`Shard`, or an evaluation chunk, into tensors;
+    it is the task's (what a batch carries differs between ``retrieval`` and ``chimera``),
+    the sampling is this module's. Under DDP the validation and test loaders give each
+    process its share of the captions, and of the videos unless ``whole_videos`` (each
+    process then holds every video: a cross-encoder scores its captions against them all).
+    :meth:`loader` is always the whole split (an evaluation in one process)."""
+
+    whole_videos = False
 
     def __init__(self, parts: dict[str, RetrievalCorpus], collate, *, batch_size: int, eval_batch_size: int,
-                 seed: int) -> None:
+                 seed: int, whole_videos: bool = False) -> None:
         super().__init__()
+        self.whole_videos = bool(whole_videos)
         self.parts = parts
         self.collate = collate
         self.batch_size, self.eval_batch_size, self.seed = int(batch_size), int(eval_batch_size), int(seed)
         self.sampler = DistinctVideoBatches(captions_by_video(parts["train"]), self.batch_size, self.seed)
         self.text_encoder = None  # the task's encoder, when the module fine-tunes it
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(_Pairs(), batch_sampler=self.sampler,
-                          collate_fn=lambda pairs: self.collate("train", pairs))
+    def _shard(self) -> Shard:
+        trainer = self.trainer
+        return Shard() if trainer is None else Shard(trainer.global_rank, trainer.world_size)
 
-    def loader(self, part: str) -> DataLoader:
+    def train_dataloader(self) -> DataLoader:
+        shard = self._shard()
+        self.sampler.min_batch = max(2, shard.world)  # every process gets at least one video
+        return DataLoader(_Pairs(), batch_sampler=self.sampler,
+                          collate_fn=lambda pairs: self.collate("train", pairs, shard))
+
+    def loader(self, part: str, shard: Shard = ONE_PROCESS) -> DataLoader:
         """The evaluation chunks of one part (``train``, ``val``, ``test``, or another part
-        the task added, e.g. the test split with shuffled words)."""
+        the task added, e.g. the test split with shuffled words); with a ``shard``, that
+        process's share."""
         corpus = self.parts[part]
-        chunks = SplitChunks(len(corpus.video_ids), len(corpus.captions), self.eval_batch_size)
+        chunks = SplitChunks(len(corpus.video_ids), len(corpus.captions), self.eval_batch_size, shard,
+                             whole_videos=self.whole_videos)
         return DataLoader(chunks, batch_size=None, collate_fn=lambda chunk: self.collate(part, chunk))
 
     def val_dataloader(self) -> DataLoader:
-        return self.loader("val")
+        return self.loader("val", self._shard())
 
     def test_dataloader(self) -> DataLoader:
-        return self.loader("test")
+        return self.loader("test", self._shard())
 
     def predict_dataloader(self) -> DataLoader:
         return self.loader("test")

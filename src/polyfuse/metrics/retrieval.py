@@ -10,6 +10,10 @@ best-placed correct item, 1-based.
 Ties are broken **pessimistically**: a wrong item whose score equals the best
 correct score is counted as ranked above it, so a model that gives every item the
 same score gets rank G - (number of correct items) + 1, never a lucky rank 1.
+"Equals" is within float32 rounding (:data:`TIE_TOLERANCE`): two identical captions
+embedded in chunks of different sizes (or on different DDP processes) get scores a few
+ulps apart, and an exact comparison would rank them by that noise, so that the metrics
+would depend on the evaluation chunk size.
 
 A non-finite score (NaN or Inf) is refused with a ValueError naming its query and
 item and the count, never ranked: a NaN at the correct item would otherwise be rank 1.
@@ -36,6 +40,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 __all__ = [
     "RECALL_KS",
+    "TIE_TOLERANCE",
     "RetrievalMetrics",
     "TextVideoRetrieval",
     "chance_recall",
@@ -48,6 +53,15 @@ __all__ = [
 ]
 
 RECALL_KS = (1, 5, 10)
+#: Scores within this much (relative to max(1, |best correct score|)) of the best correct
+#: score count as tied with it: float32 rounding of one score computed in two batch sizes
+#: is a few 1e-7; a real difference between two items is far larger.
+TIE_TOLERANCE = 1e-5
+
+
+def _tie_floor(best: Tensor) -> Tensor:
+    """The lowest score that ties with (or beats) ``best``."""
+    return best - TIE_TOLERANCE * best.abs().clamp_min(1.0)
 
 
 def _check_embeddings(queries: object, gallery: object) -> tuple[Tensor, Tensor]:
@@ -132,7 +146,7 @@ def retrieval_ranks(
 ) -> Tensor:
     """1-based rank of each query's best correct item, ties broken pessimistically.
 
-    rank_q = 1 + #{wrong g : s(q, g) >= max_{correct c} s(q, c)}
+    rank_q = 1 + #{wrong g : s(q, g) >= max_{correct c} s(q, c)}  (>= within TIE_TOLERANCE)
 
     Args:
         queries: (Q, d); gallery: (G, d).
@@ -180,14 +194,14 @@ def ranks_from_scores(scores: Tensor, targets: Tensor) -> Tensor:
     _check_finite(scores)
     if targets.dtype == torch.long:  # one correct item: no (Q, G) target matrix
         best = scores.gather(1, targets.to(scores.device).view(-1, 1))
-        return (scores >= best).sum(dim=1).cpu()  # the item itself + the wrong items tied or above
+        return (scores >= _tie_floor(best)).sum(dim=1).cpu()  # the item itself + the wrong items tied or above
     if scores.shape != targets.shape:
         raise ValueError(f"scores {tuple(scores.shape)} and targets {tuple(targets.shape)} differ")
     correct = targets.to(scores.device)
     if not bool(correct.any(dim=1).all()):
         raise ValueError("every query needs at least one correct gallery item")
     best = scores.masked_fill(~correct, float("-inf")).amax(dim=1, keepdim=True)
-    return 1 + ((scores >= best) & ~correct).sum(dim=1).cpu()
+    return 1 + ((scores >= _tie_floor(best)) & ~correct).sum(dim=1).cpu()
 
 
 @dataclass(frozen=True)
@@ -325,9 +339,12 @@ def _first_of_each_row(rows: Tensor) -> Tensor:
 
 
 def _gathered(state: list[Tensor] | Tensor) -> Tensor | None:
+    """A state's rows, or None when no update gave any (after a DDP sync a state that no
+    process filled is an empty tensor, not an empty list)."""
     if isinstance(state, list) and not state:
         return None
-    return dim_zero_cat(state)
+    rows = dim_zero_cat(state)
+    return None if rows.numel() == 0 else rows
 
 
 class TextVideoRetrieval(Metric):
@@ -347,15 +364,19 @@ class TextVideoRetrieval(Metric):
     A row given twice counts once, its first copy (a loader of caption-video pairs
     repeats each video; DDP's sampler pads with repeats), so the result is that of the
     whole split whatever the batches and the number of processes. States are tensors
-    concatenated across processes under DDP (``dist_reduce_fx="cat"``). ``compute()``
-    returns the keys of :func:`text_video_retrieval` as floats.
+    concatenated across processes under DDP (``dist_reduce_fx="cat"``): each process may
+    add its share of the split, and ``compute()`` ranks the whole split on every process,
+    alike. ``sync_on_compute=False`` keeps a process's own states (an evaluation that only
+    one of the processes runs). ``compute()`` returns the keys of
+    :func:`text_video_retrieval` as floats.
     """
 
     full_state_update = False
     is_differentiable = False
 
-    def __init__(self, *, ks: Sequence[int] = RECALL_KS, chunk_size: int = 1024, chance: bool = True) -> None:
-        super().__init__()
+    def __init__(self, *, ks: Sequence[int] = RECALL_KS, chunk_size: int = 1024, chance: bool = True,
+                 sync_on_compute: bool = True) -> None:
+        super().__init__(sync_on_compute=sync_on_compute)
         self.ks, self.chunk_size, self.chance = tuple(int(k) for k in ks), int(chunk_size), bool(chance)
         for name in ("caption_rows", "caption_video", "texts", "scores", "videos", "video_rows"):
             self.add_state(name, default=[], dist_reduce_fx="cat")

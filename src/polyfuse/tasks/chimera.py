@@ -18,6 +18,16 @@ read everything unmasked and score every caption against every video of the spli
 (the model is a cross-encoder). A batch is distinct videos, one caption each
 (:class:`polyfuse.data.retrieval.DistinctVideoBatches`).
 
+Under DDP (``trainer.devices > 1``) every process draws the word and region masks of the
+global batch (one process's draw) and embeds its share of it; the video sides are gathered
+with their gradients so that each process scores its captions against every video of the
+batch, the score rows are gathered into the (B, B) matrix, and L_TLM, L_HLM and L_D run on
+the gathered sides (:mod:`polyfuse.tasks.gather`): every term is that of the whole batch,
+as one process computes it. At evaluation each process scores its share of the captions
+against every video of the split and the score rows are gathered
+(:class:`~polyfuse.metrics.retrieval.TextVideoRetrieval`): every process ranks the whole
+split.
+
 Logged: ``train/loss`` and each term (``train/model_loss``, ``train/topic_lm``,
 ``train/topic_matching``, ``train/hyperbolic_matching``, ``train/distortion``), the
 learned scalars (``train/omega_t``, ``train/omega_v``, ``train/beta``, ``train/c``...);
@@ -44,9 +54,11 @@ from torch.utils.data import DataLoader
 
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.data.retrieval import (
+    ONE_PROCESS,
     PARTS,
     RetrievalDataModule,
     RetrievalSourceConfig,
+    Shard,
     load_corpus,
     shuffle_words,
 )
@@ -57,10 +69,17 @@ from polyfuse.functional.chimera_word_losses import (
     word_region_matching_loss,
 )
 from polyfuse.functional.contrastive import max_margin_ranking_loss
-from polyfuse.metrics.retrieval import query_targets, ranks_from_scores, text_video_retrieval
+from polyfuse.metrics.retrieval import (
+    TextVideoRetrieval,
+    query_targets,
+    ranks_from_scores,
+    text_video_retrieval,
+)
 from polyfuse.nn.models.chimera import ChimeraRetrievalModel
+from polyfuse.progress import Stopwatch, progress_bar, run_display, say
 from polyfuse.seeds import epoch_seed
-from polyfuse.tasks.chimera_lm import lm_head_for, masked_batch, tokenized
+from polyfuse.tasks.chimera_lm import encode_ids, lm_head_for, mask_batch, masked_batch, tokenized
+from polyfuse.tasks.gather import gather_rows, gather_sum
 from polyfuse.tasks.groups import own_group, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 
@@ -119,9 +138,14 @@ class ChimeraConfig(RetrievalSourceConfig):
 
 
 @torch.no_grad()
-def encode_tokens(encoder, captions: Sequence[str], batch_size: int = 128) -> tuple[Tensor, Tensor]:
-    """(C, N, d) token states of a frozen encoder padded to the longest caption, (C, N) mask."""
-    parts = [encoder(list(captions[s : s + batch_size])) for s in range(0, len(captions), batch_size)]
+def encode_tokens(encoder, captions: Sequence[str], batch_size: int = 128, bar: Any = None) -> tuple[Tensor, Tensor]:
+    """(C, N, d) token states of a frozen encoder padded to the longest caption, (C, N) mask;
+    ``bar`` (a :func:`polyfuse.progress.progress_bar`) advanced by each batch's captions."""
+    parts = []
+    for s in range(0, len(captions), batch_size):
+        parts.append(encoder(list(captions[s : s + batch_size])))
+        if bar is not None:
+            bar.update(len(parts[-1].tokens))
     length = max(p.tokens.shape[1] for p in parts)
     tokens = torch.cat([torch.nn.functional.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts])
     mask = torch.cat([torch.nn.functional.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts])
@@ -219,47 +243,70 @@ class ChimeraTask(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._masks = torch.Generator().manual_seed(epoch_seed(self.seed, self.current_epoch))
 
-    def _losses(self, text, video, scores: Tensor, masked_words) -> tuple[Tensor, dict[str, Tensor]]:
-        """Eq. 13's total and its terms. ``masked_words``: ``(token_ids, masked, lm_head)`` or None."""
+    def _losses(self, text, video, masked_words, sizes: list[int], word_mask: Tensor,
+                region_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Eq. 13's total and its terms over the global batch, from this process's share of
+        it (``sizes``: every process's rows; one: the whole batch is here).
+
+        ``text`` and ``video``: the sides of the share, the text trimmed to the global
+        batch's longest caption; ``word_mask`` (B, N_t) and ``region_mask`` (B, N_v): the
+        global batch's masks. ``masked_words``: ``(token_ids, masked, lm_head, total)`` of
+        the share (``total`` the masked word pieces of the global batch) or None."""
+        every = lambda rows: gather_rows(self, rows, sizes)  # noqa: E731 - (b_r, ...) -> (B, ...)
+        videos = video._replace(hidden=every(video.hidden), mask=region_mask, topic_hidden=every(video.topic_hidden))
+        scores = every(self.model.score_matrix(text, videos))  # (B, B): each process its captions' rows
         eye = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
         terms = {"model_loss": max_margin_ranking_loss(scores, eye)}
         if self.switches["topic_lm"] and text.topic_logits is not None and masked_words is not None:
-            terms["topic_lm"] = self.model.topic_lm_loss(text, *masked_words)  # Eq. 3
+            ids, masked, head, total = masked_words  # Eq. 3, the mean over the global batch's masked pieces
+            share = self.model.topic_lm_loss(text, ids, masked, head) * masked.sum()
+            terms["topic_lm"] = gather_sum(self, share, len(sizes)) / total
         if self.switches["tlm"] and text.topics is not None:
-            terms["topic_matching"] = topic_matching_loss(text.topics, video.topics, symmetric=True,
+            terms["topic_matching"] = topic_matching_loss(every(text.topics), every(video.topics), symmetric=True,
                                                           temperature=self.tlm_temperature)  # Eq. 10
-        if self.switches["hlm"] and text.points is not None:
-            terms["hyperbolic_matching"] = word_region_matching_loss(text.points, video.points, text.mask, video.mask)
-        if self.switches["distortion"] and text.points is not None:
-            terms["distortion"] = word_region_distortion_loss(text.points, video.points, text.tangents, video.tangents,
-                                                              text.mask, video.mask)
+        if text.points is not None and (self.switches["hlm"] or self.switches["distortion"]):
+            word_points, region_points = every(text.points), every(video.points)
+            if self.switches["hlm"]:
+                terms["hyperbolic_matching"] = word_region_matching_loss(word_points, region_points, word_mask,
+                                                                         region_mask)
+            if self.switches["distortion"]:
+                terms["distortion"] = word_region_distortion_loss(word_points, region_points, every(text.tangents),
+                                                                  every(video.tangents), word_mask, region_mask)
         return chimera_objective(**terms), terms  # Eq. 13 with the paper's weights
 
     def training_step(self, batch: Mapping[str, Any], batch_index: int) -> Tensor:
-        video_mask, masked_words = batch["video_mask"], None
+        """The objective of the global batch (the masks drawn for it; under DDP this
+        process embeds its share, ``batch["shard"]``, and gathers the rest)."""
+        video_mask, masked_words = batch["video_mask"], None  # (B, N_v): the global batch's
+        size = len(video_mask)
+        start, stop = batch.get("shard", (0, size))
+        sizes = batch.get("shard_sizes") or [size]
         if self.mask_rate > 0:  # Table 4's protocol: mask words and regions
-            hidden, text_mask, ids, masked = masked_batch(self.encoder, batch["ids"], batch["id_mask"], self.mask_rate,
-                                                          self._masks)
-            text = self.model.texts(hidden, text_mask)
+            masked_ids, text_mask, ids, masked = mask_batch(self.encoder, batch["ids"], batch["id_mask"],
+                                                            self.mask_rate, self._masks)
             video_mask = drop_regions(video_mask, self.mask_rate, self._masks)
-            masked_words = (ids, masked, self.lm_head) if self.lm_head is not None else None
-        else:
-            text = self.model.texts(*_trim(batch["tokens"], batch["token_mask"]))
-        videos = self.model.videos(batch["steps"], video_mask)
-        loss, terms = self._losses(text, videos, self.model.score_matrix(text, videos), masked_words)
-        size = len(batch["steps"])
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=size)
+            share_mask = text_mask[start:stop]
+            text = self.model.texts(encode_ids(self.encoder, masked_ids[start:stop], share_mask), share_mask)
+            if self.lm_head is not None:
+                masked_words = (ids[start:stop], masked[start:stop], self.lm_head, masked.sum())
+        else:  # the token states of the share, cut to the global batch's longest caption
+            text_mask = batch["text_mask"]
+            text = self.model.texts(batch["tokens"], text_mask[start:stop])
+        videos = self.model.videos(batch["steps"], video_mask[start:stop])
+        loss, terms = self._losses(text, videos, masked_words, sizes, text_mask, video_mask)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=size, sync_dist=True)
         for name, term in terms.items():
-            self.log(f"train/{name}", term, on_step=False, on_epoch=True, batch_size=size)
+            self.log(f"train/{name}", term, on_step=False, on_epoch=True, batch_size=size, sync_dist=True)
         return loss
 
     def on_train_epoch_end(self) -> None:
-        self.log_dict({f"train/{k}": v for k, v in learned_scalars(self.model).items()})
+        # the same numbers on every process (synchronised weights, gathered scores): max keeps them exact
+        self.log_dict({f"train/{k}": v for k, v in learned_scalars(self.model).items()}, sync_dist=True, reduce_fx="max")
 
     # ---- scoring whole splits ------------------------------------------------------------
     def _start(self) -> None:
         self._seen = {"tokens": [], "token_mask": [], "steps": [], "video_mask": [], "caption_videos": [],
-                      "video_ids": []}
+                      "video_ids": [], "caption_rows": [], "caption_video": []}
 
     def _collect(self, chunk: Mapping[str, Any]) -> None:
         for key in self._seen:
@@ -278,8 +325,16 @@ class ChimeraTask(L.LightningModule):
             videos = self.model.videos(torch.cat(seen["steps"]).float(), torch.cat(seen["video_mask"]))
             return self.model.score_matrix(text, videos).float()
 
-    def _metrics(self, *, chance: bool) -> dict[str, float]:
-        return score_metrics(self._scores(), self._seen["caption_videos"], self._seen["video_ids"], chance=chance)
+    def _metrics(self, *, chance: bool, gather: bool = True) -> dict[str, float]:
+        """The metrics of the captions seen against every video of the split (each chunk
+        holds all the videos); under DDP (``gather``) every process's score rows are
+        gathered first, so that every process ranks the whole split."""
+        metric = TextVideoRetrieval(chance=chance, sync_on_compute=gather)
+        metric.update(caption_rows=torch.cat(self._seen["caption_rows"]),
+                      caption_video=torch.cat(self._seen["caption_video"]), scores=self._scores())
+        values = metric.compute()
+        values["rsum"] = sum(v for k, v in values.items() if "R@" in k and not k.startswith("chance"))
+        return values
 
     def on_validation_epoch_start(self) -> None:
         self._start()
@@ -293,7 +348,7 @@ class ChimeraTask(L.LightningModule):
             with torch.autocast(device_type=self.device.type, enabled=False):
                 lm = held_out_topic_lm(self.model, self.held_out, self.lm_head)
             metrics.update({key.removeprefix("val_"): value for key, value in lm.items()})
-        self.log_dict({f"val/{k}": v for k, v in metrics.items()})
+        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, sync_dist=True, reduce_fx="max")
 
     def on_test_epoch_start(self) -> None:
         self._start()
@@ -302,7 +357,7 @@ class ChimeraTask(L.LightningModule):
         self._collect(batch)
 
     def on_test_epoch_end(self) -> None:
-        self.log_dict({f"test/{k}": v for k, v in self._metrics(chance=True).items()})
+        self.log_dict({f"test/{k}": v for k, v in self._metrics(chance=True).items()}, sync_dist=True, reduce_fx="max")
 
     def on_predict_epoch_start(self) -> None:
         self._start()
@@ -313,14 +368,15 @@ class ChimeraTask(L.LightningModule):
         return {}
 
     def evaluate(self, loader: DataLoader, *, chance: bool = True) -> dict[str, float]:
-        """The metrics of one split's chunks, outside a Trainer (eval mode, float32)."""
+        """The metrics of one split's chunks, outside a Trainer (eval mode, float32), in this
+        process alone (nothing is gathered: the loader holds the whole split)."""
         was_training = self.training
         self.eval()
         self._start()
         for chunk in loader:
             self._collect(chunk)
         self.train(was_training)
-        return self._metrics(chance=chance)
+        return self._metrics(chance=chance, gather=False)
 
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -351,23 +407,38 @@ class _Batches:
     def __init__(self, prepared: ChimeraPrepared) -> None:
         self.prepared = prepared
 
-    def __call__(self, part: str, batch) -> dict[str, Any]:
+    def __call__(self, part: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
         corpus = self.prepared.parts[part]
         video = corpus.experts[self.prepared.expert]
-        if isinstance(batch, list):  # training: (video row, caption row) pairs
-            rows, captions = [v for v, _ in batch], [c for _, c in batch]
-            out: dict[str, Any] = {"steps": video.features[rows], "video_mask": video.mask[rows]}
-            if self.prepared.train_ids is not None:
-                out.update(ids=self.prepared.train_ids[0][captions], id_mask=self.prepared.train_ids[1][captions])
-            else:
-                tokens, mask = self.prepared.tokens["train"]
-                out.update(tokens=tokens[captions], token_mask=mask[captions])
-            return out
+        if isinstance(batch, list):  # training: the global batch's (video row, caption row) pairs
+            return self._training(video, batch, shard)
         videos, captions = batch["video_rows"], batch["caption_rows"]
         tokens, mask = self.prepared.tokens[part]
+        row_of = {v: i for i, v in enumerate(corpus.video_ids)}
+        caption_videos = [corpus.caption_video[i] for i in captions.tolist()]
         return {"steps": video.features[videos], "video_mask": video.mask[videos], "tokens": tokens[captions],
                 "token_mask": mask[captions], "video_ids": [corpus.video_ids[i] for i in videos.tolist()],
-                "caption_videos": [corpus.caption_video[i] for i in captions.tolist()]}
+                "caption_videos": caption_videos, "caption_rows": captions,
+                "caption_video": torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)}
+
+    def _training(self, video, pairs: list[tuple[int, int]], shard: Shard) -> dict[str, Any]:
+        """The global batch's masks and word-piece ids (the masks are drawn for the whole
+        batch), this process's share of the video steps (and of the token states), the
+        text cut to the global batch's longest caption; ``shard`` (start, stop) and
+        ``shard_sizes`` say which rows are this process's."""
+        rows, captions = [v for v, _ in pairs], [c for _, c in pairs]
+        start, stop = shard.bounds(len(pairs))
+        out: dict[str, Any] = {"steps": video.features[rows[start:stop]], "video_mask": video.mask[rows],
+                               "shard": (start, stop), "shard_sizes": shard.sizes(len(pairs))}
+        if self.prepared.train_ids is not None:
+            ids, id_mask = self.prepared.train_ids[0][captions], self.prepared.train_ids[1][captions]
+            length = int(id_mask.sum(1).max())
+            out.update(ids=ids[:, :length], id_mask=id_mask[:, :length])
+        else:
+            tokens, mask = self.prepared.tokens["train"]
+            length = int(mask[captions].sum(1).max())
+            out.update(tokens=tokens[captions[start:stop]][:, :length], text_mask=mask[captions][:, :length])
+        return out
 
 
 def _encoder(section: Mapping[str, Any]):
@@ -376,7 +447,12 @@ def _encoder(section: Mapping[str, Any]):
     return MiniLMEncoder(section.get("encoder_path"))
 
 
-def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str]) -> ChimeraPrepared:
+def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
+                    display: tuple[bool, bool] = (False, False)) -> ChimeraPrepared:
+    """The ``parts`` of the configuration's corpus, their captions' token states encoded
+    once (the training captions only tokenised when they are masked afresh each epoch).
+    ``display``: a progress bar of the captions encoded (on a terminal) and a final line
+    on stderr (:func:`polyfuse.progress.run_display`)."""
     section = config["chimera"]
     corpus, split = load_corpus(section)
     expert = section["expert"] or next(iter(corpus.experts))
@@ -391,8 +467,13 @@ def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str]) ->
         else:
             selected[name] = corpus.subset(split[name])
     masked_training = "train" in selected and section["mask_rate"] > 0
-    tokens = {name: encode_tokens(encoder, part.captions) for name, part in selected.items()
-              if not (name == "train" and masked_training)}
+    encoded = {name: part for name, part in selected.items() if not (name == "train" and masked_training)}
+    show_bar, show_line = display
+    watch, total = Stopwatch(), sum(len(part.captions) for part in encoded.values())
+    with progress_bar(total=total, show=show_bar, desc="encode captions", unit="caption") as bar:
+        tokens = {name: encode_tokens(encoder, part.captions, bar=bar) for name, part in encoded.items()}
+    if show_line and total:
+        say(f"chimera: {total} captions of {', '.join(encoded)} encoded by {type(encoder).__name__} in {watch}")
     train_ids = tokenized(encoder, selected["train"].captions) if masked_training else None
     return ChimeraPrepared(selected, expert, int(encoder.hidden_size), tokens, train_ids)
 
@@ -400,7 +481,8 @@ def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str]) ->
 def _data(config: Mapping[str, Any], prepared: ChimeraPrepared) -> TaskData:
     if "train" in prepared.parts:
         datamodule = RetrievalDataModule(prepared.parts, _Batches(prepared), batch_size=config["data"]["batch_size"],
-                                         eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"])
+                                         eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"],
+                                         whole_videos=True)  # a cross-encoder: its captions against every video
         steps = len(datamodule.sampler)
     else:
         datamodule = _EvalOnly(prepared, config["data"]["eval_batch_size"])
@@ -410,6 +492,8 @@ def _data(config: Mapping[str, Any], prepared: ChimeraPrepared) -> TaskData:
 
 class _EvalOnly(RetrievalDataModule):
     """The loaders of a checkpoint's evaluation: no training part."""
+
+    whole_videos = True
 
     def __init__(self, prepared: ChimeraPrepared, eval_batch_size: int) -> None:
         L.LightningDataModule.__init__(self)
@@ -441,8 +525,6 @@ class ChimeraSpec(TaskSpec):
     required_sections = ("chimera",)
     model_sections = ("chimera",)
     default_monitor = ("val/rsum", "max")
-    distributed = ("scores every caption against every video of the split in one process, and a training "
-                   "batch's negatives are its other videos: sharding would change both")
     prediction_suffix = ".csv"
     reads_own_files = True
     path_keys = ("chimera.source", "chimera.captions", "chimera.word_vectors")
@@ -457,7 +539,7 @@ class ChimeraSpec(TaskSpec):
     def build_data(self, config: Mapping[str, Any]) -> TaskData:
         encoder = _encoder(config["chimera"])
         parts = (*PARTS, "test_shuffled") if config["chimera"]["shuffled_test"] else PARTS
-        data = _data(config, prepare_chimera(config, encoder, parts))
+        data = _data(config, prepare_chimera(config, encoder, parts, run_display(config)))
         data.datamodule.text_encoder = encoder
         return data
 
@@ -474,7 +556,8 @@ class ChimeraSpec(TaskSpec):
         if not (section["mask_rate"] > 0 and section["num_topics"] > 0):
             return {}
         parts = data.prepared.parts
-        head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions, _cache_dir(config))
+        head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions, _cache_dir(config),
+                                   display=run_display(config))
         object.__setattr__(module, "lm_head", head)
         if module.model.use_topics:  # L_T on fixed masked validation captions, logged every epoch
             module.held_out = held_out_masked_captions(module.encoder, parts["val"].captions, section["mask_rate"])

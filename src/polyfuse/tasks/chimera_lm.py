@@ -40,8 +40,9 @@ from polyfuse.atomic import atomic_temp_path, write_bytes
 from polyfuse.data.retrieval import content_cache_path, encoder_fingerprint
 from polyfuse.functional.chimera_masking import mask_word_pieces
 from polyfuse.nn.chimera import TiedMaskedLMHead
+from polyfuse.progress import progress_bar, say
 
-__all__ = ["LMHeadSettings", "encode_ids", "lm_head_for", "masked_batch", "pretrain_lm_head", "tokenized"]
+__all__ = ["LMHeadSettings", "encode_ids", "lm_head_for", "mask_batch", "masked_batch", "pretrain_lm_head", "tokenized"]
 
 _FORMAT = "polyfuse-chimera-lm-head-1"
 
@@ -77,16 +78,27 @@ def encode_ids(encoder, token_ids: Tensor, mask: Tensor) -> Tensor:
     return hidden.masked_fill(~mask.unsqueeze(-1), 0.0)
 
 
+def mask_batch(encoder, token_ids: Tensor, mask: Tensor, rate: float,
+               generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Mask a batch of tokenised captions: ``(masked_ids, mask, ids, masked)``, each (B, N).
+
+    The batch is cut to its longest caption; ``ids`` are the original ids (the targets),
+    ``masked_ids`` those with [MASK] at ``masked``. Under DDP every process draws the masks
+    of the global batch (the draw of one process) and encodes its share."""
+    length = int(mask.sum(1).max())
+    token_ids, mask = token_ids[:, :length], mask[:, :length]
+    masked_ids, masked = mask_word_pieces(token_ids, mask, special_ids(encoder), encoder.tokenizer.mask_token_id,
+                                          rate, generator)
+    return masked_ids, mask, token_ids, masked
+
+
 def masked_batch(encoder, token_ids: Tensor, mask: Tensor, rate: float,
                  generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Mask a batch of tokenised captions and encode it: ``(hidden, mask, ids, masked)``.
 
     The batch is cut to its longest caption; ``ids`` are the original ids (the targets),
     ``masked`` (B, N) bool the positions replaced by [MASK] before the encoder read them."""
-    length = int(mask.sum(1).max())
-    token_ids, mask = token_ids[:, :length], mask[:, :length]
-    masked_ids, masked = mask_word_pieces(token_ids, mask, special_ids(encoder), encoder.tokenizer.mask_token_id,
-                                          rate, generator)
+    masked_ids, mask, token_ids, masked = mask_batch(encoder, token_ids, mask, rate, generator)
     return encode_ids(encoder, masked_ids, mask), mask, token_ids, masked
 
 
@@ -119,11 +131,12 @@ def _new_head(encoder, seed: int) -> TiedMaskedLMHead:
 
 
 def pretrain_lm_head(encoder, captions: list[str], held_out: list[str],
-                     settings: LMHeadSettings = LMHeadSettings()) -> tuple[TiedMaskedLMHead, dict]:
+                     settings: LMHeadSettings = LMHeadSettings(), *, bar: bool = False) -> tuple[TiedMaskedLMHead, dict]:
     """Train the tied masked-LM head on ``captions`` through the frozen ``encoder``.
 
     Returns the head (best epoch on ``held_out``) and a report: held-out NLL per epoch,
-    the unigram NLL on the same tokens, seconds."""
+    the unigram NLL on the same tokens, seconds. ``bar``: a progress bar of the batches
+    on stderr when it is a terminal."""
     if not captions or not held_out:
         raise ValueError("pretrain_lm_head needs training and held-out captions")
     start = time.perf_counter()
@@ -145,10 +158,13 @@ def pretrain_lm_head(encoder, captions: list[str], held_out: list[str],
     optimizer = torch.optim.Adam(head.own_parameters(), lr=settings.lr)
     initial, unigram_nll = _held_out_nll(encoder, head, held_batches, unigram)
     history, best_nll, best_state = [], initial, {k: v.clone() for k, v in head.own_state().items()}
+    batches = progress_bar(total=settings.epochs * math.ceil(len(captions) / settings.batch_size), show=bar,
+                           desc="masked-LM head", unit="batch")
     for epoch in range(settings.epochs):
         order = torch.randperm(len(captions), generator=generator)
         total, count = 0.0, 0
         for s in range(0, len(order), settings.batch_size):
+            batches.update()
             rows = order[s : s + settings.batch_size]
             with torch.no_grad():
                 hidden, _, batch_ids, masked = masked_batch(encoder, ids[rows], mask[rows], settings.mask_rate,
@@ -162,6 +178,7 @@ def pretrain_lm_head(encoder, captions: list[str], held_out: list[str],
         history.append({"epoch": epoch, "train_nll": total / count, "held_out_nll": nll})
         if nll < best_nll:
             best_nll, best_state = nll, {k: v.clone() for k, v in head.own_state().items()}
+    batches.close()
     head.load_state_dict(best_state, strict=False)
     head.requires_grad_(False)
     head.decoder_weight.requires_grad_(encoder.trainable)  # the tied embedding stays the encoder's
@@ -192,9 +209,12 @@ def _read_head(cache: Path, head: TiedMaskedLMHead) -> dict | None:
 
 
 def lm_head_for(encoder, captions: list[str], held_out: list[str], cache_dir: str | Path | None = None,
-                settings: LMHeadSettings = LMHeadSettings()) -> tuple[TiedMaskedLMHead, dict]:
+                settings: LMHeadSettings = LMHeadSettings(),
+                display: tuple[bool, bool] = (False, False)) -> tuple[TiedMaskedLMHead, dict]:
     """The head of :func:`pretrain_lm_head`, read from ``cache_dir`` when it holds one for
-    exactly these inputs (report["cached"] says which), else trained and written there."""
+    exactly these inputs (report["cached"] says which), else trained and written there.
+    ``display``: while training, a progress bar (on a terminal), and then a final line
+    on stderr (:func:`polyfuse.progress.run_display`)."""
     cache = content_cache_path(
         cache_dir, "lm_head", [_FORMAT, list(captions), list(held_out), asdict(settings), encoder_fingerprint(encoder)]
     )
@@ -205,9 +225,15 @@ def lm_head_for(encoder, captions: list[str], held_out: list[str], cache_dir: st
             head.requires_grad_(False)
             head.decoder_weight.requires_grad_(encoder.trainable)
             return head, {**report, "cached": str(cache)}
-    head, report = pretrain_lm_head(encoder, captions, held_out, settings)
+    show_bar, show_line = display
+    head, report = pretrain_lm_head(encoder, captions, held_out, settings, bar=show_bar)
     if cache is not None:
         with atomic_temp_path(cache) as partial:
             tensors = {k: v.contiguous() for k, v in head.own_state().items()}
             write_bytes(partial, save(tensors, metadata={"format": _FORMAT, "report": json.dumps(report)}))
+    if show_line:
+        kept = f"; kept in {cache}" if cache is not None else ""
+        say(f"chimera: masked-LM head trained {settings.epochs} epochs on {len(captions)} captions in "
+            f"{report['seconds']:.1f} s (held-out NLL {report['held_out_nll']:.3f}, unigram "
+            f"{report['unigram_nll']:.3f}){kept}")
     return head, {**report, "cached": None}

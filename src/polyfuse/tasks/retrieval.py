@@ -12,6 +12,13 @@ and ``rsum`` (the sum of the six recalls, the default monitor); at test also the
 recalls (``test/chance_t2v_R@1``...). After the test the test split is ranked again with
 the words of each caption shuffled (Chimera's EX2; ``test_shuffled_words`` in results.json).
 
+Under DDP (``trainer.devices > 1``) each process embeds its share of every global batch
+and gathers the others' embeddings with their gradients (:mod:`polyfuse.tasks.gather`),
+so the loss ranks against the negatives of the whole batch and equals one process's;
+at evaluation each process embeds its share of the captions and videos and the metric's
+states are gathered (:class:`~polyfuse.metrics.retrieval.TextVideoRetrieval`), so every
+process ranks the whole split and logs the numbers of one process.
+
 Validation and test compute in float32 whatever ``trainer.precision`` is (the
 bf16-mixed autocast covers the training steps only).
 
@@ -38,9 +45,11 @@ from torch.utils.data import DataLoader
 
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.data.retrieval import (
+    ONE_PROCESS,
     PARTS,
     RetrievalDataModule,
     RetrievalSourceConfig,
+    Shard,
     corpus_vocabulary,
     encode_captions,
     load_corpus,
@@ -54,7 +63,9 @@ from polyfuse.metrics.retrieval import (
     text_video_retrieval,
 )
 from polyfuse.nn.models.retrieval import VIDEO_FUSIONS, RetrievalModel
+from polyfuse.progress import Stopwatch, progress_bar, run_display, say
 from polyfuse.tasks import building
+from polyfuse.tasks.gather import gather_rows
 from polyfuse.tasks.groups import own_group, parameter_groups, write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 
@@ -168,10 +179,14 @@ class RetrievalTask(L.LightningModule):
         return info_nce_loss(scores, positives, temperature=self.temperature)
 
     def training_step(self, batch: Mapping[str, Any], batch_index: int) -> Tensor:
+        """The loss of the global batch: under DDP this process's share is embedded here
+        and the others' gathered with their gradients (the same loss on every process)."""
         texts = self.model.embed_texts(self._sentences(batch))
         videos = self.model.embed_videos(batch["features"], batch["masks"], batch["present"])
+        sizes = batch.get("shard_sizes") or [len(batch["present"])]
+        texts, videos = gather_rows(self, texts, sizes), gather_rows(self, videos, sizes)  # (B, D) each
         loss = self._loss(texts @ videos.T)
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["present"]))
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=sum(sizes), sync_dist=True)
         return loss
 
     @torch.no_grad()
@@ -205,22 +220,26 @@ class RetrievalTask(L.LightningModule):
         self._update(self.stage_metrics["val"], batch)
 
     def on_validation_epoch_end(self) -> None:
-        self.log_dict({f"val/{k}": v for k, v in self._compute(self.stage_metrics["val"]).items()})
+        # the same numbers on every process (the states are gathered): max keeps them exact
+        self.log_dict({f"val/{k}": v for k, v in self._compute(self.stage_metrics["val"]).items()}, sync_dist=True,
+                      reduce_fx="max")
 
     def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
         self._update(self.stage_metrics["test"], batch)
 
     def on_test_epoch_end(self) -> None:
-        self.log_dict({f"test/{k}": v for k, v in self._compute(self.stage_metrics["test"]).items()})
+        self.log_dict({f"test/{k}": v for k, v in self._compute(self.stage_metrics["test"]).items()}, sync_dist=True,
+                      reduce_fx="max")
 
     def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> dict[str, Any]:
         return self.embed_chunk(batch)
 
     def evaluate(self, loader: DataLoader, *, chance: bool = True) -> dict[str, float]:
-        """The metrics of one split's chunks, outside a Trainer (in eval mode, float32)."""
+        """The metrics of one split's chunks, outside a Trainer (in eval mode, float32), in
+        this process alone (nothing is gathered: the loader holds the whole split)."""
         was_training = self.training
         self.eval()
-        metric = TextVideoRetrieval(chunk_size=self.chunk_size, chance=chance)
+        metric = TextVideoRetrieval(chunk_size=self.chunk_size, chance=chance, sync_on_compute=False)
         for chunk in loader:
             self._update(metric, chunk)
         self.train(was_training)
@@ -266,11 +285,14 @@ class _Batches:
         return {"text": vectors[rows] if vectors is not None else None,
                 "captions": [corpus.captions[i] for i in rows]}
 
-    def __call__(self, part: str, batch) -> dict[str, Any]:
+    def __call__(self, part: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
         corpus = self.prepared.parts[part]
-        if isinstance(batch, list):  # training: (video row, caption row) pairs
-            rows = torch.tensor([v for v, _ in batch])
-            return {**_video_batch(corpus, rows), **self._captions(part, [c for _, c in batch])}
+        if isinstance(batch, list):  # training: the global batch's (video row, caption row) pairs
+            start, stop = shard.bounds(len(batch))
+            pairs = batch[start:stop]  # this process's share
+            rows = torch.tensor([v for v, _ in pairs])
+            return {**_video_batch(corpus, rows), **self._captions(part, [c for _, c in pairs]),
+                    "shard_sizes": shard.sizes(len(batch))}
         videos, captions = batch["video_rows"], batch["caption_rows"]
         return {**_video_batch(corpus, videos), **self._captions(part, captions.tolist()), "video_rows": videos,
                 "caption_rows": captions, "caption_video": self._video_row(part)[captions]}
@@ -289,10 +311,14 @@ def _encoder_of(section: Mapping[str, Any], vocabulary: list[str] | None, *, tra
 
 
 def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, encoder=None,
-                      parts: Sequence[str] = (*PARTS, "test_shuffled")) -> tuple[RetrievalPrepared, Any]:
+                      parts: Sequence[str] = (*PARTS, "test_shuffled"),
+                      display: tuple[bool, bool] = (False, False)) -> tuple[RetrievalPrepared, Any]:
     """The parts of the configuration's corpus and their caption vectors (cached by
     content under ``cache_dir``); ``test_shuffled``: the test split with each caption's
-    words shuffled (seed 0). Returns the prepared data and the text encoder."""
+    words shuffled (seed 0). Returns the prepared data and the text encoder.
+
+    ``display``: a progress bar of the captions encoded (on a terminal) and a final line
+    on stderr saying how many and in how long (:func:`polyfuse.progress.run_display`)."""
     section = config["retrieval"]
     corpus, split = load_corpus(section)
     selected: dict[str, RetrievalCorpus] = {}
@@ -307,13 +333,23 @@ def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, enco
             selected[name] = corpus.subset(split[name])
     vocabulary = corpus_vocabulary(corpus) if section["text"] == "bow" else None
     fine_tune = section["text_lr"] is not None
+    loading, loaded = Stopwatch(), ""
     if encoder is None:
         encoder = _encoder_of(section, vocabulary, trainable=fine_tune)
+        loaded = f"; the encoder loaded in {loading}"
     if fine_tune:  # batches carry the captions; the module's encoder reads them
         vectors: dict[str, Tensor | None] = dict.fromkeys(selected)
         text_dim = int(encoder.hidden_size)
     else:
-        vectors = {name: encode_captions(encoder, part.captions, cache_dir=cache_dir) for name, part in selected.items()}
+        show_bar, show_line = display
+        encoding, total = Stopwatch(), sum(len(part.captions) for part in selected.values())
+        with progress_bar(total=total, show=show_bar, desc="encode captions", unit="caption") as bar:
+            vectors = {name: encode_captions(encoder, part.captions, cache_dir=cache_dir, bar=bar)
+                       for name, part in selected.items()}
+        if show_line and bar.n:  # nothing to say when every vector came from the cache
+            cached = f", {total - bar.n} read from the cache" if bar.n < total else ""
+            say(f"retrieval: {bar.n} captions of {', '.join(selected)} encoded by {type(encoder).__name__} "
+                f"in {encoding}{cached}{loaded}")
         text_dim = int(next(iter(vectors.values())).shape[1])
     references = {}
     source = section.get("source")
@@ -413,8 +449,6 @@ class RetrievalSpec(TaskSpec):
     required_sections = ("retrieval",)
     model_sections = ("retrieval", "model")
     default_monitor = ("val/rsum", "max")
-    distributed = ("ranks the whole split in one process, and a training batch's negatives are its other "
-                   "videos: sharding would change both")
     prediction_suffix = ".csv"
     reads_own_files = True
     path_keys = ("retrieval.source", "retrieval.captions", "retrieval.word_vectors")
@@ -428,7 +462,8 @@ class RetrievalSpec(TaskSpec):
 
     def build_data(self, config: Mapping[str, Any]) -> TaskData:
         prepared, encoder = prepare_retrieval(config, cache_dir=cache_dir_of(config),
-                                              parts=(*PARTS, "test_shuffled") if config["retrieval"]["shuffled_test"] else PARTS)
+                                              parts=(*PARTS, "test_shuffled") if config["retrieval"]["shuffled_test"] else PARTS,
+                                              display=run_display(config))
         data = _task_data(config, prepared)
         data.datamodule.text_encoder = encoder  # the encoder the module fine-tunes (text_lr)
         return data
