@@ -11,7 +11,8 @@ modality and the hyperbolic layer attends over the joint sequence [text; image],
 the matching layer's H_M belongs to one (caption, video) pair (a cross-encoder, like
 the ITM heads the paper builds on). The score of a pair is a linear head on the product
 of H_M's mean over the text positions and its mean over the video positions,
-w . (m_text * m_video) + b. A linear head on the mean over all positions would be
+w . (m_text * m_video), without a bias: a constant would shift every score alike, which
+no ranking loss sees (its gradient is rounding noise, which Adam turns into drift). A linear head on the mean over all positions would be
 additive, a(caption) + b(video), outside what the hyperbolic attention mixes, and so
 rank the videos nearly alike for every caption (our first runs stayed at chance); the
 product makes every dimension of H_M a caption-video interaction. The paper scores with
@@ -85,7 +86,7 @@ class ChimeraRetrievalModel(nn.Module):
         if self.use_hyperbolic:
             self.hyperbolic = HyperbolicLayer(text_dim, hyperbolic_dim)
         self.matching = MatchingLayer()
-        self.score_head = nn.Linear(text_dim, 1)
+        self.score_head = nn.Linear(text_dim, 1, bias=False)  # no bias: see the module docstring
 
     def _side(self, hidden: Tensor, mask: Tensor, topic: str) -> ChimeraSides:
         topics = topic_logits = None
@@ -159,7 +160,7 @@ class ChimeraRetrievalModel(nn.Module):
         length = text.hidden.shape[1]
         text_mean = masked_mean(fused[:, :length], text.mask[t])
         video_mean = masked_mean(fused[:, length:], video.mask[v])
-        return self.score_head(text_mean * video_mean).squeeze(-1)  # w . (m_text * m_video) + b
+        return self.score_head(text_mean * video_mean).squeeze(-1)  # w . (m_text * m_video)
 
     def score_matrix(self, text: ChimeraSides, video: ChimeraSides, chunk: int = 2048) -> Tensor:
         """(B_t, B_v) scores of every caption against every video, in chunks of pairs."""
