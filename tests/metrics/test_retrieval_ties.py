@@ -33,3 +33,18 @@ def test_duplicate_captions_rank_alike_in_any_chunking():
         nudged = texts.clone()
         nudged[3] = texts[3] * factor
         assert text_video_retrieval(caption_video, texts=nudged, videos=videos) == exact, factor
+
+
+def test_the_tolerance_is_relative_above_one_and_inclusive():
+    # float64: the margins below are far from rounding
+    for best, inside, outside in ((1000.0, 5e-3, 2e-2), (1.5, 1.4e-5, 1.8e-5), (0.2, 0.9e-5, 1.1e-5)):
+        for margin, expected in ((inside, 2), (outside, 1)):
+            scores = torch.tensor([[best, best - margin, -1.0]], dtype=torch.float64)
+            assert int(ranks_from_scores(scores, torch.tensor([0]))[0]) == expected, (best, margin)
+            assert int(ranks_from_scores(scores, torch.tensor([[True, False, False]]))[0]) == expected, (best, margin)
+    # a wrong score exactly at the edge of the tolerance ties (the edge is inside)
+    best = torch.tensor(1000.0, dtype=torch.float64)
+    edge = best - TIE_TOLERANCE * best
+    scores = torch.stack([best, edge, torch.tensor(-1.0, dtype=torch.float64)]).unsqueeze(0)
+    assert int(ranks_from_scores(scores, torch.tensor([0]))[0]) == 2
+    assert int(ranks_from_scores(scores, torch.tensor([[True, False, False]]))[0]) == 2
