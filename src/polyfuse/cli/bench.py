@@ -247,6 +247,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_captioning(commands, common)
     _add_gpu(commands, common)
     _add_ops(commands, common)
+    _add_ddp(commands, common)
 
 
 def _add_gpu(commands: Any, common: Any) -> None:
@@ -378,6 +379,47 @@ def _captioning(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "captioning.md").write_text(captioning.captioning_markdown(payload))
     return payload, draw_captioning_bench
+
+
+def _add_ddp(commands: Any, common: Any) -> None:
+    ddp = commands.add_parser(
+        "ddp",
+        help="seconds per epoch of every task type with 1 and 2 processes (DDP, gloo on CPU)",
+        description=(
+            "Trains every task type on synthetic data (an epoch of about a second on one core) "
+            "once with 1 process and once with 2 (DDP, gloo, one thread each, the same global "
+            "batch), each run in fresh processes, and reports the median seconds per epoch after "
+            "the warm-up epochs and their ratio (2 processes over 1; not a target on a 2-core "
+            "machine). Task types that train on one process are listed as such. Also writes "
+            "ddp.md (the section of docs/BENCHMARKS.md) beside the JSON."
+        ),
+    )
+    ddp.add_argument("--quick", action="store_true",
+                     help="sentiment only, a tenth of the data, 2 epochs: seconds, not a measurement")
+    ddp.add_argument("--tasks", type=_words, default=None, help="task types (default: every registered one)")
+    ddp.add_argument("--epochs", type=int, default=None, help="epochs per run (default 4)")
+    ddp.add_argument("--warmup-epochs", type=int, default=None, help="first epochs left out (default 1)")
+    ddp.add_argument("--scale", type=float, default=None, help="multiplies every task's number of samples (default 1)")
+    ddp.add_argument("--repeats", type=int, default=None, help="runs of each, 1 and 2 processes in turns (default 1)")
+    ddp.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                     help="write the data and the runs here (default: a temporary folder, removed)")
+    common(ddp)
+
+
+def _ddp(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import ddp
+
+    if args.threads is not None:
+        raise ValueError("bench ddp: every training process runs one thread (trainer.num_threads=1); drop --threads")
+    settings = ddp.QUICK if args.quick else ddp.FULL
+    changes = {name: getattr(args, name) for name in ("tasks", "epochs", "warmup_epochs", "scale", "repeats")
+               if getattr(args, name) is not None}
+    payload = ddp.run_ddp_bench(dataclasses.replace(settings, **changes), folder=args.keep, progress=_progress(args))
+    report = ddp.ddp_markdown(payload, "polyfuse bench " + " ".join(_given_arguments(args)))
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "ddp.md").write_text(report, encoding="utf-8")
+    print(report)
+    return payload, None
 
 
 def _progress(args: argparse.Namespace) -> Any:
@@ -592,7 +634,7 @@ def _ops(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
             "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers,
-            "captioning": _captioning, "ops": _ops, "gpu": _gpu}
+            "captioning": _captioning, "ops": _ops, "gpu": _gpu, "ddp": _ddp}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -131,6 +131,7 @@ def build_trainer(
     trainer = L.Trainer(
         accelerator=trainer_config["accelerator"],
         devices=trainer_config["devices"],
+        num_nodes=trainer_config["num_nodes"] if for_training else 1,  # evaluation and prediction: one process
         strategy=trainer_config["strategy"],
         precision=trainer_config["precision"],
         max_epochs=trainer_config["max_epochs"],

@@ -39,8 +39,8 @@ from polyfuse.engine.build import build_trainer, monitor_of
 from polyfuse.engine.checkpoints import (
     CheckpointExtras,
     check_extras,
-    check_resumable,
     check_finite_state,
+    check_resumable,
     checkpoint_epoch,
     load_state,
     read_checkpoint,
@@ -96,9 +96,21 @@ class RunResult:
     best_epoch: int | None = None
 
 
+def _launcher() -> tuple[int, int]:
+    """(global rank, number of processes) given by torchrun or SLURM's srun, which start
+    every process of a run themselves (as Lightning detects them); (0, 1) without them."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        return int(os.environ.get("SLURM_PROCID", "0")), int(os.environ["SLURM_NTASKS"])
+    return 0, 1
+
+
 def is_worker() -> bool:
-    """True in a DDP process other than the launching one (it re-runs the command)."""
-    return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
+    """True in a DDP process other than the first: one Lightning started (it re-runs the
+    command), or one of global rank > 0 that torchrun or srun started."""
+    lightning = int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
+    return lightning or _launcher()[0] > 0
 
 
 def _run_dir_path(config: Mapping[str, Any]) -> Path:
@@ -111,6 +123,12 @@ def _claim(config: Mapping[str, Any], run_dir: str | Path | None, resuming: bool
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited and is_worker():
         return Path(inherited), None
+    if _launcher()[1] > 1:  # torchrun or srun started every process: the first claims the directory
+        if run_dir is None:
+            raise ValueError("the processes started by torchrun or srun must share one run directory: give it "
+                             "with --out DIR (the same on every machine)")
+        if is_worker():
+            return Path(run_dir), None
     if run_dir is None:
         return claim_run_dir(_run_dir_path(config), generated=True)
     return claim_run_dir(Path(run_dir), generated=False, fresh=not resuming)
@@ -243,9 +261,10 @@ def _train_in(
     config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
 ) -> RunResult:
     spec = task_spec(config["task"]["type"])
-    devices = int(config["trainer"]["devices"])
-    if devices != 1 and spec.distributed is not None:
-        raise ValueError(f"task.type {spec.name} trains on one process ({spec.distributed}): set trainer.devices to 1")
+    devices, nodes = int(config["trainer"]["devices"]), int(config["trainer"]["num_nodes"])
+    if (devices != 1 or nodes != 1) and spec.distributed is not None:
+        raise ValueError(f"task.type {spec.name} trains on one process ({spec.distributed}): set trainer.devices "
+                         f"to 1{' and trainer.num_nodes to 1' if nodes != 1 else ''}")
     if not is_worker():  # the data of a resumed run must be the data it started on
         if resume_checkpoint is not None:
             check_data_hashes(run_dir)

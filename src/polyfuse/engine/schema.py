@@ -234,7 +234,8 @@ class TrainerConfig(_Section):
     monitor: str | None = Field(None, description="validation metric val/... (default: val/mae regression, val/loss classification)")
     mode: Literal["min", "max"] | None = Field(None, description="min | max (default from the monitor)")
     accelerator: str = Field("auto", description="cpu | gpu | auto")
-    devices: PositiveInt = Field(1, description="processes (data parallel) or accelerators")
+    devices: PositiveInt = Field(1, description="processes (data parallel) or accelerators, per machine")
+    num_nodes: PositiveInt = Field(1, description="machines of a data-parallel run, devices processes on each (started by torchrun or SLURM's srun: docs/TRAINING.md)")
     strategy: str = Field("auto", description="Lightning strategy: auto, ddp (gloo on CPU), ...")
     precision: Literal[PRECISIONS] = Field("32-true", description="Lightning precision, e.g. 32-true or bf16-mixed")  # type: ignore[valid-type]
     gradient_clip_val: Annotated[float, Field(gt=0.0)] | None = Field(None, description="clip gradient norms to this value (> 0)")
