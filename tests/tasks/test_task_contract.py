@@ -33,7 +33,7 @@ from tests.engine.test_chimera_task import write_corpus_files, write_tiny_bert
 from polyfuse.cli.main import EXIT_DIVERGED, EXIT_INPUT, main
 from polyfuse.engine.checkpoints import read_checkpoint
 from polyfuse.engine.run import evaluate, load_model, predict, train
-from polyfuse.tasks.registry import available_tasks, task_spec, task_specs
+from polyfuse.tasks.registry import available_tasks, task_spec
 
 TRAINER = {"max_epochs": 3, "patience": 0, "accelerator": "cpu", "progress_bar": False, "quiet": True, "num_threads": 1}
 
@@ -206,17 +206,6 @@ def test_a_diverging_run_exits_with_the_divergence_code(tiny, capsys):
     path.write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(path), "--out", str(folder / "diverged")]) == EXIT_DIVERGED
     assert "became NaN or Inf" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("name", [spec.name for spec in task_specs() if spec.distributed is not None])
-def test_a_task_that_trains_on_one_process_refuses_several_and_says_why(name, tmp_path):
-    config = TINY[name](tmp_path)
-    config["trainer"] = {**config["trainer"], "devices": 2, "strategy": "ddp"}
-    reason = task_spec(name).distributed
-    with pytest.raises(ValueError, match=rf"^task.type {name} trains on one process \(") as error:
-        train(config, run_dir=tmp_path / "run")
-    assert reason in str(error.value) and "set trainer.devices to 1" in str(error.value)
-    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 def test_compare_over_seeds_gives_one_mean_and_std_table(tmp_path):

@@ -47,9 +47,6 @@ WEIGHT_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 #: weights' atol): the weight comparison has teeth
 MOVED_AT_LEAST = 1e-3
 
-#: task type -> why it is expected to fail here for now (strict: it turns red when it
-#: passes, and the entry must go); none at present
-NOT_YET: dict[str, str] = {}
 
 
 def _without_dropout(node: Any) -> Any:
@@ -87,12 +84,7 @@ def _two_processes(config_path: Path, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=240)
 
 
-def _params():
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[name])) if name in NOT_YET else name
-            for name in sorted(TINY)]
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", sorted(TINY))
 def test_two_processes_train_as_one(name: str, tmp_path: Path) -> None:
     config = _tiny_without_dropout(name, tmp_path)
     path = tmp_path / "ddp.yaml"

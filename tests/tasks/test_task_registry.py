@@ -48,7 +48,7 @@ def test_registration_returns_the_class_and_refuses_a_second_class_under_a_taken
 def test_the_defaults_of_a_spec_do_nothing_and_load_through_module_from_extras():
     spec = TaskSpec()
     assert spec.default_monitor == ("val/loss", "min") and spec.model_sections == ("model",)
-    assert spec.distributed is None and spec.prediction_suffix == ".csv" and spec.predict_options == {}
+    assert spec.prediction_suffix == ".csv" and spec.predict_options == {}
     assert spec.data_files({}) == [] and spec.baselines({}) == {} and spec.summary([], None) is None
     assert spec.prepare_module(None, {}, None, False) == {} and spec.after_test(None, None, None) == {}
     assert spec.check_config(None) is None

@@ -13,8 +13,7 @@ the others, and ``ratio`` the 2-process time over the 1-process time.
 The ratio is not a target: on the 2-core machine of docs/BENCHMARKS.md the two
 processes share the cores with everything else, and with one thread each they can at
 best halve the step time of compute-bound work, while the gradient all-reduce and the
-task's own gathers add to it. A task type whose spec refuses ``trainer.devices > 1``
-is recorded as refused, with its reason. The machine's load is recorded with the result
+task's own gathers add to it. The machine's load is recorded with the result
 (``load``; ``children`` is the CPU time of the training processes, which ``own`` leaves
 out).
 """
@@ -240,8 +239,6 @@ def run_ddp_bench(
     settings: DDPBenchSettings = FULL, *, folder: Path | None = None, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Every task type of ``settings.tasks`` trained with 1 and with 2 processes; seconds per epoch and their ratio."""
-    from polyfuse.tasks.registry import task_spec
-
     unknown = [name for name in settings.tasks if name not in _WRITERS]
     if unknown:
         raise ValueError(f"bench ddp: unknown task type(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
@@ -253,12 +250,6 @@ def run_ddp_bench(
         children = _children_cpu_seconds()
         root = Path(folder) if folder is not None else Path(scratch)
         for name in settings.tasks:
-            refused = task_spec(name).distributed
-            if refused is not None:
-                rows.append({"task": name, "refused": refused})
-                if progress:
-                    progress(f"{name}: trains on one process ({refused})")
-                continue
             work = root / name
             config = task_config(name, work, scale=settings.scale, epochs=settings.epochs, seed=settings.seed)
             path = work / "bench.yaml"
@@ -342,9 +333,6 @@ def ddp_markdown(payload: dict[str, Any], command: str) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for row in payload["rows"]:
-        if "refused" in row:
-            lines.append(f"| {row['task']} | trains on one process | | | |")
-            continue
         one, two = row["one_process"], row["two_processes"]
         lines.append(f"| {row['task']} | {one['steps_per_epoch']} / {two['steps_per_epoch']} | "
                      f"{one['seconds_per_epoch']:.2f} | {two['seconds_per_epoch']:.2f} | {row['ratio']:.2f} |")

@@ -261,10 +261,6 @@ def _train_in(
     config: dict[str, Any], run_dir: Path, resume_checkpoint: Path | None, callbacks: Sequence[Callback]
 ) -> RunResult:
     spec = task_spec(config["task"]["type"])
-    devices, nodes = int(config["trainer"]["devices"]), int(config["trainer"]["num_nodes"])
-    if (devices != 1 or nodes != 1) and spec.distributed is not None:
-        raise ValueError(f"task.type {spec.name} trains on one process ({spec.distributed}): set trainer.devices "
-                         f"to 1{' and trainer.num_nodes to 1' if nodes != 1 else ''}")
     if not is_worker():  # the data of a resumed run must be the data it started on
         if resume_checkpoint is not None:
             check_data_hashes(run_dir)
@@ -286,7 +282,7 @@ def _train_in(
         warnings.warn(threads.describe(), stacklevel=2)
     if not is_worker():
         atomic_write_text(run_dir / "config.yaml", dump_config(config))
-        if devices > 1:
+        if int(config["trainer"]["devices"]) > 1:  # the processes Lightning starts re-run the command
             os.environ[RUN_DIR_ENV] = str(run_dir)
     start = time.perf_counter()
     handler = signal.getsignal(signal.SIGINT)

@@ -70,7 +70,6 @@ class TaskSpec:
         model_sections: the top-level sections that define the weights' layout; a run
             resumes only from a checkpoint trained with the same.
         default_monitor: the validation metric that picks the best checkpoint, and its mode.
-        distributed: None when the task trains with DDP; else why it trains on one process.
         prediction_suffix: the file type ``predict --out`` writes (``.csv`` or ``.json``).
         predict_options: the task's own options of ``polyfuse predict`` and their
             defaults (VQA: ``images``, ``top_k``); another task refuses them.
@@ -89,7 +88,6 @@ class TaskSpec:
     required_sections: ClassVar[tuple[str, ...]] = ()
     model_sections: ClassVar[tuple[str, ...]] = ("model",)
     default_monitor: ClassVar[tuple[str, str]] = ("val/loss", "min")
-    distributed: ClassVar[str | None] = None
     prediction_suffix: ClassVar[str] = ".csv"
     predict_options: ClassVar[dict[str, Any]] = {}
     figure_options: ClassVar[tuple[str, ...]] = ()
