@@ -142,3 +142,15 @@ def test_wrong_input_to_any_task_is_one_line(tiny_run, capfd, tmp_path, command)
     code, _, err = _run(capfd, [command, "--checkpoint", str(corrupt), *out])
     _one_line_or_success(code, err, command)
     assert code == EXIT_INPUT
+
+
+@pytest.mark.parametrize("setting", ["devices=2", "num_nodes=2"])
+def test_compare_refuses_several_processes_in_one_line(tmp_path, capfd, setting):
+    config = TINY["sentiment"](tmp_path)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code, _, err = _run(capfd, ["compare", "--config", str(path), "--models", "concat", "--seeds", "1",
+                                "--set", f"trainer.{setting}", "--out", str(tmp_path / "compare")])
+    _one_line_or_success(code, err, "compare")
+    assert code == EXIT_INPUT and "compare trains one run after another in one process" in err
+    assert not (tmp_path / "compare").exists()  # refused before anything is written

@@ -115,8 +115,9 @@ def compare(
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     base = resolve_config(base)
-    if base["trainer"]["devices"] != 1:
-        raise ValueError("compare trains one run after another in one process: use trainer.devices=1")
+    if base["trainer"]["devices"] != 1 or base["trainer"]["num_nodes"] != 1:
+        raise ValueError("compare trains one run after another in one process: use trainer.devices=1 and "
+                         "trainer.num_nodes=1 (train each model with polyfuse train for several processes)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
