@@ -7,9 +7,7 @@ line on stdout gives the counts, the time and what the file holds."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-import warnings
 
 __all__ = ["add_parser", "run"]
 
@@ -54,17 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    with warnings.catch_warnings():
-        # what is skipped is said as it happens, one line each, and again in the summary
-        warnings.showwarning = _one_line_warning
-        return _run_video(args) if args.kind == "video" else _run_images(args)
-
-
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    from tqdm import tqdm
-
-    # above the progress bar, when one is drawn
-    tqdm.write(f"polyfuse extract: warning: {message}", file=sys.stderr)
+    # what is skipped is said as it happens (polyfuse.cli.main: one line each, above the
+    # bar), and again in the summary
+    return _run_video(args) if args.kind == "video" else _run_images(args)
 
 
 def _shape(shape: tuple[int, ...]) -> str:

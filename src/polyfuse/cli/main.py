@@ -96,7 +96,10 @@ class _OneLineWarnings(logging.Handler):
         text = " ".join(str(message).split())  # one line, whatever the message holds
         if text not in self.said:
             self.said.add(text)
-            print(f"polyfuse {self.command}: warning: {text}", file=sys.stderr, flush=True)
+            from tqdm import tqdm
+
+            # above a progress bar when one is drawn (extract's, Lightning's), a plain line otherwise
+            tqdm.write(f"polyfuse {self.command}: warning: {text}", file=sys.stderr)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.say(record.getMessage())
