@@ -173,3 +173,14 @@ def test_demo_quiet_prints_the_table_only(capfd):
     assert err == ""  # no progress bars
     lines = out.splitlines()
     assert lines[0].startswith("| model") and lines[-1].startswith("Total time:")
+
+
+def test_only_the_first_process_of_a_data_parallel_run_says_warnings(capsys, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a process Lightning started: it re-runs the command
+    with one_line_warnings("train"):
+        warnings.warn("skipped videos", RuntimeWarning, stacklevel=1)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with one_line_warnings("train"):
+        warnings.warn("skipped videos", RuntimeWarning, stacklevel=1)
+    assert capsys.readouterr().err == "polyfuse train: warning: skipped videos\n"

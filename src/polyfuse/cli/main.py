@@ -85,16 +85,20 @@ class _OneLineWarnings(logging.Handler):
 
     Python warnings (through :func:`warnings.showwarning`) and the warnings polyfuse logs
     both come here; a message said before in the same command is not said again (the
-    runs of ``polyfuse compare`` repeat theirs)."""
+    runs of ``polyfuse compare`` repeat theirs). In a data-parallel run only the first
+    process speaks: the others re-run the command on the same data and would repeat it."""
 
     def __init__(self, command: str) -> None:
         super().__init__(logging.WARNING)
+        from polyfuse.engine.run import is_worker
+
         self.command = command
         self.said: set[str] = set()
+        self.silent = is_worker()
 
     def say(self, message: object) -> None:
         text = " ".join(str(message).split())  # one line, whatever the message holds
-        if text not in self.said:
+        if text not in self.said and not self.silent:
             self.said.add(text)
             from tqdm import tqdm
 
