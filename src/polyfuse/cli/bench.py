@@ -390,7 +390,7 @@ def _add_ddp(commands: Any, common: Any) -> None:
             "once with 1 process and once with 2 (DDP, gloo, one thread each, the same global "
             "batch), each run in fresh processes, and reports the median seconds per epoch after "
             "the warm-up epochs and their ratio (2 processes over 1; not a target on a 2-core "
-            "machine). Task types that train on one process are listed as such. Also writes "
+            "machine). Also writes "
             "ddp.md (the section of docs/BENCHMARKS.md) beside the JSON."
         ),
     )
