@@ -47,6 +47,7 @@ __all__ = [
     "chunked_similarity",
     "query_targets",
     "ranks_from_scores",
+    "recall_sum",
     "retrieval_metrics",
     "retrieval_ranks",
     "text_video_retrieval",
@@ -447,3 +448,9 @@ class TextVideoRetrieval(Metric):
                 f"{int(caption_video[first])}, which no update gave ({unknown.numel()} such captions)"
             )
         return text_video_retrieval(position, texts=texts[keep], videos=videos[video_keep], **options)
+
+
+def recall_sum(metrics: dict[str, float]) -> float:
+    """``rsum``: the sum of the six recalls (R@1, 5, 10 of both directions) of
+    :func:`text_video_retrieval`'s metrics, the chance recalls left out."""
+    return sum(v for k, v in metrics.items() if "R@" in k and not k.startswith("chance"))

@@ -73,7 +73,7 @@ from polyfuse.metrics.retrieval import (
     TextVideoRetrieval,
     query_targets,
     ranks_from_scores,
-    text_video_retrieval,
+    recall_sum,
 )
 from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 from polyfuse.progress import Stopwatch, progress_bar, run_display, say
@@ -206,17 +206,6 @@ def learned_scalars(model: ChimeraRetrievalModel) -> dict[str, float]:
     return out
 
 
-def score_metrics(scores: Tensor, caption_videos: Sequence[str], video_ids: Sequence[str], *,
-                  chance: bool = False) -> dict[str, float]:
-    """Recalls, MedR, MeanR of both directions from the (C, N) caption x video scores
-    (:func:`~polyfuse.metrics.retrieval.text_video_retrieval`), ``rsum`` the sum of the six recalls."""
-    row_of = {video: i for i, video in enumerate(video_ids)}
-    caption_video = torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)
-    out = text_video_retrieval(caption_video, scores=scores, chance=chance)
-    out["rsum"] = sum(v for k, v in out.items() if "R@" in k and not k.startswith("chance"))
-    return out
-
-
 class ChimeraTask(L.LightningModule):
     """Training and scoring of a :class:`~polyfuse.nn.models.chimera.ChimeraRetrievalModel`.
 
@@ -333,7 +322,7 @@ class ChimeraTask(L.LightningModule):
         metric.update(caption_rows=torch.cat(self._seen["caption_rows"]),
                       caption_video=torch.cat(self._seen["caption_video"]), scores=self._scores())
         values = metric.compute()
-        values["rsum"] = sum(v for k, v in values.items() if "R@" in k and not k.startswith("chance"))
+        values["rsum"] = recall_sum(values)
         return values
 
     def on_validation_epoch_start(self) -> None:

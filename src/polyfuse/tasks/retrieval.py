@@ -59,6 +59,7 @@ from polyfuse.functional.contrastive import info_nce_loss, max_margin_ranking_lo
 from polyfuse.metrics.retrieval import (
     TextVideoRetrieval,
     query_targets,
+    recall_sum,
     retrieval_ranks,
     text_video_retrieval,
 )
@@ -136,7 +137,7 @@ def rank_metrics(texts: Tensor, videos: Tensor, caption_videos: Sequence[str], v
     row_of = {video: i for i, video in enumerate(video_ids)}
     caption_video = torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)
     out = text_video_retrieval(caption_video, texts=texts, videos=videos, chunk_size=chunk_size, chance=chance)
-    out["rsum"] = sum(v for k, v in out.items() if "R@" in k and not k.startswith("chance"))
+    out["rsum"] = recall_sum(out)
     return out
 
 
@@ -213,7 +214,7 @@ class RetrievalTask(L.LightningModule):
     def _compute(metric: TextVideoRetrieval) -> dict[str, float]:
         values = metric.compute()
         metric.reset()
-        values["rsum"] = sum(v for k, v in values.items() if "R@" in k and not k.startswith("chance"))
+        values["rsum"] = recall_sum(values)
         return values
 
     def validation_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
