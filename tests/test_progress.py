@@ -111,3 +111,51 @@ def test_chimera_says_what_it_encoded_and_how_its_head_was_trained(tmp_path, cap
                         trained), trained
     spec.prepare_module(module, config, data, resuming=True)  # the head from the cache: nothing said
     assert "masked-LM head" not in capsys.readouterr().err
+
+
+def test_is_terminal_reads_the_stream_it_is_given_and_a_broken_one_is_not(monkeypatch):
+    from polyfuse.progress import is_terminal
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # the default stream: not a terminal
+    assert is_terminal(Terminal()) and not is_terminal()
+    closed = io.StringIO()
+    closed.close()  # isatty of a closed stream raises ValueError
+    assert not is_terminal(closed) and not is_terminal(object())
+
+
+def test_a_bar_on_a_terminal_of_unknown_size_gets_columns_and_lines(monkeypatch):
+    terminal = _terminal(monkeypatch)  # a StringIO: no file descriptor, so no size of its own
+    monkeypatch.setenv("COLUMNS", "50")
+    monkeypatch.setenv("LINES", "7")
+    with progress_bar(total=3) as bar:
+        assert (bar.ncols, bar.nrows, bar.dynamic_ncols) == (50, 7, False)
+        bar.update()  # one step by default, drawn or not
+    assert bar.n == 1 and len(terminal.getvalue().rstrip().split("\r")[-1]) <= 50
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.delenv("LINES")
+    monkeypatch.setattr(polyfuse.progress.shutil, "get_terminal_size",
+                        lambda fallback: __import__("os").terminal_size(fallback))
+    with progress_bar(total=3) as fallback:
+        assert (fallback.ncols, fallback.nrows) == (80, 24)
+    with progress_bar(total=3, show=False) as hidden:
+        hidden.update()
+    assert hidden.n == 1
+    # a terminal that knows its size: tqdm follows it as it changes
+    monkeypatch.setattr(polyfuse.progress, "_columns", lambda stream: 120)
+    with progress_bar(total=3) as sized:
+        assert sized.dynamic_ncols
+
+
+def test_a_bar_on_a_real_terminal_follows_its_size(monkeypatch):
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # 30 lines, 100 columns
+    with os.fdopen(follower, "w") as stream, os.fdopen(leader, "rb", buffering=0):
+        monkeypatch.setattr(sys, "stderr", stream)
+        monkeypatch.setattr(polyfuse.progress, "BAR_DELAY", 0.0)
+        with progress_bar(total=2) as bar:
+            assert bar.dynamic_ncols  # tqdm reads the terminal's size as it changes

@@ -119,3 +119,60 @@ def test_chimera_without_its_hyperbolic_layer_has_no_attention():
     with pytest.raises(ValueError, match="no hyperbolic layer"):
         pair_attention(SimpleNamespace(model=model), torch.randn(1, 2, 4), *_masks([1, 1]), torch.randn(1, 1, 3),
                        *_masks([1]))
+
+
+def test_titles_wrap_at_90_between_words_only():
+    from polyfuse.tasks.attention_figure import TITLE_WIDTH, sample_title
+
+    assert TITLE_WIDTH == 90
+    short = "test sample 0 (row 12): prediction [" + ", ".join(["-0.125"] * 6) + "]"  # 83 characters
+    assert len(short) < 90 and sample_title(short) == short
+    token = "x" * 120  # longer than a line: kept whole
+    hyphens = "-".join(["ab"] * 40)  # 119 characters joined by hyphens: not cut at them
+    assert sample_title(f"a {token} b").splitlines() == ["a", token, "b"]
+    assert sample_title(hyphens) == hyphens
+
+
+def test_the_tabular_figure_titles_prediction_and_label_and_marks_the_centre(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import polyfuse.tasks.attention_figure as figure
+
+    torch.manual_seed(0)
+    man = MAN([3, 2], out_dim=1, hidden_dim=8, heads=2, mode="exact").eval()
+    inputs, masks = [torch.randn(1, 4, 3), torch.randn(1, 3, 2)], _masks([1, 1, 1, 0], [1, 1, 1])
+    backbone = SimpleNamespace(encode=lambda x, m: x, fusion_inputs=lambda x, m: (x, m), fusion=man,
+                               group_names=lambda: ["a", "b"])
+
+    class Module:  # a tabular task as the figure reads it: its backbone, outputs and predictions
+        def eval(self):
+            return self
+
+        def __call__(self, batch):
+            return None
+
+        def predictions(self, outputs):
+            return torch.tensor([0.25])
+
+    module = Module()
+    module.backbone = backbone
+    drawn = {}
+    monkeypatch.setattr("polyfuse.figures.attention.draw_man_attention",
+                        lambda attention, out, **options: drawn.update(attention=attention, **options) or out)
+    batch = {"inputs": inputs, "masks": masks, "row": torch.tensor([12]), "target": torch.tensor([[1.0, -2.5]]),
+             "centre": torch.tensor([2])}
+    assert figure.tabular_attention_figure(module, batch, tmp_path / "f.png", split="test", sample=3) == tmp_path / "f.png"
+    assert drawn["title"] == "test sample 3 (row 12): prediction 0.25, label [1, -2.5]"
+    assert drawn["centre"] == 2 and drawn["attention"]["lengths"] == [3, 3]
+    del batch["target"], batch["centre"]  # no label (predict data), not contextual
+    figure.tabular_attention_figure(module, batch, tmp_path / "f.png", split="all", sample=0)
+    assert drawn["title"] == "all sample 0 (row 12): prediction 0.25" and drawn["centre"] is None
+    # BAN's maps, drawn with the same title
+    ban = BAN([3, 2], out_dim=1, hidden_dim=6, glimpses=2).eval()
+    module.backbone = SimpleNamespace(encode=lambda x, m: x, fusion_inputs=lambda x, m: (x, m), fusion=ban,
+                                      group_names=lambda: ["a", "b"])
+    monkeypatch.setattr("polyfuse.figures.attention.draw_ban_maps",
+                        lambda attention, out, **options: drawn.update(attention=attention, **options) or out)
+    drawn.clear()
+    assert figure.tabular_attention_figure(module, batch, tmp_path / "g.png", split="all", sample=0) == tmp_path / "g.png"
+    assert drawn["title"] == "all sample 0 (row 12): prediction 0.25" and drawn["attention"]["maps"].shape == (2, 3, 3)
