@@ -28,7 +28,7 @@ def main() -> None:
     base = resolve_config(load_config(args.config))
     summary = summarise(records, validation_key=monitor_of(base)[0].replace("/", "_"))
     if base["task"]["type"] == "vqa":  # one table: VQA accuracy overall and per type
-        from polyfuse.tasks.vqa_report import format_vqa_summary, plot_vqa_summary
+        from polyfuse.tasks.vqa.report import format_vqa_summary, plot_vqa_summary
 
         print(format_vqa_summary(summary))
         if args.figure:

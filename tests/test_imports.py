@@ -29,14 +29,3 @@ def test_geoopt_is_imported_on_first_use():
         "import torch, polyfuse.functional as F; F.lorentz_inner(torch.zeros(1, 3), torch.zeros(1, 3))"
     )
     assert "geoopt" in modules
-
-
-def test_the_old_vqa_path_gives_the_moved_models():
-    """``polyfuse.nn.vqa`` (named in the 0.3.x README) re-exports :mod:`polyfuse.nn.models.vqa`."""
-    import polyfuse.nn.models.vqa as moved
-    import polyfuse.nn.vqa as old
-    from polyfuse.nn.backbones import FusionBackbone as moved_backbone
-    from polyfuse.tasks import FusionBackbone
-
-    assert old.BanVQA is moved.BanVQA and old.FusionVQA is moved.FusionVQA and old.image_mask is moved.image_mask
-    assert FusionBackbone is moved_backbone

@@ -36,21 +36,23 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "polyfuse"
 
 # Floor of each top-level folder; a higher number is a higher floor. A module may import
-# its own floor and the floors below it (rule b); data/metrics/extract share a floor.
+# its own floor and the floors below it (rule b); data/ and metrics/ share a floor.
 FLOORS: dict[str, int] = {
-    "cli": 9,
-    "bench": 8,
-    "engine": 7,
-    "tasks": 6,
+    "cli": 10,
+    "bench": 9,
+    "engine": 8,
+    "tasks": 7,
     # figures/ sits below the floors that draw (engine, bench, and a task spec's
     # attention figures and comparison figure) and above those that never draw (nn/ owns
     # parameters, data/ and metrics/ read and score). It draws arrays and never loads a
     # run or a model, so it imports less than its floor allows: FIGURES_MAY_IMPORT.
-    "figures": 5,
-    "nn": 4,
+    "figures": 6,
+    "nn": 5,
+    # extract/ writes feature files with data/'s readers and writers (open_h5): a floor
+    # above data/; nothing below tasks/ reads through it.
+    "extract": 4,
     "data": 3,
     "metrics": 3,
-    "extract": 3,
     "functional": 2,
     "ground": 1,
 }
@@ -463,7 +465,7 @@ def test_known_violations_still_exist():
 def test_checker_sees_function_local_and_relative_imports():
     source = "def f():\n    from .run import train\n    import polyfuse.cli.main\n    from polyfuse.nope import x\n"
     tree = ast.parse(source)
-    edges = list(_edges("polyfuse.engine.plots", ast.walk(tree)))
+    edges = list(_edges("polyfuse.engine.learning_curves", ast.walk(tree)))
     assert sorted((e.target, e.line, e.names) for e in edges) == [
         ("", 4, ("x",)), ("polyfuse.cli.main", 3, ()), ("polyfuse.engine.run", 2, ("train",))]
 

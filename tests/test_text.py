@@ -1,7 +1,7 @@
 """polyfuse.text, the ground floor that data and metrics share: its place in the import
 graph, the names kept at their old homes, and the VQA question tokeniser (the answer
 rules are checked in tests/metrics/test_vqa_metric.py, the PTB tokeniser in
-tests/data/test_captioning_data.py)."""
+tests/tasks/captioning/test_captioning_data.py)."""
 
 from __future__ import annotations
 

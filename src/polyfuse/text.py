@@ -216,7 +216,7 @@ def ptb_tokenize(caption: str) -> list[str]:
     Words keep inner hyphens, dots and slashes (``t-shirt``, ``3.5``);
     the clitics ``n't 's 're 'll 've 'm 'd`` are split off; brackets become PTB's
     ``-lrb-`` ...; the punctuation tokens that the metrics drop are dropped. Checked
-    against the Java tokeniser on MSVD captions (tests/data/test_captioning_data.py).
+    against the Java tokeniser on MSVD captions (tests/tasks/captioning/test_captioning_data.py).
     """
     text = _CLITICS.sub(r"\1 \2", caption.replace("\n", " "))
     tokens = [_BRACKETS.get(piece, piece.lower()) for piece in _PIECES.findall(text)]

@@ -102,7 +102,7 @@ def test_compare_on_every_task(tiny_run, capfd, tmp_path):
 def test_a_captioning_checkpoint_draws_the_video_it_is_given(tiny_run, capfd, tmp_path):
     _, _, _, result = tiny_run
     from polyfuse.engine.run import load_model
-    from polyfuse.tasks.captioning import checkpoint_captioning_data
+    from polyfuse.tasks.captioning.spec import checkpoint_captioning_data
 
     _, extras = load_model(result.best_checkpoint)
     video = checkpoint_captioning_data(extras).splits["test"][1]

@@ -61,8 +61,8 @@ def test_the_caption_cache_is_keyed_by_the_encoder_and_never_trusts_a_broken_fil
     import pytest
     import torch
 
-    from polyfuse.data.retrieval import encode_captions
     from polyfuse.nn.sentence_encoder import StaticWordEncoder
+    from polyfuse.tasks.ranking.data import encode_captions
 
     captions = ["dog runs", "a cat sits", "man"]
     first = StaticWordEncoder.from_file(_word_vectors(tmp_path / "a.txt", 0))
@@ -309,8 +309,8 @@ def test_disk_full_while_training_retrieval_exits_3_and_leaves_nothing_half_writ
 
     from safetensors import SafetensorError
 
-    import polyfuse.data.retrieval as retrieval
     import polyfuse.engine.checkpoints as checkpoints
+    import polyfuse.tasks.ranking.data as retrieval
 
     _, common = _files(tmp_path)
     out = tmp_path / "runs" / "mean"

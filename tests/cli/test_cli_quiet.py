@@ -17,8 +17,8 @@ import warnings
 
 import pytest
 import yaml
-from tests.engine.test_captioning_engine import _config as captioning_config
-from tests.engine.test_captioning_engine import _write_data as write_captioning_data
+from tests.tasks.captioning.test_captioning_engine import _config as captioning_config
+from tests.tasks.captioning.test_captioning_engine import _write_data as write_captioning_data
 from tests.tasks.test_task_contract import TINY
 
 from polyfuse.cli.main import main, one_line_warnings

@@ -11,7 +11,7 @@ from tests.cli.test_cli_vqa_use import trained  # noqa: F401 - the module's trai
 
 from polyfuse.cli.main import main
 from polyfuse.data.formats.vqa import UNKNOWN_WORD, VQAQuestion
-from polyfuse.data.vqa_new_questions import unknown_words, warn_unknown_words
+from polyfuse.tasks.vqa.new_questions import unknown_words, warn_unknown_words
 
 WORDS = ["what", "color", "is", "the", "shape", "red", UNKNOWN_WORD]
 

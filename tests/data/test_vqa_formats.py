@@ -327,8 +327,8 @@ def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
     import yaml
     from tests.cli.test_cli_vqa import write_vqa_folder
 
-    from polyfuse.data.vqa_data import build_vqa_data
     from polyfuse.engine.config import resolve_config
+    from polyfuse.tasks.vqa.data import build_vqa_data
 
     # every question: its answer given by 9 humans, "green" by 1 (the multiple-choice
     # answer of no question)

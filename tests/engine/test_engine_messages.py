@@ -6,10 +6,10 @@ import torch
 
 from polyfuse.data import load_arrays, prepare_data
 from polyfuse.data.sources import parse_synthetic
-from polyfuse.engine.build import build_backbone
 from polyfuse.engine.config import resolve_config
 from polyfuse.nn import HOCAFusion
 from polyfuse.tasks.attention_figure import sample_title
+from polyfuse.tasks.building import build_backbone
 
 
 def test_a_limit_reached_from_a_config_names_the_config_key():

@@ -4,8 +4,8 @@ inputs' indices (through the input groups when there are some)."""
 import pytest
 
 from polyfuse.engine import resolve_config
-from polyfuse.engine.build import build_backbone
 from polyfuse.nn.modality_subnetworks import SequenceSubnetwork
+from polyfuse.tasks.building import build_backbone
 
 NAMES = ["m0", "m1", "m2"]
 

@@ -1,7 +1,7 @@
 """polyfuse.figures: pure drawing from arrays and dicts; what each figure shows, checked
 in the written image where it is cheap, and bad input refused before drawing. (The
 attention, caption and learning-curve figures are drawn end to end by tests/cli and
-tests/engine/test_captioning_engine.py; here only their refusals, as drawing costs.)"""
+tests/tasks/captioning/test_captioning_engine.py; here only their refusals, as drawing costs.)"""
 
 import numpy as np
 import pytest

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.metrics.vqa_oracle import VQAAccuracy
-from tests.tasks.test_vqa_task import VOCABULARY, _questions
+from tests.tasks.vqa.test_vqa_task import VOCABULARY, _questions
 
-from polyfuse.data.vqa_data import answer_table
 from polyfuse.metrics.vqa import VQAScore, soft_score
+from polyfuse.tasks.vqa.data import answer_table
 from polyfuse.text import normalize_answer, process_digit_article, process_punctuation, vqa_accuracy
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from polyfuse.data.vqa_data import fit_pca, project_features
 from polyfuse.functional.counting import grid_boxes
 from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 from polyfuse.nn.text import QuestionEncoder
-from polyfuse.tasks.vqa import vqa_loss
+from polyfuse.tasks.vqa.data import fit_pca, project_features
+from polyfuse.tasks.vqa.spec import vqa_loss
 
 
 def test_grid_boxes_hand_values():

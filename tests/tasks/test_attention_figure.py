@@ -85,7 +85,7 @@ def test_chimera_pair_attention_is_eq_8_over_the_real_positions():
     from types import SimpleNamespace
 
     from polyfuse.nn.models.chimera import ChimeraRetrievalModel
-    from polyfuse.tasks.chimera_figure import pair_attention
+    from polyfuse.tasks.chimera.figure import pair_attention
 
     torch.manual_seed(0)
     model = ChimeraRetrievalModel(4, 3, num_topics=0, hyperbolic_dim=2).eval()
@@ -113,7 +113,7 @@ def test_chimera_without_its_hyperbolic_layer_has_no_attention():
     from types import SimpleNamespace
 
     from polyfuse.nn.models.chimera import ChimeraRetrievalModel
-    from polyfuse.tasks.chimera_figure import pair_attention
+    from polyfuse.tasks.chimera.figure import pair_attention
 
     model = ChimeraRetrievalModel(4, 3, num_topics=0, hyperbolic_dim=0)
     with pytest.raises(ValueError, match="no hyperbolic layer"):

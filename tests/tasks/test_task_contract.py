@@ -26,9 +26,9 @@ from lightning.pytorch.callbacks import Callback
 from safetensors import safe_open
 from tests.cli.test_cli_vqa import _config as vqa_config
 from tests.cli.test_cli_vqa import write_vqa_folder
-from tests.engine.test_captioning_engine import _config as captioning_config_file
-from tests.engine.test_captioning_engine import _write_data as write_captioning_data
-from tests.engine.test_chimera_task import write_corpus_files, write_tiny_bert
+from tests.tasks.captioning.test_captioning_engine import _config as captioning_config_file
+from tests.tasks.captioning.test_captioning_engine import _write_data as write_captioning_data
+from tests.tasks.chimera.test_chimera_task import write_corpus_files, write_tiny_bert
 
 from polyfuse.cli.main import EXIT_DIVERGED, EXIT_INPUT, main
 from polyfuse.engine.checkpoints import read_checkpoint

@@ -5,7 +5,7 @@ import torch
 
 import polyfuse
 from polyfuse.nn.backbones import FusionBackbone, ModalityEncoder
-from polyfuse.tasks import ClassificationTask, SentimentTask, TraitsTask
+from polyfuse.tasks.tabular.spec import ClassificationTask, SentimentTask, TraitsTask
 
 DIMS = (5, 3, 4)
 

@@ -54,7 +54,7 @@ def measure_end_to_end(size: int = 1000) -> dict:
 
     from polyfuse.data.synthetic_retrieval import bag_of_words, make_synthetic_retrieval
     from polyfuse.nn.models.retrieval import RetrievalModel
-    from polyfuse.tasks.retrieval import rank_metrics
+    from polyfuse.tasks.retrieval.spec import rank_metrics
 
     torch.set_num_threads(1)
     corpus, vocabulary = make_synthetic_retrieval(size, steps=8, dim=32)

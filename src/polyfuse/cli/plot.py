@@ -60,12 +60,12 @@ def _question_ids(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyfuse.engine import plots
+    from polyfuse.engine import learning_curves
 
     if args.run_dir:
         if args.what == "attention":
             raise ValueError("plot attention reads a checkpoint: give --checkpoint FILE (--run draws learning curves)")
-        path = plots.plot_learning_curves(args.run_dir, args.out)
+        path = learning_curves.plot_learning_curves(args.run_dir, args.out)
         print(f"wrote {path}")
         return 0
     from polyfuse.engine.build import quiet_lightning

@@ -166,7 +166,7 @@ def alias_config(args: argparse.Namespace, *, fusion: str | None = None, row: st
     config: dict[str, Any] = {"data": {"batch_size": args.batch_size}, "optim": {"lr": args.lr, "weight_decay": 1e-4},
                               "trainer": trainer, "output_dir": str(Path(args.out).resolve().parent)}
     if row is not None:
-        from polyfuse.tasks.chimera import ABLATION_ROWS
+        from polyfuse.tasks.chimera.spec import ABLATION_ROWS
 
         if row not in ABLATION_ROWS:
             raise ValueError(f"unknown ablation row {row!r}; available: {', '.join(ABLATION_ROWS)}")
@@ -297,7 +297,7 @@ def _load(args: argparse.Namespace):
         raise ValueError(f"{path}: a Chimera model of an older `polyfuse retrieval chimera`; retrain it with "
                          "`polyfuse train --config configs/msvd/chimera/<row>.yaml`")
     if "polyfuse" not in checkpoint and "settings" in checkpoint:
-        from polyfuse.tasks.retrieval import legacy_checkpoint
+        from polyfuse.tasks.retrieval.spec import legacy_checkpoint
 
         state, extras = legacy_checkpoint(checkpoint, str(path))
         section = extras["config"]["retrieval"]
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
             runs = [r for fusion in args.fusions
                     for r in _train_seeds(alias_config(args, fusion=fusion), args.seeds, out / fusion)]
         else:
-            from polyfuse.tasks.chimera import TABLE4_ROWS
+            from polyfuse.tasks.chimera.spec import TABLE4_ROWS
 
             runs = [r for row in args.rows or TABLE4_ROWS
                     for r in _train_seeds(alias_config(args, row=row), args.seeds, out / row)]
@@ -345,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _figure(args: argparse.Namespace, spec, module, extras) -> int:
     from polyfuse.extract.video import video_paths_of_folder
-    from polyfuse.tasks.retrieval_figure import draw_ranking, rank_videos
+    from polyfuse.tasks.retrieval.figure import draw_ranking, rank_videos
 
     if extras["config"]["task"]["type"] != "retrieval":
         raise ValueError("`figure` draws the rankings of task.type retrieval models, not of Chimera's")

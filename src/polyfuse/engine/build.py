@@ -1,7 +1,4 @@
-"""The Lightning trainer of a resolved configuration, and the validation metric it monitors.
-
-(``build_backbone`` and ``fusion_options`` moved to :mod:`polyfuse.tasks.building`; kept
-importable from here for 0.3.x.)"""
+"""The Lightning trainer of a resolved configuration, and the validation metric it monitors."""
 
 from __future__ import annotations
 
@@ -20,13 +17,10 @@ from polyfuse.engine.divergence import DivergenceGuard
 from polyfuse.engine.logs import AtomicCSVLogger
 from polyfuse.engine.seeding import ReseedEachEpoch
 from polyfuse.engine.threads import apply_thread_plan, thread_plan_for
-from polyfuse.tasks.building import build_backbone, fusion_options
 from polyfuse.tasks.registry import task_spec
 
 __all__ = [
-    "build_backbone",
     "build_trainer",
-    "fusion_options",
     "monitor_of",
     "quiet_lightning",
 ]

@@ -334,7 +334,7 @@ def _train_in(
         }
         atomic_write_text(run_dir / "results.json", json.dumps(summary, indent=2) + "\n")
         try:
-            from polyfuse.engine.plots import plot_learning_curves
+            from polyfuse.engine.learning_curves import plot_learning_curves
 
             plot_learning_curves(run_dir, run_dir / "learning_curves.png")
         except (ValueError, ImportError):  # pragma: no cover - no epochs logged or no matplotlib

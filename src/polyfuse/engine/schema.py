@@ -89,10 +89,10 @@ class TaskConfig(_Section):
     @field_validator("type", "loss")
     @classmethod
     def _registered(cls, value: str, info: ValidationInfo) -> str:
-        import polyfuse.tasks
+        from polyfuse.tasks.base import LOSSES
 
         # Read at validation time: task types added to the registry are accepted.
-        known, what = (available_tasks(), "task type") if info.field_name == "type" else (polyfuse.tasks.LOSSES, "loss")
+        known, what = (available_tasks(), "task type") if info.field_name == "type" else (LOSSES, "loss")
         if value not in known:
             raise ValueError(f"unknown {what} {value!r}{_suggest(value, known)}; expected one of {', '.join(known)}")
         return value

@@ -21,7 +21,7 @@ def draw_caption_attention(
     """Write the figure to ``out``.
 
     Args:
-        found: what :func:`polyfuse.tasks.captioning_figure.caption_attention` returns:
+        found: what :func:`polyfuse.tasks.captioning.figure.caption_attention` returns:
             ``video``, ``split``, ``caption``, ``words`` (W generated words),
             ``attention`` (one (W, T_m) array per modality), ``modality_weights``
             (W, M), ``modalities`` (M names), ``references`` (captions),

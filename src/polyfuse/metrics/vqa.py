@@ -10,7 +10,7 @@ re-exported here as the functional side of the metric.
 (yes/no, number, other), each the mean of its questions' accuracies as the official
 script computes them. It does not apply the rules to strings at every batch: the data
 give each question its candidate answers and their accuracies, computed once with
-:func:`vqa_accuracy` (:func:`polyfuse.data.vqa_data.answer_table`), and the metric
+:func:`vqa_accuracy` (:func:`polyfuse.tasks.vqa.data.answer_table`), and the metric
 looks the predicted answer up among them.
 
 :func:`soft_score` is the training target of BAN and its predecessors,

@@ -1,43 +1,13 @@
-"""Task types: one file each, with its Lightning module (a head, a loss and metrics on a
-passed-in model) and its registered spec (:mod:`polyfuse.tasks.registry`)."""
+"""Task types: one folder each (``tasks/<type>/``: its spec, Lightning module, data
+preparation, new-input handling and figures), registered with
+:func:`polyfuse.tasks.registry.register_task`; importing this package registers them all.
+Shared by several: ``registry.py`` (the spec and its registry), ``building.py`` (models
+from a configuration), ``base.py`` (optimisers, schedules and the Lightning module of the
+classification-like tasks), ``attention_figure.py`` (MAN's and BAN's attention of one
+item), ``ranking/`` (what retrieval and Chimera share)."""
 
-# moved to polyfuse.nn.backbones; kept for 0.3.x (docs/TRAINING.md builds FusionBackbone by hand)
-from polyfuse.nn.backbones.fusion import ENCODER_TYPES, FusionBackbone, ModalityEncoder
-from polyfuse.tasks import chimera, retrieval  # noqa: F401  # register task.type chimera, retrieval
-from polyfuse.tasks.base import SCHEDULERS, FusionTask
-from polyfuse.tasks.captioning import CaptioningTask
-from polyfuse.tasks.registry import (
-    TaskData,
-    TaskSpec,
-    available_tasks,
-    register_task,
-    task_spec,
-    task_specs,
-)
-from polyfuse.tasks.tabular import (
-    LOSSES,
-    ClassificationTask,
-    SentimentTask,
-    TraitsTask,
-)
-from polyfuse.tasks.vqa import VQATask
-
-__all__ = [
-    "ENCODER_TYPES",
-    "LOSSES",
-    "SCHEDULERS",
-    "CaptioningTask",
-    "ClassificationTask",
-    "FusionBackbone",
-    "FusionTask",
-    "ModalityEncoder",
-    "SentimentTask",
-    "TaskData",
-    "TaskSpec",
-    "TraitsTask",
-    "VQATask",
-    "available_tasks",
-    "register_task",
-    "task_spec",
-    "task_specs",
-]
+import polyfuse.tasks.captioning.spec  # registers task.type captioning
+import polyfuse.tasks.chimera.spec  # registers chimera
+import polyfuse.tasks.retrieval.spec  # registers retrieval
+import polyfuse.tasks.tabular.spec  # registers sentiment, traits, classification
+import polyfuse.tasks.vqa.spec  # noqa: F401  # registers vqa

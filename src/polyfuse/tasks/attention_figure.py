@@ -2,7 +2,7 @@
 for the tasks whose model fuses its inputs with a module of :mod:`polyfuse.nn`: MAN's
 marginal attention of each input over its time steps (whatever the mode), or BAN's G
 bilinear maps. The tabular tasks draw their backbone's fusion; retrieval its video
-encoder's MAN over the experts (:meth:`polyfuse.tasks.retrieval.RetrievalSpec.attention_figures`).
+encoder's MAN over the experts (:meth:`polyfuse.tasks.retrieval.spec.RetrievalSpec.attention_figures`).
 Drawn by :mod:`polyfuse.figures.attention`.
 """
 

@@ -19,9 +19,12 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-__all__ = ["OPTIMIZERS", "SCHEDULERS", "FusionTask", "ban_warmup_factor", "build_optimizer", "check_optimizer"]
+__all__ = ["LOSSES", "OPTIMIZERS", "SCHEDULERS", "FusionTask", "ban_warmup_factor", "build_optimizer", "check_optimizer"]
 
 OPTIMIZERS = ("adamw", "adamax")
+#: ``task.loss`` of the regression task types (sentiment, traits)
+LOSSES = {"l1": nn.functional.l1_loss, "mse": nn.functional.mse_loss, "smooth_l1": nn.functional.smooth_l1_loss}
+
 SCHEDULERS = ("none", "cosine", "ban_warmup")
 
 # ban-vqa's train.py: lr_default times these in epochs 0-3 (gradual warm-up), then the

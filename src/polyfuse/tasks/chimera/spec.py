@@ -1,0 +1,624 @@
+"""Task type ``chimera``: Chimera (topic, hyperbolic and matching layers) between MiniLM's
+token states and one video expert, for text-video retrieval; every row of the paper's
+Table 4 is a configuration (configs/msvd/chimera/).
+
+Objective (Chimera Eq. 13, weights of sec. 4.2): 0.5 L_T + 0.5 L_TLM + 0.5 L_HLM + 0.5 L_D
++ 1.0 L_O, where L_O is the ranking objective of the scorer (bidirectional max-margin
+with hardest negatives over the batch's caption x video score matrix) and L_T (Eq. 3) the
+topic-marginalised likelihood of the masked word pieces through the text topic layer and
+a masked-LM head W_{V|Z} tied to MiniLM's word embeddings (:mod:`polyfuse.tasks.chimera.lm`,
+trained once before the first epoch and cached by content; frozen here).
+
+Training follows Table 4's protocol (sec. 4.4): in every training step ``mask_rate``
+(20%) of each caption's word pieces are replaced by [MASK] before the encoder reads them
+(the targets of L_T) and as many of each video's steps are dropped
+(:mod:`polyfuse.functional.chimera_masking`), the masks drawn from a generator seeded
+by the run's seed and the epoch (a resumed run draws the same). Validation and test
+read everything unmasked and score every caption against every video of the split
+(the model is a cross-encoder). A batch is distinct videos, one caption each
+(:class:`polyfuse.tasks.ranking.data.DistinctVideoBatches`).
+
+Under DDP (``trainer.devices > 1``) every process draws the word and region masks of the
+global batch (one process's draw) and embeds its share of it; the video sides are gathered
+with their gradients so that each process scores its captions against every video of the
+batch, the score rows are gathered into the (B, B) matrix, and L_TLM, L_HLM and L_D run on
+the gathered sides (:mod:`polyfuse.tasks.ranking.gather`): every term is that of the whole batch,
+as one process computes it. At evaluation each process scores its share of the captions
+against every video of the split and the score rows are gathered
+(:class:`~polyfuse.metrics.retrieval.TextVideoRetrieval`): every process ranks the whole
+split.
+
+Logged: ``train/loss`` and each term (``train/model_loss``, ``train/topic_lm``,
+``train/topic_matching``, ``train/hyperbolic_matching``, ``train/distortion``), the
+learned scalars (``train/omega_t``, ``train/omega_v``, ``train/beta``, ``train/c``...);
+``val/`` and ``test/`` recalls, MedR, MeanR and ``rsum``; with masking and topic layers,
+``val/topic_lm`` (L_T on fixed masked validation captions), ``val/head_nll`` and
+``val/identity_topic`` (:func:`held_out_topic_lm`).
+
+MiniLM stays frozen and outside the module's state (its weights are the package's);
+fine-tuning it is not offered on this path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import lightning as L
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from polyfuse.data.formats.experts import RetrievalCorpus
+from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
+from polyfuse.functional.chimera_masking import drop_regions
+from polyfuse.functional.chimera_word_losses import (
+    word_region_distortion_loss,
+    word_region_matching_loss,
+)
+from polyfuse.functional.contrastive import max_margin_ranking_loss
+from polyfuse.metrics.retrieval import (
+    TextVideoRetrieval,
+    query_targets,
+    ranks_from_scores,
+    recall_sum,
+)
+from polyfuse.nn.models.chimera import ChimeraRetrievalModel
+from polyfuse.progress import Stopwatch, progress_bar, run_display, say
+from polyfuse.seeds import epoch_seed
+from polyfuse.tasks.chimera.lm import encode_ids, lm_head_for, mask_batch, masked_batch, tokenized
+from polyfuse.tasks.ranking.data import (
+    ONE_PROCESS,
+    PARTS,
+    RetrievalDataModule,
+    RetrievalSourceConfig,
+    Shard,
+    load_corpus,
+    shuffle_words,
+)
+from polyfuse.tasks.ranking.gather import gather_rows, gather_sum
+from polyfuse.tasks.ranking.groups import own_group, write_rank_records
+from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
+
+__all__ = [
+    "ABLATION_ROWS", "HELD_OUT_CAPTIONS", "HELD_OUT_MASK_SEED", "TABLE4_ROWS", "ChimeraConfig", "ChimeraSpec",
+    "ChimeraTask", "encode_tokens", "held_out_masked_captions", "held_out_topic_lm", "learned_scalars",
+]
+
+#: The switches of each row of Table 4, top to bottom (the defaults of ChimeraConfig are the
+#: first row, the whole model): Z and TLM variant (topic layers), N, HLM, L_D (hyperbolic layer).
+ABLATION_ROWS: dict[str, dict[str, Any]] = {
+    "Z20-af-N20-HLM-LD": {},
+    "Z20-ad-N20-HLM": {"topic_variant": "addition", "distortion": False},
+    "Z20-mu-N20-HLM": {"topic_variant": "multiplication", "distortion": False},
+    "Z20-af-N20-HLM-noLD": {"distortion": False},
+    "Z20-noTLM-N20-HLM-LD": {"tlm": False},
+    "Z10-af-N20-HLM-LD": {"num_topics": 10},
+    "Z0-N20-HLM-LD": {"num_topics": 0, "tlm": False},
+    "Z20-af-N20-noHLM-noLD": {"hlm": False, "distortion": False},
+    "Z20-af-N10-HLM-LD": {"hyperbolic_dim": 10},
+    "Z20-af-N0": {"hyperbolic_dim": 0, "hlm": False, "distortion": False},
+    # not a row of the paper's table: the first row without L_T, to see what L_T adds
+    "Z20-af-N20-HLM-LD-noLT": {"topic_lm": False},
+}
+TABLE4_ROWS = list(ABLATION_ROWS)[:10]
+SPLITS = {"train": "train", "valid": "val", "val": "val", "test": "test"}
+
+
+class ChimeraConfig(RetrievalSourceConfig):
+    """Chimera for retrieval (task.type chimera): the corpus, the expert, the row's switches, the protocol."""
+
+    expert: str | None = Field(None, description="the video expert Chimera reads (null: the corpus's first, MSVD's vgg_appearance)")
+    encoder_path: str | None = Field(
+        None, description="a MiniLM-format folder (null: the packaged all-MiniLM-L6-v2); relative to the config file")
+    num_topics: Annotated[int, Field(ge=0)] = Field(20, description="Z, topics of each topic layer (0: no topic layers)")
+    topic_variant: Literal["affine", "addition", "multiplication"] = Field("affine", description="topic transform (Eq. 5)")
+    tlm: bool = Field(True, description="train L_TLM (topic matching, Eq. 10)")
+    hyperbolic_dim: Annotated[int, Field(ge=0)] = Field(20, description="N, the hyperbolic dimension (0: no hyperbolic layer)")
+    hlm: bool = Field(True, description="train L_HLM (word-region matching, Eq. 11)")
+    distortion: bool = Field(True, description="train L_D (distortion, Eq. 12)")
+    topic_lm: bool = Field(True, description="train L_T (Eq. 3) where there are topic layers and masking")
+    mask_rate: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.2, description="share of word pieces ([MASK], the targets of L_T) and of video steps dropped per training step")
+    scalar_lr: Annotated[float, Field(gt=0.0)] | None = Field(
+        None, description="learning rate of the scalars omega_t, omega_v, beta, c (no weight decay; null: optim.lr)")
+    tlm_temperature: Annotated[float, Field(gt=0.0)] = Field(1.0, description="divisor of L_TLM's inner products (the paper: 1)")
+    shuffled_test: bool = Field(True, description="after the test, score the test split again with each caption's words shuffled (EX2)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChimeraConfig:
+        if self.num_topics == 0 and self.tlm:
+            raise ValueError("chimera.tlm needs topic layers (num_topics > 0)")
+        if self.hyperbolic_dim == 0 and (self.hlm or self.distortion):
+            raise ValueError("chimera.hlm and chimera.distortion need the hyperbolic layer (hyperbolic_dim > 0)")
+        return self
+
+
+@torch.no_grad()
+def encode_tokens(encoder, captions: Sequence[str], batch_size: int = 128, bar: Any = None) -> tuple[Tensor, Tensor]:
+    """(C, N, d) token states of a frozen encoder padded to the longest caption, (C, N) mask;
+    ``bar`` (a :func:`polyfuse.progress.progress_bar`) advanced by each batch's captions."""
+    parts = []
+    for s in range(0, len(captions), batch_size):
+        parts.append(encoder(list(captions[s : s + batch_size])))
+        if bar is not None:
+            bar.update(len(parts[-1].tokens))
+    length = max(p.tokens.shape[1] for p in parts)
+    tokens = torch.cat([torch.nn.functional.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts])
+    mask = torch.cat([torch.nn.functional.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts])
+    return tokens, mask
+
+
+def _trim(tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    length = int(mask.sum(1).max())
+    return tokens[:, :length], mask[:, :length]
+
+
+HELD_OUT_MASK_SEED = 1234  # the masks of the held-out L_T: the same for every epoch, row and seed
+HELD_OUT_CAPTIONS = 64  # validation captions scored for the held-out L_T (cost: ~2 training steps' L_T)
+
+
+def held_out_masked_captions(encoder, captions: list[str], rate: float, *, count: int = HELD_OUT_CAPTIONS,
+                             seed: int = HELD_OUT_MASK_SEED, batch_size: int = 16) -> list[tuple[Tensor, ...]]:
+    """The first ``count`` captions, ``rate`` of their word pieces masked by a generator
+    seeded with ``seed``, encoded once: batches of ``(hidden, mask, ids, masked)``
+    (:func:`~polyfuse.tasks.chimera.lm.masked_batch`). The same masks every call, so a
+    loss on them changes from epoch to epoch only because the model does."""
+    if count < 1 or not captions:
+        raise ValueError(f"held-out L_T needs at least one caption, got count={count}, {len(captions)} captions")
+    ids, mask = tokenized(encoder, captions[:count])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        return [masked_batch(encoder, ids[s : s + batch_size], mask[s : s + batch_size], rate, generator)
+                for s in range(0, len(ids), batch_size)]
+
+
+@torch.no_grad()
+def held_out_topic_lm(model: ChimeraRetrievalModel, batches: list[tuple[Tensor, ...]], lm_head) -> dict[str, float]:
+    """L_T (Eq. 3) on fixed masked captions (:func:`held_out_masked_captions`), the mean over
+    all their masked word pieces (``val_topic_lm``); beside it the frozen head's own NLL on
+    the same word pieces (``val_head_nll``: the topic mixture with all weight on the
+    identity topic T_0) and the mean prior weight of that topic, P(z = 0 | x_\\t)
+    (``val_identity_topic``)."""
+    model.eval()
+    lt, head, identity, count = 0.0, 0.0, 0.0, 0
+    for hidden, mask, ids, masked in batches:
+        text = model.texts(hidden, mask)
+        m = int(masked.sum())
+        lt += float(model.topic_lm_loss(text, ids, masked, lm_head)) * m
+        head += float(torch.nn.functional.cross_entropy(lm_head(hidden[masked]), ids[masked], reduction="sum"))
+        identity += float(torch.softmax(text.topic_logits[masked], dim=-1)[:, 0].sum())
+        count += m
+    return {"val_topic_lm": lt / count, "val_head_nll": head / count, "val_identity_topic": identity / count}
+
+
+def learned_scalars(model: ChimeraRetrievalModel) -> dict[str, float]:
+    """omega_t, omega_v (Eq. 9), beta and c (Eq. 8), omega of the addition topics (Eq. 5)."""
+    out = {"omega_t": model.matching.topic_weight.item(), "omega_v": model.matching.visual_weight.item()}
+    if model.use_hyperbolic:
+        out.update(beta=model.hyperbolic.beta.item(), c=model.hyperbolic.offset.item())
+    if model.use_topics and model.text_topic.variant == "addition":
+        out.update(omega_text=model.text_topic.addition_weight.item(),
+                   omega_image=model.image_topic.addition_weight.item())
+    return out
+
+
+class ChimeraTask(L.LightningModule):
+    """Training and scoring of a :class:`~polyfuse.nn.models.chimera.ChimeraRetrievalModel`.
+
+    ``switches``: the row's ``tlm``, ``hlm``, ``distortion``, ``topic_lm``. The frozen
+    ``encoder`` (masked captions are encoded every step) and ``lm_head`` (L_T) are held
+    outside the module's state: neither is trained here."""
+
+    def __init__(self, model: ChimeraRetrievalModel, *, switches: Mapping[str, bool], lr: float = 1e-3,
+                 weight_decay: float = 1e-4, scalar_lr: float | None = None, mask_rate: float = 0.2,
+                 tlm_temperature: float = 1.0, seed: int = 0, encoder=None) -> None:
+        super().__init__()
+        if mask_rate > 0 and encoder is None:
+            raise ValueError("mask_rate > 0 needs the text encoder (masked captions are encoded every step)")
+        self.model = model
+        self.switches = dict(switches)
+        self.lr, self.weight_decay, self.scalar_lr = float(lr), float(weight_decay), scalar_lr
+        self.mask_rate, self.tlm_temperature, self.seed = float(mask_rate), float(tlm_temperature), int(seed)
+        object.__setattr__(self, "encoder", encoder)  # not a submodule: frozen, not in the checkpoint
+        object.__setattr__(self, "lm_head", None)  # set by ChimeraSpec.prepare_module
+        self.held_out: list[tuple[Tensor, ...]] | None = None  # fixed masked validation captions (held-out L_T)
+        self._masks = torch.Generator().manual_seed(self.seed)
+        self._seen: dict[str, list] = {}
+
+    def on_train_epoch_start(self) -> None:
+        self._masks = torch.Generator().manual_seed(epoch_seed(self.seed, self.current_epoch))
+
+    def _losses(self, text, video, masked_words, sizes: list[int], word_mask: Tensor,
+                region_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Eq. 13's total and its terms over the global batch, from this process's share of
+        it (``sizes``: every process's rows; one: the whole batch is here).
+
+        ``text`` and ``video``: the sides of the share, the text trimmed to the global
+        batch's longest caption; ``word_mask`` (B, N_t) and ``region_mask`` (B, N_v): the
+        global batch's masks. ``masked_words``: ``(token_ids, masked, lm_head, total)`` of
+        the share (``total`` the masked word pieces of the global batch) or None."""
+        every = lambda rows: gather_rows(self, rows, sizes)  # noqa: E731 - (b_r, ...) -> (B, ...)
+        videos = video._replace(hidden=every(video.hidden), mask=region_mask, topic_hidden=every(video.topic_hidden))
+        scores = every(self.model.score_matrix(text, videos))  # (B, B): each process its captions' rows
+        eye = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
+        terms = {"model_loss": max_margin_ranking_loss(scores, eye)}
+        if self.switches["topic_lm"] and text.topic_logits is not None and masked_words is not None:
+            ids, masked, head, total = masked_words  # Eq. 3, the mean over the global batch's masked pieces
+            share = self.model.topic_lm_loss(text, ids, masked, head) * masked.sum()
+            terms["topic_lm"] = gather_sum(self, share, len(sizes)) / total
+        if self.switches["tlm"] and text.topics is not None:
+            terms["topic_matching"] = topic_matching_loss(every(text.topics), every(video.topics), symmetric=True,
+                                                          temperature=self.tlm_temperature)  # Eq. 10
+        if text.points is not None and (self.switches["hlm"] or self.switches["distortion"]):
+            word_points, region_points = every(text.points), every(video.points)
+            if self.switches["hlm"]:
+                terms["hyperbolic_matching"] = word_region_matching_loss(word_points, region_points, word_mask,
+                                                                         region_mask)
+            if self.switches["distortion"]:
+                terms["distortion"] = word_region_distortion_loss(word_points, region_points, every(text.tangents),
+                                                                  every(video.tangents), word_mask, region_mask)
+        return chimera_objective(**terms), terms  # Eq. 13 with the paper's weights
+
+    def training_step(self, batch: Mapping[str, Any], batch_index: int) -> Tensor:
+        """The objective of the global batch (the masks drawn for it; under DDP this
+        process embeds its share, ``batch["shard"]``, and gathers the rest)."""
+        video_mask, masked_words = batch["video_mask"], None  # (B, N_v): the global batch's
+        size = len(video_mask)
+        start, stop = batch.get("shard", (0, size))
+        sizes = batch.get("shard_sizes") or [size]
+        if self.mask_rate > 0:  # Table 4's protocol: mask words and regions
+            masked_ids, text_mask, ids, masked = mask_batch(self.encoder, batch["ids"], batch["id_mask"],
+                                                            self.mask_rate, self._masks)
+            video_mask = drop_regions(video_mask, self.mask_rate, self._masks)
+            share_mask = text_mask[start:stop]
+            text = self.model.texts(encode_ids(self.encoder, masked_ids[start:stop], share_mask), share_mask)
+            if self.lm_head is not None:
+                masked_words = (ids[start:stop], masked[start:stop], self.lm_head, masked.sum())
+        else:  # the token states of the share, cut to the global batch's longest caption
+            text_mask = batch["text_mask"]
+            text = self.model.texts(batch["tokens"], text_mask[start:stop])
+        videos = self.model.videos(batch["steps"], video_mask[start:stop])
+        loss, terms = self._losses(text, videos, masked_words, sizes, text_mask, video_mask)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=size, sync_dist=True)
+        for name, term in terms.items():
+            self.log(f"train/{name}", term, on_step=False, on_epoch=True, batch_size=size, sync_dist=True)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        # the same numbers on every process (synchronised weights, gathered scores): max keeps them exact
+        self.log_dict({f"train/{k}": v for k, v in learned_scalars(self.model).items()}, sync_dist=True, reduce_fx="max")
+
+    # ---- scoring whole splits ------------------------------------------------------------
+    def _start(self) -> None:
+        self._seen = {"tokens": [], "token_mask": [], "steps": [], "video_mask": [], "caption_videos": [],
+                      "video_ids": [], "caption_rows": [], "caption_video": []}
+
+    def _collect(self, chunk: Mapping[str, Any]) -> None:
+        for key in self._seen:
+            value = chunk[key]
+            if isinstance(value, Tensor):
+                if len(value):
+                    self._seen[key].append(value)
+            else:
+                self._seen[key].extend(value)
+
+    @torch.no_grad()
+    def _scores(self) -> Tensor:
+        seen = self._seen
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            text = self.model.texts(*_trim(torch.cat(seen["tokens"]).float(), torch.cat(seen["token_mask"])))
+            videos = self.model.videos(torch.cat(seen["steps"]).float(), torch.cat(seen["video_mask"]))
+            return self.model.score_matrix(text, videos).float()
+
+    def _metrics(self, *, chance: bool, gather: bool = True) -> dict[str, float]:
+        """The metrics of the captions seen against every video of the split (each chunk
+        holds all the videos); under DDP (``gather``) every process's score rows are
+        gathered first, so that every process ranks the whole split."""
+        metric = TextVideoRetrieval(chance=chance, sync_on_compute=gather)
+        metric.update(caption_rows=torch.cat(self._seen["caption_rows"]),
+                      caption_video=torch.cat(self._seen["caption_video"]), scores=self._scores())
+        values = metric.compute()
+        values["rsum"] = recall_sum(values)
+        return values
+
+    def on_validation_epoch_start(self) -> None:
+        self._start()
+
+    def validation_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
+        self._collect(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        metrics = self._metrics(chance=False)
+        if self.held_out is not None and self.lm_head is not None:  # L_T on fixed masks: its change is the model's
+            with torch.autocast(device_type=self.device.type, enabled=False):
+                lm = held_out_topic_lm(self.model, self.held_out, self.lm_head)
+            metrics.update({key.removeprefix("val_"): value for key, value in lm.items()})
+        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, sync_dist=True, reduce_fx="max")
+
+    def on_test_epoch_start(self) -> None:
+        self._start()
+
+    def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
+        self._collect(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict({f"test/{k}": v for k, v in self._metrics(chance=True).items()}, sync_dist=True, reduce_fx="max")
+
+    def on_predict_epoch_start(self) -> None:
+        self._start()
+
+    def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> dict[str, Any]:
+        """Keeps the chunk's vectors (the spec's ``records`` ranks them all); nothing per batch."""
+        self._collect(batch)
+        return {}
+
+    def evaluate(self, loader: DataLoader, *, chance: bool = True) -> dict[str, float]:
+        """The metrics of one split's chunks, outside a Trainer (eval mode, float32), in this
+        process alone (nothing is gathered: the loader holds the whole split)."""
+        was_training = self.training
+        self.eval()
+        self._start()
+        for chunk in loader:
+            self._collect(chunk)
+        self.train(was_training)
+        return self._metrics(chance=chance, gather=False)
+
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        groups = [{"params": list(self.model.parameters())}]
+        if self.scalar_lr is not None:  # the scalars in their own group: no weight decay pulls them to 0
+            groups = own_group(groups, [p for p in self.model.parameters() if p.numel() == 1], lr=self.scalar_lr,
+                               weight_decay=0.0)
+        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay)
+
+
+# ---- data -------------------------------------------------------------------------------------
+@dataclass
+class ChimeraPrepared:
+    """The parts of the corpus, the expert read, and the captions as the encoder gives them:
+    per evaluation part (C, N, d) token states and (C, N) masks; for training, word-piece
+    ids and masks (masked and encoded every step) or, without masking, token states."""
+
+    parts: dict[str, RetrievalCorpus]
+    expert: str
+    text_dim: int
+    tokens: dict[str, tuple[Tensor, Tensor]]
+    train_ids: tuple[Tensor, Tensor] | None
+
+
+class _Batches:
+    """The collate function of :class:`RetrievalDataModule` for Chimera."""
+
+    def __init__(self, prepared: ChimeraPrepared) -> None:
+        self.prepared = prepared
+
+    def __call__(self, part: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
+        corpus = self.prepared.parts[part]
+        video = corpus.experts[self.prepared.expert]
+        if isinstance(batch, list):  # training: the global batch's (video row, caption row) pairs
+            return self._training(video, batch, shard)
+        videos, captions = batch["video_rows"], batch["caption_rows"]
+        tokens, mask = self.prepared.tokens[part]
+        row_of = {v: i for i, v in enumerate(corpus.video_ids)}
+        caption_videos = [corpus.caption_video[i] for i in captions.tolist()]
+        return {"steps": video.features[videos], "video_mask": video.mask[videos], "tokens": tokens[captions],
+                "token_mask": mask[captions], "video_ids": [corpus.video_ids[i] for i in videos.tolist()],
+                "caption_videos": caption_videos, "caption_rows": captions,
+                "caption_video": torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)}
+
+    def _training(self, video, pairs: list[tuple[int, int]], shard: Shard) -> dict[str, Any]:
+        """The global batch's masks and word-piece ids (the masks are drawn for the whole
+        batch), this process's share of the video steps (and of the token states), the
+        text cut to the global batch's longest caption; ``shard`` (start, stop) and
+        ``shard_sizes`` say which rows are this process's."""
+        rows, captions = [v for v, _ in pairs], [c for _, c in pairs]
+        start, stop = shard.bounds(len(pairs))
+        out: dict[str, Any] = {"steps": video.features[rows[start:stop]], "video_mask": video.mask[rows],
+                               "shard": (start, stop), "shard_sizes": shard.sizes(len(pairs))}
+        if self.prepared.train_ids is not None:
+            ids, id_mask = self.prepared.train_ids[0][captions], self.prepared.train_ids[1][captions]
+            length = int(id_mask.sum(1).max())
+            out.update(ids=ids[:, :length], id_mask=id_mask[:, :length])
+        else:
+            tokens, mask = self.prepared.tokens["train"]
+            length = int(mask[captions].sum(1).max())
+            out.update(tokens=tokens[captions[start:stop]][:, :length], text_mask=mask[captions][:, :length])
+        return out
+
+
+def _encoder(section: Mapping[str, Any]):
+    from polyfuse.nn.sentence_encoder import MiniLMEncoder
+
+    return MiniLMEncoder(section.get("encoder_path"))
+
+
+def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
+                    display: tuple[bool, bool] = (False, False)) -> ChimeraPrepared:
+    """The ``parts`` of the configuration's corpus, their captions' token states encoded
+    once (the training captions only tokenised when they are masked afresh each epoch).
+    ``display``: a progress bar of the captions encoded (on a terminal) and a final line
+    on stderr (:func:`polyfuse.progress.run_display`)."""
+    section = config["chimera"]
+    corpus, split = load_corpus(section)
+    expert = section["expert"] or next(iter(corpus.experts))
+    if expert not in corpus.experts:
+        raise ValueError(f"chimera.expert: unknown expert {expert!r}; the corpus has {', '.join(corpus.experts)}")
+    selected: dict[str, RetrievalCorpus] = {}
+    for name in parts:
+        if name == "test_shuffled":
+            test = corpus.subset(split["test"])
+            selected[name] = RetrievalCorpus(test.video_ids, test.experts, shuffle_words(test.captions, 0),
+                                             test.caption_video)
+        else:
+            selected[name] = corpus.subset(split[name])
+    masked_training = "train" in selected and section["mask_rate"] > 0
+    encoded = {name: part for name, part in selected.items() if not (name == "train" and masked_training)}
+    show_bar, show_line = display
+    watch, total = Stopwatch(), sum(len(part.captions) for part in encoded.values())
+    with progress_bar(total=total, show=show_bar, desc="encode captions", unit="caption") as bar:
+        tokens = {name: encode_tokens(encoder, part.captions, bar=bar) for name, part in encoded.items()}
+    if show_line and total:
+        say(f"chimera: {total} captions of {', '.join(encoded)} encoded by {type(encoder).__name__} in {watch}")
+    train_ids = tokenized(encoder, selected["train"].captions) if masked_training else None
+    return ChimeraPrepared(selected, expert, int(encoder.hidden_size), tokens, train_ids)
+
+
+def _data(config: Mapping[str, Any], prepared: ChimeraPrepared) -> TaskData:
+    if "train" in prepared.parts:
+        datamodule = RetrievalDataModule(prepared.parts, _Batches(prepared), batch_size=config["data"]["batch_size"],
+                                         eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"],
+                                         whole_videos=True)  # a cross-encoder: its captions against every video
+        steps = len(datamodule.sampler)
+    else:
+        datamodule = _EvalOnly(prepared, config["data"]["eval_batch_size"])
+        steps = 1
+    return TaskData(datamodule, prepared, {name: len(p.captions) for name, p in prepared.parts.items()}, steps)
+
+
+class _EvalOnly(RetrievalDataModule):
+    """The loaders of a checkpoint's evaluation: no training part."""
+
+    whole_videos = True
+
+    def __init__(self, prepared: ChimeraPrepared, eval_batch_size: int) -> None:
+        L.LightningDataModule.__init__(self)
+        self.parts, self.collate = prepared.parts, _Batches(prepared)
+        self.batch_size, self.eval_batch_size, self.seed = 2, int(eval_batch_size), 0
+
+
+def _module(config: Mapping[str, Any], text_dim: int, video_dim: int, encoder) -> ChimeraTask:
+    section = config["chimera"]
+    model = ChimeraRetrievalModel(text_dim, video_dim, num_topics=section["num_topics"],
+                                  topic_variant=section["topic_variant"], hyperbolic_dim=section["hyperbolic_dim"])
+    return ChimeraTask(model, switches={k: section[k] for k in ("tlm", "hlm", "distortion", "topic_lm")},
+                       lr=config["optim"]["lr"], weight_decay=config["optim"]["weight_decay"],
+                       scalar_lr=section["scalar_lr"], mask_rate=section["mask_rate"],
+                       tlm_temperature=section["tlm_temperature"], seed=config["seed"], encoder=encoder)
+
+
+def _cache_dir(config: Mapping[str, Any]) -> Path:
+    return Path(config.get("output_dir") or "runs") / ".cache"
+
+
+@register_task
+class ChimeraSpec(TaskSpec):
+    """``task.type: chimera`` (see the module docstring)."""
+
+    name = "chimera"
+    config_sections: ClassVar[dict[str, type]] = {"chimera": ChimeraConfig}
+    sections = ("chimera",)
+    required_sections = ("chimera",)
+    model_sections = ("chimera",)
+    default_monitor = ("val/rsum", "max")
+    prediction_suffix = ".csv"
+    reads_own_files = True
+    path_keys = ("chimera.source", "chimera.captions", "chimera.word_vectors")
+    path_mappings = ("chimera.experts", "chimera.splits")
+
+    def data_files(self, config: Mapping[str, Any]) -> list[Path]:
+        section = config["chimera"]
+        files = [section.get("source"), section.get("captions"), *(section.get("experts") or {}).values(),
+                 *(section.get("splits") or {}).values()]
+        return [Path(f) for f in files if f and not str(f).startswith("synthetic") and Path(f).is_file()]
+
+    def build_data(self, config: Mapping[str, Any]) -> TaskData:
+        encoder = _encoder(config["chimera"])
+        parts = (*PARTS, "test_shuffled") if config["chimera"]["shuffled_test"] else PARTS
+        data = _data(config, prepare_chimera(config, encoder, parts, run_display(config)))
+        data.datamodule.text_encoder = encoder
+        return data
+
+    def build_module(self, config: Mapping[str, Any], data: TaskData) -> ChimeraTask:
+        prepared: ChimeraPrepared = data.prepared
+        video_dim = prepared.parts["train"].experts[prepared.expert].dim
+        return _module(config, prepared.text_dim, video_dim, data.datamodule.text_encoder)
+
+    def prepare_module(self, module: ChimeraTask, config: Mapping[str, Any], data: TaskData,
+                       resuming: bool) -> dict[str, Any]:
+        """L_T's masked-LM head: trained on the training captions (held out: the validation
+        captions) or read from ``<output_dir>/.cache``."""
+        section = config["chimera"]
+        if not (section["mask_rate"] > 0 and section["num_topics"] > 0):
+            return {}
+        parts = data.prepared.parts
+        head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions, _cache_dir(config),
+                                   display=run_display(config))
+        object.__setattr__(module, "lm_head", head)
+        if module.model.use_topics:  # L_T on fixed masked validation captions, logged every epoch
+            module.held_out = held_out_masked_captions(module.encoder, parts["val"].captions, section["mask_rate"])
+        return {"lm_head": {k: v for k, v in report.items() if k != "history"}}
+
+    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:
+        prepared: ChimeraPrepared = data.prepared
+        return {"config": dict(config), "modalities": [prepared.expert],
+                "input_dims": [prepared.parts["train"].experts[prepared.expert].dim],
+                "label_info": {"text_dim": prepared.text_dim}, "stats": {}}
+
+    def after_test(self, module: ChimeraTask, data: TaskData, run_dir: Path) -> dict[str, Any]:
+        if "test_shuffled" not in data.prepared.parts:
+            return {}
+        return {"test_shuffled_words": module.evaluate(data.datamodule.loader("test_shuffled")),
+                "learned_scalars": learned_scalars(module.model)}
+
+    def module_from_extras(self, extras: Mapping[str, Any]) -> ChimeraTask:
+        config = extras["config"]
+        return _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0}},
+                       int(extras["label_info"]["text_dim"]), int(extras["input_dims"][0]), None)
+
+    def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
+                        modalities: Sequence[str] | None = None, require_labels: bool = True,
+                        shuffle_words: bool = False) -> TaskData:
+        return self._split_data(extras, split, source, modalities, shuffle_words, _encoder(extras["config"]["chimera"]))
+
+    @staticmethod
+    def _split_data(extras: Mapping[str, Any], split: str, source: str | None, modalities: Sequence[str] | None,
+                    shuffle_words: bool, encoder) -> TaskData:
+        if source is not None or modalities:
+            raise ValueError("chimera evaluates on its configuration's corpus: --data and --modalities do not apply")
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        if shuffle_words and SPLITS[split] != "test":
+            raise ValueError("shuffled words are drawn for the test split only")
+        part = "test_shuffled" if shuffle_words else SPLITS[split]
+        data = _data(extras["config"], prepare_chimera(extras["config"], encoder, (part,)))
+        data.split_part = part
+        return data
+
+    def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
+        part = getattr(data, "split_part", None) or SPLITS.get(split, split)
+        return {part: data.datamodule.loader(part)}
+
+    def loader(self, data: TaskData, split: str) -> DataLoader:
+        """The one evaluation loader of ``split``."""
+        (loader,) = self.loaders(data, split).values()
+        return loader
+
+    def records(self, module: ChimeraTask, outputs: Mapping[str, Sequence[Any]], data: TaskData,
+                extras: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One record per caption: its video, that video's rank and the top five videos
+        (from the chunks ``Trainer.predict`` passed through the module, which it keeps)."""
+        ((part_name, _),) = outputs.items()
+        part = data.prepared.parts[part_name]
+        scores = module._scores()
+        caption_videos, video_ids = module._seen["caption_videos"], module._seen["video_ids"]
+        ranks = ranks_from_scores(scores, query_targets(caption_videos, video_ids))
+        top = scores.topk(min(5, len(video_ids)), dim=1).indices
+        return [{"caption": part.captions[i], "video_id": caption_videos[i], "rank": int(ranks[i]),
+                 "top5": " ".join(video_ids[j] for j in top[i].tolist())} for i in range(len(caption_videos))]
+
+    def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
+        write_rank_records(records, path)
+
+    def attention_figures(self, module: ChimeraTask, extras: Mapping[str, Any], out: Path, *, split: str,
+                          sample: int, source: str | None, modalities: Sequence[str] | None) -> list[Path]:
+        """The hyperbolic layer's attention over the ``sample``-th caption of ``split`` and
+        its video (:mod:`polyfuse.tasks.chimera.figure`)."""
+        from polyfuse.tasks.chimera.figure import plot_pair_attention
+
+        encoder = _encoder(extras["config"]["chimera"])  # its states and its word pieces
+        data = self._split_data(extras, split, source, modalities, False, encoder)
+        return [plot_pair_attention(module, encoder, data, out, split=split, sample=sample)]
