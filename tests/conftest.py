@@ -1,9 +1,13 @@
-"""Fixtures shared by the test folders."""
+"""Fixtures shared by the test folders: a witness of a training run, the tiny
+configuration of a task type under the test's temporary folder, a free TCP port. The data
+behind them is in tests/tiny/ and tests/helpers/, which test files may import; no test
+file imports another."""
 
 import math
 
 import pytest
 import torch
+from tests.helpers.ports import free_port as _free_port
 
 
 class TrainingWitness:
@@ -52,3 +56,18 @@ def training_witness():
             self.after = self._weights(module)
 
     return Witness()
+
+
+@pytest.fixture
+def tiny_task(tmp_path):
+    """``tiny_task(name)``: the tiny configuration of task type ``name``
+    (:data:`tests.tiny.tasks.TINY`), its files written under the test's ``tmp_path``."""
+    from tests.tiny.tasks import TINY  # here: the tiny data's imports only where a test asks
+
+    return lambda name: TINY[name](tmp_path)
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port free on the loopback interface, for one multi-process run's rendezvous."""
+    return _free_port()

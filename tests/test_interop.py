@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from tests.helpers.ban_vqa import ANSWERS, EMBEDDING_DIM, HIDDEN, IMAGE_DIM, WORDS, ban_vqa_state
 from torch import nn
 
 from polyfuse.interop import load_ban_fusion as load_ban_vqa
@@ -250,64 +251,8 @@ def test_training_dropout_sits_where_the_reference_puts_it(fc_dropout, attention
 
 # ---------------------------------------------------------------------------------------
 # load_ban_vqa: a whole BanModel state dict, built here with the keys and shapes that
-# ban-vqa's build_ban(dataset, num_hid, op, gamma) gives (checked against the reference
-# code itself in tests/nn/test_ban_vqa_reference.py when its mirror is present).
-
-WORDS, HIDDEN, ANSWERS, IMAGE_DIM, EMBEDDING_DIM = 9, 6, 5, 7, 4
-
-
-def _ban_vqa_state(
-    *, op_c: bool = True, glimpses: int = 2, seed: int = 0, words: int = WORDS, hidden: int = HIDDEN,
-    answers: int = ANSWERS, image_dim: int = IMAGE_DIM, embedding_dim: int = EMBEDDING_DIM,
-) -> dict[str, torch.Tensor]:
-    """Random tensors in the layout of ban-vqa's BanModel for task vqa: FCNets with
-    dropout have their linear layer at ``main.1``, those without (c_prj) at ``main.0``;
-    old weight norm over the whole matrix (a 0-d ``weight_g``); the counter of 10 objects
-    with 16 functions of 17 values, f.8 to f.15 at their initial [0, 1, ..., 1]; with
-    ``op_c`` the second embedding ``w_emb.emb_`` and a GRU of 2 E inputs. Sizes: V
-    ``words``, H ``hidden``, A ``answers``, d_v ``image_dim``, E ``embedding_dim``."""
-    generator = torch.Generator().manual_seed(seed)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return 0.5 * torch.randn(shape, generator=generator)
-
-    def norm_scale() -> torch.Tensor:
-        return torch.rand((), generator=generator) + 0.5
-
-    state = {"w_emb.emb.weight": rand(words + 1, embedding_dim)}
-    if op_c:
-        state["w_emb.emb_.weight"] = rand(words + 1, embedding_dim)
-    gru_inputs = embedding_dim * (2 if op_c else 1)
-    state["q_emb.rnn.weight_ih_l0"] = rand(3 * hidden, gru_inputs)
-    state["q_emb.rnn.weight_hh_l0"] = rand(3 * hidden, hidden)
-    state["q_emb.rnn.bias_ih_l0"] = rand(3 * hidden)
-    state["q_emb.rnn.bias_hh_l0"] = rand(3 * hidden)
-
-    def linear(stem: str, out_dim: int, in_dim: int) -> None:
-        state[f"{stem}.bias"] = rand(out_dim)
-        state[f"{stem}.weight_g"] = norm_scale()
-        state[f"{stem}.weight_v"] = rand(out_dim, in_dim)
-
-    state["v_att.logits.h_bias"] = rand(1, glimpses, 1, 1)
-    state["v_att.logits.h_mat_g"] = norm_scale()
-    state["v_att.logits.h_mat_v"] = rand(1, glimpses, 1, 3 * hidden)
-    linear("v_att.logits.v_net.main.1", 3 * hidden, image_dim)
-    linear("v_att.logits.q_net.main.1", 3 * hidden, hidden)
-    for g in range(glimpses):
-        linear(f"b_net.{g}.v_net.main.1", hidden, image_dim)
-        linear(f"b_net.{g}.q_net.main.1", hidden, hidden)
-    for g in range(glimpses):
-        linear(f"q_prj.{g}.main.1", hidden, hidden)
-    for g in range(glimpses):
-        linear(f"c_prj.{g}.main.0", hidden, 11)
-    linear("classifier.main.0", 2 * hidden, hidden)
-    linear("classifier.main.3", answers, 2 * hidden)
-    for k in range(16):
-        function = torch.ones(17) if k >= 8 else torch.rand(17, generator=generator) + 0.1
-        function[0] = 0.0
-        state[f"counter.f.{k}.weight"] = function
-    return state
-
+# ban-vqa's build_ban(dataset, num_hid, op, gamma) gives (tests/helpers/ban_vqa.py, checked
+# against the reference code itself in tests/nn/test_ban_vqa_reference.py when it is given).
 
 def _vqa_batch(seed: int = 3):
     generator = torch.Generator().manual_seed(seed)
@@ -326,7 +271,7 @@ def test_op_c_layout_loads_with_both_embeddings():
     stored tensors. Oracle 2, whole model: the same file with the two embeddings joined
     into one (V + 1, 2E) table, loaded through the single-embedding path (itself checked
     against the reference code), gives the same logits and attention."""
-    state = _ban_vqa_state(op_c=True)
+    state = ban_vqa_state(op_c=True)
     model = load_whole_ban_vqa(state).eval()
     assert model.question.second_embedding is not None
     assert model.question.gru.input_size == 2 * EMBEDDING_DIM
@@ -353,7 +298,7 @@ def test_op_c_layout_loads_with_both_embeddings():
 
 
 def test_single_embedding_layout_still_loads():
-    model = load_whole_ban_vqa(_ban_vqa_state(op_c=False))
+    model = load_whole_ban_vqa(ban_vqa_state(op_c=False))
     assert model.question.second_embedding is None
     assert "question.second_embedding.weight" not in model.state_dict()
     assert model.question.gru.input_size == EMBEDDING_DIM
@@ -362,7 +307,7 @@ def test_single_embedding_layout_still_loads():
 _NEEDED_KEYS = [
     (op_c, key)
     for op_c in (True, False)
-    for key in _ban_vqa_state(op_c=op_c)
+    for key in ban_vqa_state(op_c=op_c)
     if not re.fullmatch(r"counter\.f\.(8|9|1\d)\.weight", key)
 ]
 
@@ -371,14 +316,14 @@ _NEEDED_KEYS = [
 def test_each_missing_key_is_named(op_c, key):
     """Every key the model needs, removed in turn, fails the load with its name (a missing
     FCNet bias used to load as zeros, and a missing emb_ gave only a GRU shape error)."""
-    state = _ban_vqa_state(op_c=op_c)
+    state = ban_vqa_state(op_c=op_c)
     del state[key]
     with pytest.raises(ValueError, match=rf"missing key.*{re.escape(key)}"):
         load_whole_ban_vqa(state)
 
 
 def test_unused_counter_functions_may_be_absent_and_extra_keys_are_named():
-    state = _ban_vqa_state()
+    state = ban_vqa_state()
     for k in range(8, 16):  # built by the reference, never used by its forward
         del state[f"counter.f.{k}.weight"]
     load_whole_ban_vqa(state)
@@ -405,7 +350,7 @@ def test_other_weight_forms_give_the_same_model():
     """The same weights stored as a plain ``weight`` (no weight norm), as parametrization
     keys, or with a weight norm per row (old ``weight_norm(dim=0)``: g (out, 1)) load to
     the same logits; the attention's p_g also as a plain ``h_mat``."""
-    state = _ban_vqa_state()
+    state = ban_vqa_state()
     expected = _logits(load_whole_ban_vqa(state))
 
     def effective(g, v):  # weight = g v / ||v||_F
@@ -434,7 +379,7 @@ def test_other_weight_forms_give_the_same_model():
 def test_without_counter_and_with_one_glimpse():
     """No counter. and c_prj. keys: BAN without counter, whose logits are the full
     model's with its counter switched off; half of the counter is an error naming the rest."""
-    state = _ban_vqa_state()
+    state = ban_vqa_state()
     full = load_whole_ban_vqa(state)
     full.counter = None  # forward then skips the counter and the count projections
     expected = _logits(full)
@@ -446,12 +391,12 @@ def test_without_counter_and_with_one_glimpse():
         load_whole_ban_vqa({k: t for k, t in state.items() if not k.startswith("c_prj.")})
     with pytest.raises(ValueError, match=r"missing key counter\.f\.0\.weight"):
         load_whole_ban_vqa({k: t for k, t in state.items() if not k.startswith("counter.")})
-    one = load_whole_ban_vqa(_ban_vqa_state(glimpses=1))
+    one = load_whole_ban_vqa(ban_vqa_state(glimpses=1))
     assert one.glimpses == 1 and one.counter is not None and len(one.count_projections) == 1
 
 
 def test_float64_prefix_and_classifier_width():
-    state = _ban_vqa_state()
+    state = ban_vqa_state()
     expected = _logits(load_whole_ban_vqa(state)).double()
     double = load_whole_ban_vqa({f"net.{k}": t.double() for k, t in state.items()}, prefix="net.")
     assert next(double.parameters()).dtype == torch.float64
@@ -487,7 +432,7 @@ def test_float64_prefix_and_classifier_width():
     ],
 )
 def test_inconsistent_shapes_of_the_whole_model(key, value, message):
-    state = _ban_vqa_state()
+    state = ban_vqa_state()
     state[key] = value
     with pytest.raises(ValueError, match=message):
         load_whole_ban_vqa(state)

@@ -103,9 +103,7 @@ TASK_NAMES = {"sentiment", "traits", "classification", "vqa", "captioning", "ret
 
 # (file relative to src/polyfuse, rule): violations that exist today and are being
 # removed on other branches of issue 25. Remove an entry when its violation is gone.
-KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    ("cli/retrieval.py", "f"),  # becomes a thin alias of polyfuse train / compare
-}
+KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import re
 import sys
 
 import pytest
-from tests.tasks.test_task_contract import TINY
+from tests.tiny.tasks import TINY
 
 import polyfuse.progress
 from polyfuse.engine.config import resolve_config

@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 __all__ = ["functional", "get_validation", "nn", "set_validation", "validation"]
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _SUBPACKAGES = ("functional", "nn")
 _FROM_CHECKS = ("get_validation", "set_validation", "validation")  # see polyfuse._checks

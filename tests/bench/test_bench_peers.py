@@ -5,8 +5,9 @@ The fake peer below is a temporary folder laid out like MultiBench (``fusions/
 common_fusions.py``, ``unimodals/common_models.py``) whose modules are written here
 from the TFN and LMF papers with explicit loops over the entries, in MultiBench's
 layout (the constant 1 first); polyfuse must match them through the weight mapping.
-The real peers are read from /work/peers/{MAN,ban-vqa,MultiBench} (or
-POLYFUSE_PEERS), made with the search tools' ``fetch``; those tests skip without them.
+The real peers are read from the checkouts ``MAN``, ``ban-vqa`` and ``MultiBench`` in the
+folder that the environment variable ``POLYFUSE_PEERS`` names (docs/TESTING.md): an
+explicit opt-in, those tests skip when it is unset or lacks their checkout.
 """
 
 from __future__ import annotations
@@ -197,7 +198,21 @@ def test_cli_writes_json_and_table(tmp_path, capsys, monkeypatch):
 # The real peers (skipped when their checkouts are absent)
 # ---------------------------------------------------------------------------
 
-_PEERS = Path(os.environ.get("POLYFUSE_PEERS", "/work/peers"))
+_VARIABLE = "POLYFUSE_PEERS"
+
+
+def _checkout(folder: str) -> Path:
+    """The peer's checkout ``$POLYFUSE_PEERS/<folder>``; skips the test when the variable is
+    unset or the checkout absent."""
+    root = os.environ.get(_VARIABLE)
+    if not root:
+        pytest.skip(f"{_VARIABLE} is not set: set it to a folder of the peers' checkouts "
+                    "MAN, ban-vqa, MultiBench (docs/TESTING.md)")
+    path = Path(root) / folder
+    if not path.is_dir():
+        pytest.skip(f"no checkout {folder} in {_VARIABLE}={root}")
+    return path
+
 _SMALL = {
     "man": {**ROWS["man"].sizes, "input_dims": (6, 5, 7), "length": 9, "batch": 3, "value_dim": 3,
             "feature_dim": 4, "out_dim": 2},
@@ -215,11 +230,9 @@ _SMALL = {
 @pytest.mark.parametrize("name", ["man", "ban_small", "tfn", "tensor_fusion", "lmf", "low_rank_fusion"])
 def test_real_peer_mappings_give_equal_outputs(name):
     spec = ROWS[name]
-    folder = {"man": "MAN", "ban_vqa": "ban-vqa", "multibench": "MultiBench"}[spec.peer]
-    if not (_PEERS / folder).is_dir():
-        pytest.skip(f"no checkout at {_PEERS / folder}")
+    checkout = _checkout({"man": "MAN", "ban_vqa": "ban-vqa", "multibench": "MultiBench"}[spec.peer])
     specs = {name: dataclasses.replace(spec, sizes=_SMALL[name])}
-    payload = run_peers({spec.peer: _PEERS / folder}, rows=[name], specs=specs, tolerance=1e-5, **_QUICK)
+    payload = run_peers({spec.peer: checkout}, rows=[name], specs=specs, tolerance=1e-5, **_QUICK)
     (row,) = payload["rows"]
     assert row["status"] == "timed", row
     assert row["max_abs_difference"] <= 1e-5 * max(1.0, row["max_abs_peer_output"])
@@ -227,12 +240,11 @@ def test_real_peer_mappings_give_equal_outputs(name):
 
 
 def test_real_man_as_published_differs_but_matches_at_one_step():
-    if not (_PEERS / "MAN").is_dir():
-        pytest.skip(f"no checkout at {_PEERS / 'MAN'}")
+    checkout = _checkout("MAN")
     published = ROWS["man_published"]
     specs = {"long": dataclasses.replace(published, name="long", sizes=_SMALL["man_published"]),
              "one_step": dataclasses.replace(published, name="one_step", sizes={**_SMALL["man_published"], "length": 1})}
-    payload = run_peers({"man": _PEERS / "MAN"}, specs=specs, **_QUICK)
+    payload = run_peers({"man": checkout}, specs=specs, **_QUICK)
     long, one_step = payload["rows"]
     assert long["status"] == "refused" and long["max_abs_difference"] > 1e-3
     # With one step per modality the per-step max is a per-sample constant and cancels.
@@ -323,12 +335,11 @@ def test_real_ban_vqa_with_its_cuda_patch_matches_polyfuse():
     on the CPU: the patch changes no value, and it is listed."""
     from polyfuse.bench.peer_rows import CUDA_PATCHES, built_on_cpu, describe_patch
 
-    if not (_PEERS / "ban-vqa").is_dir():
-        pytest.skip(f"no checkout at {_PEERS / 'ban-vqa'}")
-    source = (_PEERS / "ban-vqa" / "attention.py").read_text()
+    checkout = _checkout("ban-vqa")
+    source = (checkout / "attention.py").read_text()
     spec = ROWS["ban_small"]
     with built_on_cpu():
-        pair = spec.build(_PEERS / "ban-vqa", _SMALL["ban_small"], 0, torch.device("cuda"))
+        pair = spec.build(checkout, _SMALL["ban_small"], 0, torch.device("cuda"))
     assert pair.patches == [describe_patch(patch) for patch in CUDA_PATCHES["ban_vqa"]]
     assert pair.patches == ["attention.py: `logits.view(-1, self.glimpse, v_num * q_num)` -> "
                             "`logits.reshape(-1, self.glimpse, v_num * q_num)`"]
@@ -336,7 +347,7 @@ def test_real_ban_vqa_with_its_cuda_patch_matches_polyfuse():
         module.eval()
     with torch.no_grad():
         torch.testing.assert_close(pair.ours(pair.inputs), pair.theirs(pair.inputs), rtol=1e-5, atol=1e-5)
-    assert (_PEERS / "ban-vqa" / "attention.py").read_text() == source
+    assert (checkout / "attention.py").read_text() == source
 
 
 # ---------------------------------------------------------------------------

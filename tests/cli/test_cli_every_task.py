@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from tests.tasks.test_task_contract import TINY
+from tests.tiny.tasks import TINY
 
 from polyfuse.cli.main import EXIT_INPUT, main
 from polyfuse.engine.run import train

@@ -26,10 +26,10 @@ def error_line(capsys):
 def trained(tmp_path_factory):
     """A finished tiny run (shared by the tests that only read it)."""
     import yaml
-    from tests.cli.conftest import TINY
+    from tests.tiny.synthetic import CLI_CONFIG
 
     folder = tmp_path_factory.mktemp("trained")
-    (folder / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "output_dir": str(folder / "runs")}))
+    (folder / "tiny.yaml").write_text(yaml.safe_dump({**CLI_CONFIG, "output_dir": str(folder / "runs")}))
     assert main(["train", "--config", str(folder / "tiny.yaml"), "--out", str(folder / "run"), *QUIET]) == 0
     return folder / "run"
 
@@ -135,7 +135,7 @@ def test_predict_edge_cases(trained, tmp_path, capsys):
 
 def test_predict_on_a_file_without_test_rows(tmp_path, capsys):
     import yaml
-    from tests.cli.conftest import TINY
+    from tests.tiny.synthetic import CLI_CONFIG
 
     rng = np.random.default_rng(1)
     path = tmp_path / "no_test.npz"
@@ -143,8 +143,8 @@ def test_predict_on_a_file_without_test_rows(tmp_path, capsys):
         path, a=rng.normal(size=(40, 5, 4)).astype(np.float32), b=rng.normal(size=(40, 3)).astype(np.float32),
         label=np.arange(40) % 2, split=np.array(["train"] * 30 + ["valid"] * 10),
     )
-    config = {**TINY, "data": {**TINY["data"], "source": str(path), "modalities": ["a", "b"], "split": "split"},
-              "trainer": {**TINY["trainer"], "max_epochs": 1}}
+    config = {**CLI_CONFIG, "data": {**CLI_CONFIG["data"], "source": str(path), "modalities": ["a", "b"], "split": "split"},
+              "trainer": {**CLI_CONFIG["trainer"], "max_epochs": 1}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run"), *QUIET]) == 0
     capsys.readouterr()

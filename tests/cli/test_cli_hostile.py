@@ -5,7 +5,7 @@ from a file, and nothing half-written is trusted by a rerun."""
 import pathlib
 import pickle
 
-from tests.cli.test_retrieval_cli import _files
+from tests.tasks.retrieval.expert_corpus import retrieval_config_file
 
 from polyfuse.cli.main import EXIT_INPUT, main
 
@@ -31,7 +31,6 @@ def _pickle_payload(path, marker):
 
 
 def test_a_pickled_retrieval_checkpoint_is_never_unpickled(tmp_path, capsys):
-    _, common = _files(tmp_path)
     marker = tmp_path / "ran"
     _pickle_payload(tmp_path / "seed0.pt", marker)
     pickle.loads((tmp_path / "seed0.pt").read_bytes())  # the payload works: unpickled, it creates the marker
@@ -39,13 +38,14 @@ def test_a_pickled_retrieval_checkpoint_is_never_unpickled(tmp_path, capsys):
     marker.unlink()
     (tmp_path / "seed0.safetensors").write_bytes((tmp_path / "seed0.pt").read_bytes())
     for name in ("seed0.pt", "seed0.safetensors"):  # a pickle under either name
-        assert main(["retrieval", "evaluate", *common, "--checkpoint", str(tmp_path / name)]) == EXIT_INPUT
-        line = _error_line(capsys)
-        assert str(tmp_path / name) in line and not marker.exists()
-        if name.endswith(".pt"):
-            assert "are never loaded" in line and "retrain" in line
-        else:
-            assert "corrupt or truncated" in line
+        for command in (["evaluate", "--shuffle-words"], ["plot", "ranking", "--query", "a dog", "--out", "x.png"]):
+            assert main([*command, "--checkpoint", str(tmp_path / name)]) == EXIT_INPUT
+            line = _error_line(capsys)
+            assert str(tmp_path / name) in line and not marker.exists()
+            if name.endswith(".pt"):
+                assert "are never loaded, as unpickling can run arbitrary code" in line
+            else:
+                assert "corrupt or truncated" in line
 
 
 def _word_vectors(path, seed):
@@ -230,12 +230,11 @@ def test_enormous_sizes_in_a_config_are_refused_before_any_allocation(tmp_path, 
         assert main(["train", "--config", str(folder / "big.yaml"), "--out", str(folder / "o")]) == EXIT_INPUT
         line = _error_line(capsys)
         assert f"config key '{key}'" in line and "65536" in line, line
-    _, common = _files(tmp_path)
-    import pytest
-
-    with pytest.raises(SystemExit) as stopped:
-        main(["retrieval", "train", *common, "--hidden-dim", str(10**12), "--out", str(tmp_path / "r")])
-    assert stopped.value.code == EXIT_INPUT and "outside [1, 65536]" in capsys.readouterr().err
+    for key, value in (("hidden_dim", 10**12), ("embed_dim", 2**20)):
+        retrieval = retrieval_config_file(tmp_path, **{key: value})
+        assert main(["train", "--config", str(retrieval), "--out", str(tmp_path / "r")]) == EXIT_INPUT
+        line = _error_line(capsys)
+        assert f"config key 'retrieval.{key}'" in line and "65536" in line, line
 
 
 def _cut_clip(path, keep):
@@ -312,10 +311,9 @@ def test_disk_full_while_training_retrieval_exits_3_and_leaves_nothing_half_writ
     import polyfuse.engine.checkpoints as checkpoints
     import polyfuse.tasks.ranking.data as retrieval
 
-    _, common = _files(tmp_path)
+    config = retrieval_config_file(tmp_path, epochs=1)
     out = tmp_path / "runs" / "mean"
-    train = ["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1", "--batch-size", "4",
-             "--out", str(out)]
+    train = ["train", "--config", str(config), "--out", str(out)]
     real_write = retrieval.write_bytes
 
     def half_then_full(path, data):  # the cache's bytes stop half-way (torch.save left a 0-byte file)
@@ -338,11 +336,11 @@ def test_disk_full_while_training_retrieval_exits_3_and_leaves_nothing_half_writ
     assert main(train) == 3
     line = _error_line(capsys)
     assert "the disk is full; free some space" in line and "checkpoints" in line
-    assert not list(out.rglob("*.safetensors")) and not (out / "seed0" / "results.json").exists()
+    assert not list(out.rglob("*.safetensors")) and not (out / "results.json").exists()
     monkeypatch.undo()
     train[-1] = str(tmp_path / "runs" / "mean3")
     assert main(train) == 0  # a new run completes, reading the caches of the failed runs
-    assert json.loads((tmp_path / "runs" / "mean3" / "seed0" / "results.json").read_text())["test"]
+    assert json.loads((tmp_path / "runs" / "mean3" / "results.json").read_text())["test"]
 
 
 def test_resume_on_changed_data_is_refused_naming_the_file(tmp_path, capsys):

@@ -17,9 +17,7 @@ import warnings
 
 import pytest
 import yaml
-from tests.tasks.captioning.test_captioning_engine import _config as captioning_config
-from tests.tasks.captioning.test_captioning_engine import _write_data as write_captioning_data
-from tests.tasks.test_task_contract import TINY
+from tests.tiny.captioning import captioning_config_file, write_captioning_data
 
 from polyfuse.cli.main import main, one_line_warnings
 from polyfuse.metrics.captioning import java_available
@@ -58,7 +56,7 @@ def _captioning_with_a_missing_video(folder):
     splits = json.loads((folder / "splits.json").read_text())
     splits["train"].append("vid99")
     (folder / "splits.json").write_text(json.dumps(splits))
-    path = captioning_config(folder, missing_features="skip")
+    path = captioning_config_file(folder, missing_features="skip")
     config = yaml.safe_load(path.read_text())
     config["trainer"] = {key: value for key, value in config["trainer"].items() if key not in ("quiet", "progress_bar")}
     path.write_text(yaml.safe_dump(config))
@@ -92,9 +90,9 @@ def test_train_quiet_evaluate_predict_print_results_and_one_line_warnings(tmp_pa
 
 
 def test_without_quiet_lightning_says_its_info_but_never_its_advert_or_the_best_checkpoints_loading(
-    tmp_path, capfd, lightning_talks
+    tmp_path, capfd, lightning_talks, tiny_task
 ):
-    config = TINY["classification"](tmp_path)
+    config = tiny_task("classification")
     config["trainer"] = {**config["trainer"], "quiet": False, "max_epochs": 1}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -104,9 +102,9 @@ def test_without_quiet_lightning_says_its_info_but_never_its_advert_or_the_best_
     assert "litlogger" not in err and "Restoring states" not in err and "Loaded model weights" not in err
 
 
-def test_the_text_encoder_loads_without_a_progress_bar(tmp_path, capfd, lightning_talks):
+def test_the_text_encoder_loads_without_a_progress_bar(tmp_path, capfd, lightning_talks, tiny_task):
     """Chimera reads its (here tiny) MiniLM-format encoder with transformers."""
-    config = TINY["chimera"](tmp_path)
+    config = tiny_task("chimera")
     config["trainer"] = {**config["trainer"], "quiet": False, "max_epochs": 1}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -122,9 +120,9 @@ def test_the_text_encoder_loads_without_a_progress_bar(tmp_path, capfd, lightnin
     assert hf_logging.is_progress_bar_enabled()  # left as it was
 
 
-def test_compare_says_a_warning_of_every_run_once(tmp_path, capfd):
+def test_compare_says_a_warning_of_every_run_once(tmp_path, capfd, tiny_task):
     """Labels outside the configured range, clipped: logged by every run of the comparison."""
-    config = TINY["sentiment"](tmp_path)
+    config = tiny_task("sentiment")
     config["task"] = {"type": "sentiment", "target_ranges": [[-0.5, 0.5]], "out_of_range": "clip"}
     config["trainer"] = {**config["trainer"], "max_epochs": 1}
     path = tmp_path / "c.yaml"

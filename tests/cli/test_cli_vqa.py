@@ -10,71 +10,12 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from lightning.pytorch.callbacks import Callback
+from tests.helpers.runs import Interrupt
+from tests.tiny.vqa import vqa_config, write_vqa_folder
 
 from polyfuse.cli.main import main
 from polyfuse.engine.run import train
 from polyfuse.metrics.vqa import vqa_accuracy
-
-QUESTIONS = [("what color is the shape?", "color"), ("is the shape red?", "yes/no")]
-
-
-def _write_split(folder, split, images, generator):
-    questions, annotations = [], []
-    features = np.zeros((images, 16, 6), dtype=np.float16)
-    for image_id in range(images):
-        red = image_id % 2 == 1
-        features[image_id, :, 0] = 1.0 if red else -1.0
-        features[image_id, :, 1:] = generator.normal(size=(16, 5)) * 0.1
-        for k, (text, kind) in enumerate(QUESTIONS):
-            question_id = 10 * image_id + k
-            answer = ("red" if red else "blue") if kind == "color" else ("yes" if red else "no")
-            # one human of ten disagrees: the accuracy of the right answer is still 1
-            answers = [answer] * 9 + ["green"]
-            questions.append({"question_id": question_id, "image_id": image_id, "question": text})
-            annotations.append(
-                {"question_id": question_id, "image_id": image_id, "answers": [{"answer": a} for a in answers],
-                 "answer_type": "yes/no" if kind == "yes/no" else "other", "question_type": kind}
-            )  # fmt: skip
-    (folder / f"{split}_questions.json").write_text(json.dumps({"questions": questions}))
-    (folder / f"{split}_annotations.json").write_text(json.dumps({"annotations": annotations}))
-    with h5py.File(folder / f"{split}.h5", "w") as handle:
-        handle["features"] = features
-        corners = generator.uniform(size=(images, 16, 2)).astype(np.float32)
-        handle["boxes"] = np.concatenate([corners, corners + 0.1], axis=-1)
-        handle["image_ids"] = np.arange(images)
-
-
-def _config(folder, **model):
-    return {
-        "output_dir": str(folder / "runs"),
-        "task": {"type": "vqa"},
-        "data": {
-            "batch_size": 12, "validation_fraction": 0.25,
-            "vqa": {
-                **{f"{s}_{kind}": str(folder / f"{s}_{kind}.json") for s in ("train", "test") for kind in ("questions", "annotations")},
-                "train_features": str(folder / "train.h5"), "test_features": str(folder / "test.h5"),
-                "min_answer_count": 1, "breakdown": "question_type",
-            },
-        },
-        "model": {
-            "fusion": "ban",
-            "vqa": {"hidden_dim": 8, "embedding_dim": 8, "glimpses": 1, "counter_objects": 4, "dropout": 0.0,
-                    "attention_dropout": 0.0, "classifier_dropout": 0.0, **model},
-            "options": {"concat": {"hidden_dim": 32}},
-        },
-        "optim": {"lr": 0.02},
-        "trainer": {"max_epochs": 20, "patience": 0, "num_threads": 1, "progress_bar": False, "quiet": True},
-    }  # fmt: skip
-
-
-def write_vqa_folder(folder, train_images=24, test_images=8):
-    """The two splits' JSON and HDF5 files and ``vqa.yaml`` in ``folder``."""
-    generator = np.random.default_rng(0)
-    _write_split(folder, "train", train_images, generator)
-    _write_split(folder, "test", test_images, generator)
-    (folder / "vqa.yaml").write_text(yaml.safe_dump(_config(folder)))
-    return folder
 
 
 @pytest.fixture
@@ -142,7 +83,7 @@ def test_vqa_input_errors_are_named(vqa_folder, capsys):
     with h5py.File(vqa_folder / "test.h5", "a") as handle:
         handle["image_ids"][3] = 3
 
-    config = _config(vqa_folder, glove=str(vqa_folder / "glove.840B.300d.txt"))
+    config = vqa_config(vqa_folder, glove=str(vqa_folder / "glove.840B.300d.txt"))
     (vqa_folder / "glove.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(vqa_folder / "glove.yaml"), "--out", str(vqa_folder / "g")]) == 2
     assert "glove.840B.300d.txt does not exist" in capsys.readouterr().err
@@ -152,27 +93,19 @@ def test_vqa_input_errors_are_named(vqa_folder, capsys):
     assert main(["train", "--config", str(vqa_folder / "novqa.yaml")]) == 2
     assert "task.type vqa needs a data.vqa section" in capsys.readouterr().err
 
-    config = _config(vqa_folder)
+    config = vqa_config(vqa_folder)
     config["data"]["vqa"]["min_answers"] = 3
     (vqa_folder / "typo.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(vqa_folder / "typo.yaml")]) == 2
     assert "unknown config key 'data.vqa.min_answers' (did you mean 'min_answer_count'?)" in capsys.readouterr().err
 
 
-class _Interrupt(Callback):
-    """Fails at the start of an epoch, as a killed run would."""
-
-    def on_train_epoch_start(self, trainer, module):
-        if trainer.current_epoch == 2:
-            raise RuntimeError("interrupted")
-
-
 def test_vqa_resume_continues_to_the_same_result(vqa_folder):
-    config = _config(vqa_folder, dropout=0.3, classifier_dropout=0.3)
+    config = vqa_config(vqa_folder, dropout=0.3, classifier_dropout=0.3)
     config["trainer"]["max_epochs"] = 4
     whole = train(config, run_dir=vqa_folder / "whole")
     with pytest.raises(RuntimeError, match="interrupted"):
-        train(config, run_dir=vqa_folder / "cut", callbacks=[_Interrupt()])
+        train(config, run_dir=vqa_folder / "cut", callbacks=[Interrupt(2)])
     resumed = train({}, resume=vqa_folder / "cut")
     assert resumed.test == whole.test and resumed.validation == whole.validation
     assert resumed.epochs == whole.epochs
@@ -181,7 +114,7 @@ def test_vqa_resume_continues_to_the_same_result(vqa_folder):
 @pytest.mark.parametrize("fusion", ["ban", "man"])
 def test_vqa_trains_in_bf16_mixed(vqa_folder, training_witness, fusion):
     """precision: bf16-mixed through the engine: BAN with its counter (float32 inside), or MAN."""
-    config = _config(vqa_folder)
+    config = vqa_config(vqa_folder)
     config["model"]["fusion"] = fusion
     config["model"]["options"]["man"] = {"hidden_dim": 8, "heads": 2, "num_random_features": 8}
     config["trainer"].update(max_epochs=4, precision="bf16-mixed")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from tests.cli.test_cli_vqa import _config, write_vqa_folder
-from tests.test_interop import _ban_vqa_state
+from tests.helpers.ban_vqa import ban_vqa_state
+from tests.tiny.vqa import vqa_config, write_vqa_folder
 
 from polyfuse.cli.main import main
 from polyfuse.engine.checkpoints import load_state, read_checkpoint, write_checkpoint
@@ -56,7 +56,7 @@ def _reference_answers(model, folder, words, answers, split="test"):
 
 def test_second_embedding_trains_from_a_config_and_a_ban_vqa_op_c_model_round_trips(tmp_path, training_witness, capsys):
     folder = write_vqa_folder(tmp_path)
-    config = _config(folder, **OP_C)
+    config = vqa_config(folder, **OP_C)
     config["trainer"]["max_epochs"] = 2
     train(config, run_dir=folder / "run", callbacks=[training_witness])
     training_witness.assert_trained(loss_falls=False)
@@ -71,7 +71,7 @@ def test_second_embedding_trains_from_a_config_and_a_ban_vqa_op_c_model_round_tr
 
     # A ban-vqa --op c BanModel of the run's sizes (image features of 6 values), loaded by
     # load_ban_vqa: its weights have exactly the keys and shapes of the configured model.
-    reference = _ban_vqa_state(op_c=True, glimpses=2, words=len(words), hidden=6, answers=len(answers),
+    reference = ban_vqa_state(op_c=True, glimpses=2, words=len(words), hidden=6, answers=len(answers),
                                image_dim=6, embedding_dim=4, seed=7)  # fmt: skip
     loaded = load_ban_vqa(reference).eval()
     ours = {key.removeprefix("model."): tuple(value.shape) for key, value in state.items()}
@@ -120,7 +120,7 @@ def test_second_embedding_trains_from_a_config_and_a_ban_vqa_op_c_model_round_tr
 
 def test_second_embedding_dim_is_checked_by_the_schema(tmp_path, capsys):
     folder = write_vqa_folder(tmp_path, train_images=4, test_images=2)
-    config = _config(folder, second_embedding_dim=0)
+    config = vqa_config(folder, second_embedding_dim=0)
     (folder / "bad.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(folder / "bad.yaml")]) == 2
     assert "model.vqa.second_embedding_dim" in capsys.readouterr().err
@@ -155,7 +155,7 @@ def _adaptive_copy(folder, split: str) -> None:
 
 
 def _bottom_up_config(folder, *, indexed: bool = True) -> dict:
-    config = _config(folder)
+    config = vqa_config(folder)
     config["trainer"]["max_epochs"] = 2
     for split in ("train", "test"):
         config["data"]["vqa"][f"{split}_features"] = str(folder / f"{split}_adaptive.h5")
@@ -170,7 +170,7 @@ def test_training_reads_ban_vqa_adaptive_features_from_the_config(tmp_path, caps
     folder = write_vqa_folder(tmp_path, train_images=16, test_images=4)
     for split in ("train", "test"):
         _adaptive_copy(folder, split)
-    padded = _config(folder)
+    padded = vqa_config(folder)
     padded["trainer"]["max_epochs"] = 2
     for split in ("train", "test"):
         padded["data"]["vqa"][f"{split}_features"] = str(folder / f"{split}_padded.h5")

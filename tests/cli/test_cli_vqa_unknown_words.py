@@ -7,8 +7,6 @@ import json
 import warnings
 from collections import Counter
 
-from tests.cli.test_cli_vqa_use import trained  # noqa: F401 - the module's trained run, a fixture
-
 from polyfuse.cli.main import main
 from polyfuse.data.formats.vqa import UNKNOWN_WORD, VQAQuestion
 from polyfuse.tasks.vqa.new_questions import unknown_words, warn_unknown_words
@@ -46,7 +44,7 @@ def test_one_warning_lists_the_words_most_frequent_first_and_counts_the_rest():
     ]
 
 
-def test_predict_warns_once_naming_the_unknown_words_of_new_questions(trained, tmp_path, capsys):  # noqa: F811
+def test_predict_warns_once_naming_the_unknown_words_of_new_questions(trained_vqa, tmp_path, capsys):
     asked = tmp_path / "questions.json"
     questions = [
         {"question_id": 1, "image_id": 16, "question": "what colour is the object?"},
@@ -55,13 +53,13 @@ def test_predict_warns_once_naming_the_unknown_words_of_new_questions(trained, t
     ]
     asked.write_text(json.dumps({"questions": questions}))
     capsys.readouterr()
-    assert main(["predict", "--checkpoint", str(trained.best), "--data", str(asked), "--images",
-                 str(trained.folder / "test.h5"), "--out", str(tmp_path / "answers.csv")]) == 0  # fmt: skip
+    assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(asked), "--images",
+                 str(trained_vqa.folder / "test.h5"), "--out", str(tmp_path / "answers.csv")]) == 0  # fmt: skip
     said = [line for line in capsys.readouterr().err.splitlines() if "vocabulary" in line]
     assert said == ["polyfuse predict: warning: VQA: 3 word(s) of the questions are not in the checkpoint's "
                     "vocabulary and read as <unk>: colour x2, object, present"]
     # questions of known words only: nothing said
     asked.write_text(json.dumps({"questions": questions[2:]}))
-    assert main(["predict", "--checkpoint", str(trained.best), "--data", str(asked), "--images",
-                 str(trained.folder / "test.h5"), "--out", str(tmp_path / "answers.csv")]) == 0  # fmt: skip
+    assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(asked), "--images",
+                 str(trained_vqa.folder / "test.h5"), "--out", str(tmp_path / "answers.csv")]) == 0  # fmt: skip
     assert "vocabulary" not in capsys.readouterr().err

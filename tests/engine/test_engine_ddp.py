@@ -3,7 +3,6 @@ train the same model as 1 process on the same global batch, up to float toleranc
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -20,13 +19,7 @@ def build_task(config, input_dims, names, label_info):
     return task_spec(config["task"]["type"]).module_for(config, input_dims, names, label_info)
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_two_processes_match_one(tiny_config, tmp_path):
+def test_two_processes_match_one(tiny_config, tmp_path, free_port):
     # 200 samples: 40 test, 32 validation, 128 training = 8 global batches of 16.
     config = tiny_config(
         model={"dropout": 0.0, "encoder": {"dropout": 0.0}},
@@ -35,7 +28,7 @@ def test_two_processes_match_one(tiny_config, tmp_path):
     path = tmp_path / "ddp.yaml"
     path.write_text(yaml.safe_dump(config))
     environment = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
-    environment.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    environment.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port), OMP_NUM_THREADS="1")
     command = [
         sys.executable, "-m", "polyfuse.cli.main", "train", "--config", str(path),
         "--out", str(tmp_path / "two"), "--devices", "2", "--strategy", "ddp",

@@ -7,7 +7,8 @@ import warnings
 
 import pytest
 import torch
-from tests.engine.test_engine_training import Interrupt
+from tests.helpers.runs import Interrupt
+from tests.tiny.synthetic import engine_config
 
 from polyfuse.engine import read_checkpoint, train
 from polyfuse.engine.checkpoints import write_checkpoint
@@ -95,10 +96,8 @@ def test_a_moved_run_resumes_to_the_same_numbers(tiny_config, tmp_path):
 
 @pytest.fixture(scope="module")
 def one_epoch_run(tmp_path_factory):
-    from tests.engine.conftest import tiny
-
     base = tmp_path_factory.mktemp("one")
-    train(tiny(base, trainer={"max_epochs": 1}), run_dir=base / "run")
+    train(engine_config(base, trainer={"max_epochs": 1}), run_dir=base / "run")
     return base / "run"
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from tests.helpers.runs import Interrupt
 
 import polyfuse
 from polyfuse.engine import evaluate, load_config, predict, read_checkpoint, resolve_config, train
@@ -59,17 +59,6 @@ def test_same_seed_same_result_other_seed_differs(tiny_config, tmp_path):
     assert_same_weights(weights(first.best_checkpoint), weights(second.best_checkpoint))
     changed = weights(other.best_checkpoint)
     assert any(not torch.equal(changed[k], v) for k, v in weights(first.best_checkpoint).items())
-
-
-class Interrupt(Callback):
-    """Fails at the start of an epoch, as a killed run would (its last checkpoint is the epoch before)."""
-
-    def __init__(self, epoch):
-        self.epoch = epoch
-
-    def on_train_epoch_start(self, trainer, module):
-        if trainer.current_epoch == self.epoch:
-            raise RuntimeError("interrupted")
 
 
 def test_resume_continues_to_the_same_result(tiny_config, tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.metrics.vqa_oracle import VQAAccuracy
-from tests.tasks.vqa.test_vqa_task import VOCABULARY, _questions
+from tests.tiny.vqa import VOCABULARY, random_questions
 
 from polyfuse.metrics.vqa import VQAScore, soft_score
 from polyfuse.tasks.vqa.data import answer_table
@@ -169,7 +169,7 @@ def test_bad_input():
 
 
 def test_vqa_score_equals_the_official_accuracy():
-    questions = _questions(60, seed=0)
+    questions = random_questions(60, seed=0)
     ids, scores = answer_table(questions, VOCABULARY)
     types = ["number", "other", "yes/no"]
     type_index = torch.tensor([types.index(q.answer_type) for q in questions])

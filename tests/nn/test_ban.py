@@ -233,42 +233,6 @@ def test_operation_counts_at_the_sizes_of_issue_26(monkeypatch):
     assert forward.by_name["aten._weight_norm_interface"] == 3  # U'_g, V'_g, P_g: one each
 
 
-def _old_layout(state):
-    """The state dict of the former layout, one weight-normalised nn.Linear per glimpse."""
-    old = {}
-    for key, value in state.items():
-        module, name = key.rsplit(".", 1)
-        if module not in ("joint_x", "joint_y", "joint_projections"):
-            old[key] = value
-            continue
-        suffix = {"weight_g": "parametrizations.weight.original0",
-                  "weight_v": "parametrizations.weight.original1", "bias": "bias"}[name]
-        for glimpse, part in enumerate(value):
-            old[f"{module}.{glimpse}.{suffix}"] = part.reshape(()) if name == "weight_g" else part.clone()
-    return old
-
-
-def test_state_dicts_of_the_per_glimpse_layout_still_load():
-    model = _model(out_dim=4).double()
-    x, y, x_mask, y_mask = _inputs(dtype=torch.float64)
-    expected = model([x, y], masks=[x_mask, y_mask])
-    old = _old_layout(model.state_dict())
-    assert "joint_y.2.parametrizations.weight.original0" in old and old["joint_y.2.bias"].shape == (4,)
-    assert old["joint_x.0.parametrizations.weight.original0"].shape == ()
-    torch.manual_seed(1)
-    fresh = BAN([X_DIM, Y_DIM], 4, glimpses=3).double().eval()
-    assert not torch.allclose(fresh([x, y], masks=[x_mask, y_mask]), expected)
-    fresh.load_state_dict(old)  # strict: every key used, none missing
-    torch.testing.assert_close(fresh([x, y], masks=[x_mask, y_mask]), expected, rtol=0, atol=0)
-    for key, value in model.state_dict().items():
-        assert torch.equal(fresh.state_dict()[key], value), key
-    # a stacked state dict still loads, and a glimpse missing from the old layout is reported
-    fresh.load_state_dict(model.state_dict())
-    del old["joint_y.2.bias"]
-    with pytest.raises(RuntimeError, match="joint_y"):
-        fresh.load_state_dict(old)
-
-
 def test_the_glimpse_loop_with_dropout_equals_the_batched_chain_without(monkeypatch):
     """Training with dropout runs the glimpses one by one on the whole stream; with the
     dropout off on CUDA it must give the batched chain's answer (the chain forced here)."""

@@ -1,9 +1,10 @@
 """BanVQA loaded by interop.load_ban_vqa against the reference code itself.
 
 The modules of github.com/jnhwkim/ban-vqa (base_model, attention, bc, fc, counting,
-language_model, classifier) are read unchanged from a local git mirror of the
-repository (``POLYFUSE_BAN_VQA_GIT``, default /work/.mirror/jnhwkim+ban-vqa/repo,
-made with the search tools' ``fetch``); the test skips when it is absent. Only
+language_model, classifier) are read unchanged, at HEAD, from a git directory of the
+repository that the environment variable ``POLYFUSE_BAN_VQA_GIT`` names (a clone's
+``.git`` or a bare mirror; docs/TESTING.md): an explicit opt-in, the tests skip when it
+is unset and fail when it names no directory. Only
 ``utils``, which base_model imports for its Flickr model and which needs the
 ``torch._six`` of old PyTorch, is replaced by an empty module.
 """
@@ -24,16 +25,29 @@ import torch
 from polyfuse.interop import load_ban_vqa
 
 _FILES = ["base_model.py", "attention.py", "bc.py", "fc.py", "counting.py", "language_model.py", "classifier.py"]
-_GIT = Path(os.environ.get("POLYFUSE_BAN_VQA_GIT", "/work/.mirror/jnhwkim+ban-vqa/repo"))
+_VARIABLE = "POLYFUSE_BAN_VQA_GIT"
+
+
+def _git_dir() -> Path:
+    """The git directory of jnhwkim/ban-vqa that ``POLYFUSE_BAN_VQA_GIT`` names; skips the
+    test when the variable is unset or git is missing."""
+    given = os.environ.get(_VARIABLE)
+    if not given:
+        pytest.skip(f"{_VARIABLE} is not set: set it to a git directory of github.com/jnhwkim/ban-vqa (docs/TESTING.md)")
+    if shutil.which("git") is None:
+        pytest.skip(f"git is not installed: {_VARIABLE} names a git directory")
+    path = Path(given)
+    if not path.is_dir():
+        pytest.fail(f"{_VARIABLE}={given} is not a directory")
+    return path
 
 
 @pytest.fixture
 def reference(tmp_path, monkeypatch):
-    if not _GIT.is_dir() or shutil.which("git") is None:
-        pytest.skip(f"no git mirror of jnhwkim/ban-vqa at {_GIT}")
+    git = _git_dir()
     for name in _FILES:
         text = subprocess.run(
-            ["git", f"--git-dir={_GIT}", "show", f"HEAD:{name}"], capture_output=True, check=True, text=True
+            ["git", f"--git-dir={git}", "show", f"HEAD:{name}"], capture_output=True, check=True, text=True
         ).stdout
         (tmp_path / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))

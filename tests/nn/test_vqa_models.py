@@ -1,19 +1,16 @@
-"""VQA models: question encoder, grid boxes, padding objects, loss and PCA against oracles."""
+"""VQA models: question encoder, grid boxes, padding objects against oracles (the task's
+loss and PCA: tests/tasks/vqa/test_vqa_task.py)."""
 
 from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from polyfuse.functional.counting import grid_boxes
 from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 from polyfuse.nn.text import QuestionEncoder
-from polyfuse.tasks.vqa.data import fit_pca, project_features
-from polyfuse.tasks.vqa.spec import vqa_loss
 
 
 def test_grid_boxes_hand_values():
@@ -70,37 +67,6 @@ def test_ban_vqa_needs_boxes_for_its_counter():
         model(torch.zeros(1, 2, dtype=torch.long), torch.randn(1, 3, 4))
     with pytest.raises(ValueError, match=r"image must have shape \(B, O, 4\)"):
         model(torch.zeros(1, 2, dtype=torch.long), torch.randn(1, 3, 5), torch.zeros(1, 3, 4))
-
-
-def test_vqa_loss_is_bce_summed_over_answers():
-    logits = torch.tensor([[0.0, 2.0], [-1.0, 1.0]])
-    targets = torch.tensor([[1.0, 1 / 3], [0.0, 1.0]])
-    expected = 0.0
-    for row in range(2):
-        for column in range(2):
-            p = 1 / (1 + np.exp(-logits[row, column].item()))
-            t = targets[row, column].item()
-            expected -= t * np.log(p) + (1 - t) * np.log(1 - p)
-    assert vqa_loss(logits, targets).item() == pytest.approx(expected / 2, rel=1e-6)
-    assert F.binary_cross_entropy_with_logits(logits, targets).item() != pytest.approx(expected / 2)
-
-
-def test_pca_matches_covariance_eigenvectors():
-    generator = torch.Generator().manual_seed(0)
-    features = torch.randn(50, 3, 6, generator=generator, dtype=torch.float64) * torch.tensor(
-        [5.0, 3.0, 1.0, 0.5, 0.2, 0.1], dtype=torch.float64
-    )
-    features[0, 2] = 0.0  # a padding row: left out of the fit, stays zero
-    mean, directions = fit_pca(features, 2)
-    rows = features.reshape(-1, 6).numpy()
-    rows = rows[np.abs(rows).sum(axis=1) != 0]
-    values, vectors = np.linalg.eigh(np.cov(rows, rowvar=False))
-    top = vectors[:, ::-1][:, :2]
-    np.testing.assert_allclose(np.abs(top.T @ directions.numpy()), np.eye(2), atol=1e-8)
-    projected = project_features(features, mean, directions)
-    assert projected[0, 2].abs().sum() == 0
-    real = projected.reshape(-1, 2)[torch.from_numpy(np.abs(features.reshape(-1, 6).numpy()).sum(1) != 0)]
-    np.testing.assert_allclose(real.var(dim=0).numpy(), values[::-1][:2], rtol=1e-8)
 
 
 def test_question_encoder_accepts_sizes_of_one():

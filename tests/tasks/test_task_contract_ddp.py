@@ -1,5 +1,5 @@
 """The task contract under data parallel: every registered task type (its tiny
-configuration of :data:`tests.tasks.test_task_contract.TINY`, every dropout 0: each
+configuration of :data:`tests.tiny.tasks.TINY`, every dropout 0: each
 process would draw its own masks) trained by 2 processes (DDP, gloo on CPU, through the
 CLI as a user starts it) and by 1 process with the same global batch and seed takes the
 same number of optimiser steps and ends with
@@ -34,8 +34,8 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
-from tests.engine.test_engine_ddp import free_port
-from tests.tasks.test_task_contract import TINY
+from tests.helpers.ports import free_port
+from tests.tiny.tasks import TINY
 
 from polyfuse.cli.main import EXIT_INTERRUPTED
 from polyfuse.engine.checkpoints import checkpoint_epoch, read_checkpoint

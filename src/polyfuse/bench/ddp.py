@@ -154,7 +154,8 @@ def _retrieval(folder: Path, scale: float, epochs: int) -> dict[str, Any]:
     videos = _count(scale, 9600, 60)
     return {"task": {"type": "retrieval"},
             "retrieval": {"source": f"synthetic:videos={videos},steps=8,events=4,dim=32", "text": "bow",
-                          "fusion": "man", "embed_dim": 32, "hidden_dim": 32},
+                          "embed_dim": 32, "hidden_dim": 32},
+            "model": {"fusion": "man"},
             "data": {"batch_size": 32, "eval_batch_size": 64}}
 
 

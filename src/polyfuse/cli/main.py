@@ -66,7 +66,6 @@ COMMANDS = {
     "plot": "polyfuse.cli.plot",
     "extract": "polyfuse.cli.extract",
     "vqa": "polyfuse.cli.vqa",
-    "retrieval": "polyfuse.cli.retrieval",
 }
 
 

@@ -33,6 +33,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from polyfuse.engine.config import check_written_by
 from polyfuse.engine.rundir import atomic_temp_path
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "check_extras",
     "check_finite_state",
     "check_resumable",
+    "check_version",
     "checkpoint_epoch",
     "decode",
     "encode",
@@ -174,7 +176,8 @@ def checkpoint_epoch(path: str | Path) -> int | None:
 
 def check_resumable(path: str | Path) -> None:
     """Refuse to resume from a checkpoint without the optimiser's state (a ``best`` one,
-    weights only), naming the one to give; read from the file's metadata alone."""
+    weights only), naming the one to give, or from one an older polyfuse wrote
+    (:func:`check_version`); read from the file's metadata alone."""
     try:
         with safe_open(str(path), framework="pt") as handle:
             content = json.loads((handle.metadata() or {}).get("content", "{}"))
@@ -185,6 +188,9 @@ def check_resumable(path: str | Path) -> None:
             f"{path} holds the weights only (a best checkpoint, for evaluate and predict): resume from the "
             "run directory or its checkpoints/last.safetensors"
         )
+    extras = content.get("polyfuse") if isinstance(content, dict) else None
+    if isinstance(extras, Mapping):
+        check_version(extras, path)
 
 
 class CheckpointExtras(Callback):
@@ -296,8 +302,22 @@ def load_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
         raise ValueError(f"{path}: not a polyfuse training checkpoint (no state_dict / polyfuse entry)")
     extras = checkpoint["polyfuse"]
     check_extras(extras, path)
+    check_version(extras, path)
     check_finite_state(checkpoint["state_dict"], path)
     return checkpoint["state_dict"], extras
+
+
+def check_version(extras: Mapping[str, Any], path: str | Path) -> None:
+    """Refuse a checkpoint whose configuration records a polyfuse older than
+    :data:`~polyfuse.engine.config.OLDEST_READABLE`, or none, naming its run's
+    ``config.yaml`` (``RUN/checkpoints/*.safetensors``) to retrain with."""
+    config = extras.get("config")
+    if not isinstance(config, Mapping):  # check_extras says what is wrong with it
+        return
+    path = Path(path)
+    run_config = path.parent.parent / "config.yaml"
+    known = path.parent.name == "checkpoints" and run_config.is_file()
+    check_written_by(config, path, saved=True, config_file=run_config if known else None)
 
 
 EXTRAS_KEYS = ("config", "modalities", "input_dims", "label_info", "stats")

@@ -95,7 +95,9 @@ def parse_models(spec: str | Sequence[str]) -> list[ModelEntry]:
             update = {key: loaded[key] for key in model_sections() if key in loaded}
             entries.append(ModelEntry(Path(item).stem, update))
         else:
-            polyfuse.nn.get(item)  # an unknown name lists the known ones
+            own = sorted({name for spec in task_specs() for name in (spec.fusions or ())})
+            if item not in own:  # a task type's own fusion (retrieval's video fusions) is checked with the task
+                polyfuse.nn.get(item)  # an unknown name lists the known ones
             entries.append(ModelEntry(item, {"model": {"fusion": item}}))
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
@@ -118,6 +120,8 @@ def compare(
     if base["trainer"]["devices"] != 1 or base["trainer"]["num_nodes"] != 1:
         raise ValueError("compare trains one run after another in one process: use trainer.devices=1 and "
                          "trainer.num_nodes=1 (train each model with polyfuse train for several processes)")
+    for entry in models:  # every entry's configuration is checked before anything trains
+        resolve_config(deep_merge(base, entry.update))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []

@@ -7,6 +7,12 @@ other.yaml`` (a path relative to the file); its keys then override the base's,
 section by section. Paths in a file (``data.source``, ``output_dir``) are
 relative to that file (so are those of ``data.vqa`` and ``model.vqa.glove``). :func:`resolve_config` fills in the defaults and refuses
 unknown keys (with a did-you-mean) and wrong values.
+
+A run records the polyfuse that trained it (``polyfuse_version`` in its ``config.yaml``
+and in every checkpoint's configuration). :func:`check_written_by` refuses a saved run or
+checkpoint recorded by a polyfuse older than :data:`OLDEST_READABLE`, or recording none,
+and a configuration file that states such a version (one that states none is taken as
+written for this version).
 """
 
 from __future__ import annotations
@@ -18,10 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.version import Version
+
+from polyfuse import __version__
 
 __all__ = [
     "DEFAULTS",  # noqa: F822 - built lazily by __getattr__
+    "OLDEST_READABLE",
     "apply_overrides",
+    "check_written_by",
     "data_files",
     "deep_merge",
     "dump_config",
@@ -29,6 +40,9 @@ __all__ = [
     "parse_value",
     "resolve_config",
 ]
+
+#: the oldest polyfuse whose checkpoints, saved runs and configuration files this one reads
+OLDEST_READABLE = "0.4.0"
 
 # Limits on configuration files, which may come from anyone.
 MAX_CONFIG_BYTES = 1 << 20
@@ -120,8 +134,51 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, 
     return merged
 
 
-def load_config(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a YAML configuration, following ``base:`` links."""
+def check_written_by(
+    config: Any, origin: str | Path, *, saved: bool, config_file: str | Path | None = None
+) -> None:
+    """Refuse, in one line naming the version and how to retrain, what a polyfuse older
+    than :data:`OLDEST_READABLE` wrote.
+
+    ``saved``: ``config`` is a saved run's or a checkpoint's configuration (``origin``), which
+    records the polyfuse that wrote it; recording none means one before the record existed.
+    Otherwise ``config`` is a configuration a user wrote: a ``polyfuse_version`` it states
+    is checked, and none is taken as this version. ``config_file``: the configuration to
+    train with again (a saved run's ``config.yaml``), named in the message.
+    """
+    from polyfuse.engine.schema import version_of
+
+    recorded = config.get("polyfuse_version") if isinstance(config, Mapping) else None
+    if recorded is None and not saved:
+        return
+    if recorded is not None and version_of(recorded) >= Version(OLDEST_READABLE):
+        return
+    kind = "checkpoints" if str(origin).endswith(".safetensors") else "saved runs" if saved else "configurations"
+    reads = f"this is {__version__}, which reads {kind} of {OLDEST_READABLE} and later"
+    if not saved:
+        how = f"train with polyfuse train --config {config_file}" if config_file else "train with it"
+        raise ValueError(
+            f"{origin} states polyfuse_version {recorded} ({reads}): check it against CHANGELOG.md, "
+            f"delete that line and {how}"
+        )
+    written = f"was written by polyfuse {recorded}" if recorded is not None else \
+        "records no polyfuse_version (written by a polyfuse before 0.2.0)"
+    if config_file is None:
+        how = "polyfuse train --config and the configuration it was trained with"
+    else:
+        how = f"polyfuse train --config {config_file}"
+        if recorded is not None:  # the saved configuration states the old version too
+            how += " after deleting its polyfuse_version line"
+    raise ValueError(f"{origin} {written} ({reads}): retrain it with {how}")
+
+
+def load_config(path: str | Path, _seen: tuple[Path, ...] = (), *, saved: bool = False) -> dict[str, Any]:
+    """Read a YAML configuration, following ``base:`` links.
+
+    A file that states a ``polyfuse_version`` older than :data:`OLDEST_READABLE` is
+    refused; ``saved``: the file is a saved run's ``config.yaml``, which must record one
+    (:func:`check_written_by`).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
@@ -143,6 +200,7 @@ def load_config(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any
         if not isinstance(base, str):
             raise ValueError(f"{path}: base must be a file name, got {base!r}")
         content = deep_merge(load_config(path.parent / base, (*_seen, path.resolve())), content)
+    check_written_by(content, path, saved=saved, config_file=path)
     return content
 
 

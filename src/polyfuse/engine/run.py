@@ -45,8 +45,13 @@ from polyfuse.engine.checkpoints import (
     load_state,
     read_checkpoint,
 )
-from polyfuse.engine.compat import defaults_then, warn_default_changes
-from polyfuse.engine.config import data_files, dump_config, load_config, resolve_config
+from polyfuse.engine.config import (
+    check_written_by,
+    data_files,
+    dump_config,
+    load_config,
+    resolve_config,
+)
 from polyfuse.engine.divergence import divergence_message
 from polyfuse.engine.errors import DivergenceError, RunInterrupted
 from polyfuse.engine.rundir import (
@@ -147,8 +152,8 @@ def resolve_resume(resume: str | Path) -> tuple[Path, dict[str, Any], Path]:
         raise FileNotFoundError(f"cannot resume: no config.yaml in {run_dir}")
     if not checkpoint.is_file():
         raise FileNotFoundError(f"cannot resume: no checkpoint {checkpoint} (did the first epoch finish?)")
-    check_resumable(checkpoint)
-    return run_dir, load_config(config_path), checkpoint
+    check_resumable(checkpoint)  # refuses one an older polyfuse wrote
+    return run_dir, load_config(config_path, saved=True), checkpoint
 
 
 def prefixed_metrics(results: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
@@ -204,14 +209,11 @@ def _train(
         # Only how the run is displayed may differ from the saved configuration.
         display = {k: v for k, v in saved.get("trainer", {}).items() if k in DISPLAY_KEYS}
         config = {**config, "trainer": {**config.get("trainer", {}), **display}}
-        # The saved run keeps the version it recorded (none: an older run); the keys it saved
-        # tell which defaults it relies on, and a changed weight layout is built as it was then.
-        warn_default_changes(config, origin=f"{Path(run_dir) / 'config.yaml'}")
-        config = defaults_then(config)
-    config = resolve_config(config)
-    if resume is None:  # a configuration file that states an older version; the run records this one
+    elif config is not None:  # one that states an older version is refused; the run records this one
         name = config.get("name")
-        warn_default_changes(config, origin=f"configuration {name!r}" if name else "the configuration", saved=False)
+        check_written_by(config, f"configuration {name!r}" if name else "the configuration", saved=False)
+    config = resolve_config(config)
+    if resume is None:
         config["polyfuse_version"] = __version__
     run_dir, lock = _claim(config, run_dir, resuming=resume is not None)
     try:
@@ -235,7 +237,7 @@ def _check_resume_checkpoint(path: Path, task: Any, config: Mapping[str, Any], s
     state = checkpoint.get("state_dict")
     if not isinstance(state, Mapping):
         raise ValueError(f"{path}: not a polyfuse training checkpoint (no state_dict)")
-    saved = resolve_config(defaults_then(extras["config"]))
+    saved = resolve_config(extras["config"])
     for section in spec.model_sections:
         if saved.get(section) != config.get(section):
             fusion = f" (model.fusion {extras['config'].get('model', {}).get('fusion')!r})" if section == "model" else ""
@@ -344,10 +346,9 @@ def _train_in(
 
 def load_model(checkpoint: str | Path) -> tuple[Any, dict[str, Any]]:
     """The task module of a checkpoint, weights loaded, in eval mode, and its stored extras
-    (the configuration resolved; an older one built as its version built it)."""
+    (the configuration resolved). One an older polyfuse wrote is refused (:func:`load_state`)."""
     state_dict, extras = load_state(checkpoint)
-    warn_default_changes(extras["config"], origin=str(checkpoint))
-    config = resolve_config(defaults_then(extras["config"]))
+    config = resolve_config(extras["config"])
     extras = {**extras, "config": config}
     return task_spec(config["task"]["type"]).load_module(state_dict, extras, checkpoint), extras
 

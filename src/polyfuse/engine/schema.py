@@ -16,9 +16,10 @@ import inspect
 import math
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
+from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -31,14 +32,23 @@ from pydantic import (
     model_validator,
 )
 
+from polyfuse import __version__
 from polyfuse.sizes import MAX_SIZE, SizeInt, option_bound
 from polyfuse.tasks.registry import available_tasks, task_spec, task_specs
 
-__all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config"]
+__all__ = ["RunConfig", "format_errors", "fusion_option_model", "validate_config", "version_of"]
 
 SEED_MAX = 2**32 - 1  # numpy's seeding range
 MAX_BATCH = 1 << 20
 PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "bf16", "16-mixed", "16-true", "16")
+
+def version_of(text: Any) -> Version:
+    """A ``polyfuse_version`` as a version number (``0.4.0``, ``0.10.1rc1``); a ValueError if it is none."""
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        raise ValueError(f"polyfuse_version {text!r} is not a version such as {__version__}") from None
+
 
 def _seed_range(value: int) -> int:
     if not 0 <= value <= SEED_MAX:
@@ -182,8 +192,10 @@ class _ModelConfigBase(_Section):
     @field_validator("fusion")
     @classmethod
     def _known_fusion(cls, value: str) -> str:
-        if value != "none":  # none: a backbone alone (checked in _fusion_needs_a_backbone)
-            _check_fusion_name(value, "model.fusion")
+        # none: a backbone alone (checked in _fusion_needs_a_backbone); a task type's own
+        # fusion names (TaskSpec.fusions) are checked against the task in _task_sections
+        if value != "none" and value not in _task_fusions():
+            _check_fusion_name(value, "model.fusion", also=sorted(_task_fusions()))
         return value
 
     @model_validator(mode="after")
@@ -258,8 +270,8 @@ class _RunConfigBase(_Section):
 
     name: str | None = Field(None, description="run name: the directory under output_dir (default: config file name)")
     polyfuse_version: str | None = Field(
-        None, description="the polyfuse version the configuration was written for; a run records the version that "
-        "trained it. Older than a changed default it relies on: a warning (polyfuse.engine.compat, CHANGELOG.md)",
+        None, description="the polyfuse version the configuration was written for (none: this one); a run records "
+        "the version that trained it. Before 0.4.0: refused, with how to retrain (CHANGELOG.md)",
     )
     seed: Annotated[int, AfterValidator(_seed_range)] = Field(0, description=f"seed of initialisation, shuffling and dropout, in [0, {SEED_MAX}]")
     output_dir: str = Field("runs", description="where runs are written (relative to the config file when set there)")
@@ -272,10 +284,8 @@ class _RunConfigBase(_Section):
     @field_validator("polyfuse_version")
     @classmethod
     def _a_version(cls, value: str | None) -> str | None:
-        from polyfuse.engine.compat import parse_version
-
         if value is not None:
-            parse_version(value)
+            version_of(value)
         return value
 
     @field_validator("name")
@@ -305,6 +315,12 @@ class _RunConfigBase(_Section):
         for path in spec.required_sections:
             if _section_at(self, path) is None:
                 raise ValueError(f"task.type {spec.name} needs a {path} section")
+        fusion = self.model.fusion
+        if spec.fusions is not None and fusion not in spec.fusions:
+            raise _KeyError(f"model.fusion: task.type {spec.name} takes {' | '.join(spec.fusions)}, not {fusion!r}"
+                            f"{_suggest(fusion, spec.fusions)}")
+        if spec.fusions is None and fusion != "none":
+            _check_fusion_name(fusion, "model.fusion")
         spec.check_config(self)
         return self
 
@@ -370,12 +386,20 @@ def _backbone_names() -> list[str]:
     return polyfuse.nn.backbones.available()
 
 
-def _check_fusion_name(name: str, where: str) -> None:
+def _task_fusions() -> set[str]:
+    """The fusion names that task types declare beyond polyfuse.nn's modules."""
+    return {name for spec in task_specs() for name in (spec.fusions or ())}
+
+
+def _check_fusion_name(name: str, where: str, also: Sequence[str] = ()) -> None:
+    """``name`` is a fusion module of polyfuse.nn (or one of ``also``: task types' own fusions)."""
     import polyfuse.nn
 
     known = polyfuse.nn.available()
     if name not in known:
-        raise _KeyError(f"{where}: unknown fusion module {name!r}{_suggest(name, known)}; known: {', '.join(known)}")
+        others = f"; task types' own: {', '.join(also)}" if also else ""
+        raise _KeyError(f"{where}: unknown fusion module {name!r}{_suggest(name, [*known, *also])}; "
+                        f"known: {', '.join(known)}{others}")
 
 
 _NOT_OPTIONS = ("self", "input_dims", "out_dim")

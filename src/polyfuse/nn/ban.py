@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -107,16 +107,11 @@ class GlimpseLinears(nn.Module):
     Parameters: ``weight_g`` (G, 1, 1) (the shape torch's weight norm gives the gain over
     dim 0), ``weight_v`` (G, out, in), ``bias`` (G, out); ``layers[g]`` is glimpse g's weight
     and bias (callable).
-
-    State dicts of the former layout, one weight-normalised :class:`torch.nn.Linear` per
-    glimpse (``<g>.parametrizations.weight.original0``, ``...original1``, ``<g>.bias``), load
-    as they are.
     """
 
     def __init__(self, glimpses: int, in_features: int, out_features: int) -> None:
         super().__init__()
-        # nn.Linear's initialisation glimpse after glimpse (the random draws of the former
-        # layout, so a seed gives the same model), and g = ||v||_F as weight_norm sets it.
+        # nn.Linear's initialisation, glimpse after glimpse, and g = ||v||_F as weight_norm sets it.
         layers = [nn.Linear(in_features, out_features) for _ in range(glimpses)]
         direction = torch.stack([layer.weight.detach() for layer in layers])
         self.weight_g = nn.Parameter(torch.linalg.vector_norm(direction, dim=(1, 2), keepdim=True))
@@ -150,29 +145,9 @@ class GlimpseLinears(nn.Module):
     def __getitem__(self, glimpse: int) -> _Glimpse:
         return _Glimpse(self.weight[glimpse], self.bias[glimpse])
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        _stack_glimpse_layers(state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args)
-
     def extra_repr(self) -> str:
         glimpses, out_features, in_features = self.weight_v.shape
         return f"glimpses={glimpses}, in_features={in_features}, out_features={out_features}"
-
-
-def _stack_glimpse_layers(state: dict[str, Any], prefix: str) -> None:
-    """Replace the per-glimpse keys of the former layout under ``prefix`` by the stacked ones."""
-    names = {"weight_g": "parametrizations.weight.original0",
-             "weight_v": "parametrizations.weight.original1", "bias": "bias"}
-    glimpses = 0
-    while all(f"{prefix}{glimpses}.{old}" in state for old in names.values()):
-        glimpses += 1
-    if glimpses == 0:  # the stacked layout, or keys that load_state_dict will report
-        return
-    for new, old in names.items():
-        values = [state.pop(f"{prefix}{glimpse}.{old}") for glimpse in range(glimpses)]
-        if new == "weight_g":
-            values = [value.reshape(1, 1) for value in values]  # a scalar gain per glimpse
-        state[prefix + new] = torch.stack(values)
 
 
 @register("ban")

@@ -75,8 +75,9 @@ class MultiLinearAttentionLayer(nn.Module):
         self.hidden_dim = hidden_dim
         # U'_j (values, hidden_dim rows) and U''_j (attention features, G K' rows) of each
         # modality as one linear map, so that a forward projects each modality once.
-        # Initialised as two separate maps drawn in the order of earlier polyfuse
-        # versions, so that a seed gives the same model as before.
+        # Drawn as every modality's value map, then every modality's feature map, and
+        # joined: the order the seeds of docs/RESULTS.md's MAN rows drew them in, so that
+        # those rows reproduce (one joint nn.Linear has the same distribution, other draws).
         values = [nn.Linear(d, hidden_dim) for d in input_dims]
         features = [nn.Linear(d, heads * attention_dim) for d in input_dims]
         self.projections = nn.ModuleList()
@@ -86,7 +87,6 @@ class MultiLinearAttentionLayer(nn.Module):
                 joint.weight.copy_(torch.cat([value_map.weight, feature_map.weight]))
                 joint.bias.copy_(torch.cat([value_map.bias, feature_map.bias]))
             self.projections.append(joint)
-        self._register_load_state_dict_pre_hook(_join_old_projections)
         pooling = torch.stack([torch.eye(self.head_dim)] * heads)  # P, one per head
         self.pooling = nn.Parameter(pooling + 0.01 * torch.randn(pooling.shape, generator=generator))
         self.register_buffer(
@@ -162,18 +162,6 @@ def _mix(seed: int, count: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
     return (x ^ (x >> 31)) & 0xFFFFFFFF
-
-
-def _join_old_projections(state_dict: dict, prefix: str, *args: object) -> None:
-    """Load a layer saved before U'_j and U''_j became one map: its
-    ``value_projections.j`` and ``feature_projections.j`` become ``projections.j``."""
-    for key in [k for k in state_dict if k.startswith(prefix + "value_projections.")]:
-        index, name = key[len(prefix + "value_projections."):].split(".", 1)
-        feature_key = f"{prefix}feature_projections.{index}.{name}"
-        if feature_key in state_dict:
-            state_dict[f"{prefix}projections.{index}.{name}"] = torch.cat(
-                [state_dict.pop(key), state_dict.pop(feature_key)]
-            )
 
 
 @register("man")
@@ -347,9 +335,8 @@ class MAN(FusionModule):
 
     def _load_draws(self, state_dict: dict, prefix: str, *args: object) -> None:
         key = prefix + "draws"
-        if key not in state_dict:  # saved before per-step draws existed: none made
-            state_dict[key] = torch.zeros((), dtype=torch.long)
-        self._draws = int(state_dict[key])
+        if key in state_dict:  # a state dict without it is refused by load_state_dict (strict)
+            self._draws = int(state_dict[key])
 
     @torch.no_grad()
     def _draw_for_this_step(self) -> None:

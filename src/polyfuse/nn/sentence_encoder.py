@@ -131,11 +131,6 @@ class StaticWordEncoder(nn.Module):
 
     def __init__(self, words: Sequence[str], vectors: Tensor | None = None, *, trainable: bool = False) -> None:
         super().__init__()
-        if isinstance(words, (str, Path)):  # the constructor before 0.3.0 read a file
-            raise ValueError(
-                f"StaticWordEncoder takes words and vectors, got the path {str(words)!r}: "
-                "read a file with StaticWordEncoder.from_file(path)"
-            )
         words = list(words)
         if not words or not all(isinstance(word, str) for word in words):
             raise ValueError("StaticWordEncoder: words must be a non-empty list of strings")

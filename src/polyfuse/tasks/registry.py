@@ -34,6 +34,7 @@ __all__ = [
     "TaskSpec",
     "attention_task_types",
     "available_tasks",
+    "ranking_task_types",
     "register_task",
     "task_spec",
     "task_specs",
@@ -73,6 +74,9 @@ class TaskSpec:
         prediction_suffix: the file type ``predict --out`` writes (``.csv`` or ``.json``).
         predict_options: the task's own options of ``polyfuse predict`` and their
             defaults (VQA: ``images``, ``top_k``); another task refuses them.
+        evaluate_options: the task's own options of ``polyfuse evaluate`` and their
+            defaults (retrieval, Chimera: ``shuffle_words``), handed to
+            :meth:`checkpoint_data`; another task refuses them.
         figure_options: the task's own options of ``polyfuse plot attention`` (VQA:
             ``question_ids``, ``images``); another task refuses them.
         reads_own_files: True when a checkpoint reads the files of its configuration
@@ -90,6 +94,8 @@ class TaskSpec:
     default_monitor: ClassVar[tuple[str, str]] = ("val/loss", "min")
     prediction_suffix: ClassVar[str] = ".csv"
     predict_options: ClassVar[dict[str, Any]] = {}
+    evaluate_options: ClassVar[dict[str, Any]] = {}
+    fusions: ClassVar[tuple[str, ...] | None] = None
     figure_options: ClassVar[tuple[str, ...]] = ()
     reads_own_files: ClassVar[bool] = False
     path_keys: ClassVar[tuple[str, ...]] = ()
@@ -99,11 +105,6 @@ class TaskSpec:
     def check_config(self, config: Any) -> None:
         """Rules across sections of a validated ``RunConfig`` (raise ValueError naming the
         keys); the engine has already checked ``sections`` and ``required_sections``."""
-
-    def data_files(self, config: Mapping[str, Any]) -> list[Path]:
-        """Every file a run of ``config`` reads (hashed, so that a resumed run refuses
-        changed data)."""
-        return []
 
     # -- training ------------------------------------------------------------------
     def build_data(self, config: Mapping[str, Any]) -> TaskData:
@@ -184,6 +185,16 @@ class TaskSpec:
         raise ValueError(f"a {self.name} checkpoint has no attention figure; plot attention draws those of "
                          f"{', '.join(attention_task_types())}")
 
+    def ranking_figure(self, module: L.LightningModule, extras: Mapping[str, Any], out: Path, *, split: str,
+                       query: str | None, caption: int | None, top: int, clips: str | None) -> tuple[list[Path], list[str]]:
+        """``polyfuse plot ranking``: the ``top`` items of ``split`` for one free-text
+        ``query`` or for the ``caption``-th caption of the split (its own item marked),
+        drawn to ``out`` (``clips``: a folder of the items' media); returns the files and
+        the lines that say the ranking. The default refuses in one line, naming the task
+        types that have the figure."""
+        raise ValueError(f"a {self.name} checkpoint has no ranking figure; plot ranking draws those of "
+                         f"{', '.join(ranking_task_types())}")
+
     # -- comparison ----------------------------------------------------------------
     def baselines(self, config: Mapping[str, Any], statistics: Sequence[str] = ("median", "mean")) -> dict[str, dict[str, float]]:
         """Test metrics of trivial predictors (``statistics``: the constant predictions of
@@ -220,6 +231,12 @@ def attention_task_types() -> list[str]:
     """The registered task types whose spec draws an attention figure."""
     return [name for name, spec in _SPECS.items()
             if type(spec).attention_figures is not TaskSpec.attention_figures]
+
+
+def ranking_task_types() -> list[str]:
+    """The registered task types whose spec draws a ranking figure."""
+    return [name for name, spec in _SPECS.items()
+            if type(spec).ranking_figure is not TaskSpec.ranking_figure]
 
 
 def task_specs() -> list[TaskSpec]:

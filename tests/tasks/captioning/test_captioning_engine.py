@@ -9,48 +9,16 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from tests.helpers.runs import best_epoch_of_log
+from tests.tiny.captioning import captioning_config_file, write_captioning_data
 
 from polyfuse.cli.main import main
 from polyfuse.metrics.captioning import caption_metrics
 
-WORDS = ["dog", "cat", "car", "man"]
-
-
-def _write_data(folder: Path, videos: int = 12) -> None:
-    rng = np.random.default_rng(0)
-    ids = [f"vid{i:02d}" for i in range(videos)]
-    kind = {v: i % len(WORDS) for i, v in enumerate(ids)}
-    appearance = {v: (rng.normal(size=(5, 6)) + kind[v]).astype(np.float32) for v in ids}
-    np.savez(folder / "appearance.npz", **appearance)
-    motion = rng.normal(size=(videos, 4, 3)).astype(np.float16)
-    np.savez(folder / "motion.npz", video_ids=np.array(ids), flow=motion)
-    captions = {v: [f"A {WORDS[kind[v]]} is here.", f"the {WORDS[kind[v]]} moves"] for v in ids}
-    (folder / "captions.json").write_text(json.dumps(captions))
-    (folder / "splits.json").write_text(json.dumps({"train": ids[:8], "val": ids[8:10], "test": ids[10:]}))
-
-
-def _config(folder: Path, **captioning) -> Path:
-    config = {
-        "name": "cap",
-        "task": {"type": "captioning", "label_smoothing": 0.1},
-        "data": {"batch_size": 8, "eval_batch_size": 4},
-        "captioning": {"features": {"appearance": "appearance.npz", "motion": "motion.npz#flow"},
-                       "captions": "captions.json", "splits": "splits.json", "min_count": 1,
-                       "beam_size": 2, "max_length": 6, "meteor": False, **captioning},
-        "decoder": {"variant": "L-HOCA-UBT", "feature_dim": 8, "embed_dim": 8, "hidden_dim": 12,
-                    "attention_dim": 4, "dropout": 0.0},
-        "optim": {"lr": 0.01},
-        "trainer": {"max_epochs": 2, "patience": 0, "accelerator": "cpu", "progress_bar": False,
-                    "quiet": True, "num_threads": 1},
-    }
-    path = folder / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
 
 def test_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _write_data(tmp_path)
-    config = _config(tmp_path)
+    write_captioning_data(tmp_path)
+    config = captioning_config_file(tmp_path)
     run = tmp_path / "run"
     assert main(["train", "--config", str(config), "--out", str(run)]) == 0
     results = json.loads((run / "results.json").read_text())
@@ -63,8 +31,6 @@ def test_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert results["test"][key] == pytest.approx(expected[key], abs=1e-6)
     assert results["vocabulary"] == 4 + 4 + 5  # specials, the 4 nouns, a is here the moves
     # the best checkpoint's epoch is the one of the log's best validation monitor (issue 28)
-    from tests.cli.test_cli_vqa_use import best_epoch_of_log
-
     assert results["best_epoch"] == best_epoch_of_log(run, results["monitor"], results["mode"], results["epochs"])
     assert f"(epoch {results['best_epoch']} of {results['epochs']} trained, " in capsys.readouterr().out
     checkpoint = run / results["best_checkpoint"]
@@ -94,17 +60,17 @@ def test_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_missing_features_error_or_skip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _write_data(tmp_path)
+    write_captioning_data(tmp_path)
     splits = json.loads((tmp_path / "splits.json").read_text())
     splits["train"].append("ghost")
     captions = json.loads((tmp_path / "captions.json").read_text())
     captions["ghost"] = ["a ghost"]
     (tmp_path / "splits.json").write_text(json.dumps(splits))
     (tmp_path / "captions.json").write_text(json.dumps(captions))
-    assert main(["train", "--config", str(_config(tmp_path)), "--out", str(tmp_path / "a")]) == 2
+    assert main(["train", "--config", str(captioning_config_file(tmp_path)), "--out", str(tmp_path / "a")]) == 2
     error = capsys.readouterr().err
     assert "video 'ghost' of the train split" in error and "appearance" in error and "missing_features: skip" in error
-    config = _config(tmp_path, missing_features="skip")
+    config = captioning_config_file(tmp_path, missing_features="skip")
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "b"), "--set", "trainer.max_epochs=1"]) == 0
     said = "captioning: skipped videos without captions or features: 1 of train"
     assert f"polyfuse train: warning: {said}\n" in capsys.readouterr().err  # one line (polyfuse.cli.main)
@@ -112,8 +78,8 @@ def test_missing_features_error_or_skip(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_compare_variants(tmp_path: Path) -> None:
-    _write_data(tmp_path)
-    config = _config(tmp_path)
+    write_captioning_data(tmp_path)
+    config = captioning_config_file(tmp_path)
     variants = []
     for name in ("mean-pool", "HOCA-UB"):
         path = tmp_path / f"{name}.yaml"
@@ -133,39 +99,12 @@ def test_trains_in_bf16_mixed(tmp_path: Path, training_witness) -> None:
     beam search (its log-softmax in float32) for the validation and test captions."""
     from polyfuse.engine import load_config, train
 
-    _write_data(tmp_path)
-    config = load_config(_config(tmp_path))
+    write_captioning_data(tmp_path)
+    config = load_config(captioning_config_file(tmp_path))
     config["trainer"].update(max_epochs=3, precision="bf16-mixed")
     result = train(config, run_dir=tmp_path / "run", callbacks=[training_witness])
     training_witness.assert_trained()
     assert all(np.isfinite(value) for value in result.test.values())
-
-
-def test_a_checkpoint_from_before_the_bilstm_encoder_still_loads(tmp_path: Path, caplog) -> None:
-    """A 0.2.0 checkpoint (tanh(linear) encoders, no decoder.encoder key) is built with the
-    linear encoder it was trained with, and the changed defaults are named in warnings."""
-    import logging
-
-    from polyfuse.engine.checkpoints import read_checkpoint, write_checkpoint
-    from polyfuse.engine.run import evaluate as evaluate_captioning
-
-    _write_data(tmp_path)
-    run = tmp_path / "run"
-    assert main(["train", "--config", str(_config(tmp_path)), "--out", str(run), "--set", "trainer.max_epochs=1",
-                 "--set", "decoder.encoder=linear"]) == 0
-    new = run / json.loads((run / "results.json").read_text())["best_checkpoint"]
-    checkpoint = read_checkpoint(new)
-    assert "model.encoders.0.0.weight" in checkpoint["state_dict"]
-    config = checkpoint["polyfuse"]["config"]
-    del config["decoder"]["encoder"], config["captioning"]["allow_unknown"]
-    config["polyfuse_version"] = "0.2.0"
-    old = tmp_path / "old.safetensors"
-    write_checkpoint(checkpoint, old)
-    with caplog.at_level(logging.WARNING, logger="polyfuse.engine.compat"):
-        scores = evaluate_captioning(old)
-    keys = sorted(r.getMessage().split("default of ")[1].split(",")[0] for r in caplog.records)
-    assert keys == ["captioning.allow_unknown", "decoder.encoder"]
-    assert scores == pytest.approx(evaluate_captioning(new), abs=1e-9)
 
 
 def test_word_vectors_initialise_the_embedding_and_the_reference_oov_is_counted(tmp_path: Path) -> None:
@@ -176,9 +115,9 @@ def test_word_vectors_initialise_the_embedding_and_the_reference_oov_is_counted(
         initialise_word_embeddings,
     )
 
-    _write_data(tmp_path)
+    write_captioning_data(tmp_path)
     (tmp_path / "vectors.txt").write_text("dog " + " ".join(["0.5"] * 8) + "\nman " + " ".join(["-1"] * 8) + "\n")
-    config = _config(tmp_path)
+    config = captioning_config_file(tmp_path)
     content = yaml.safe_load(config.read_text())
     content["decoder"].update(word_vectors="glove", word_vectors_file="vectors.txt")  # relative to the file
     config.write_text(yaml.safe_dump(content))

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tests.engine.test_engine_ddp import free_port
-from tests.tasks.captioning.test_captioning_engine import _config, _write_data
+from tests.helpers.ports import free_port
+from tests.tiny.captioning import captioning_config_file, write_captioning_data
 
 from polyfuse.cli.main import EXIT_INTERRUPTED
 from polyfuse.engine import load_config, read_checkpoint, resolve_config, seed_everything, train
@@ -89,8 +89,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The data, a 2-process run ``two`` (its processes' records in ``two-records``) and a
     1-process run ``one`` of the same configuration."""
     folder = tmp_path_factory.mktemp("ddp_captioning")
-    _write_data(folder, videos=14)  # 8 training videos (16 pairs), 2 validation (4 pairs), 4 test
-    path = _config(folder)
+    write_captioning_data(folder, videos=14)  # 8 training videos (16 pairs), 2 validation (4 pairs), 4 test
+    path = captioning_config_file(folder)
     config = yaml.safe_load(path.read_text())
     config["data"] = {"batch_size": 5, "eval_batch_size": 3}
     config["optim"]["lr"], config["trainer"]["max_epochs"] = 0.05, 3  # captions that differ between videos
@@ -169,8 +169,8 @@ def test_the_shares_of_a_global_batch_give_its_loss_and_gradient(tmp_path: Path)
     from polyfuse.nn.decoding import caption_cross_entropy
     from polyfuse.tasks.captioning.data import share_of
 
-    _write_data(tmp_path)
-    resolved = resolve_config(load_config(_config(tmp_path)))
+    write_captioning_data(tmp_path)
+    resolved = resolve_config(load_config(captioning_config_file(tmp_path)))
     spec = task_spec("captioning")
     data = spec.build_data(resolved)
     task = spec.build_module(resolved, data).double()

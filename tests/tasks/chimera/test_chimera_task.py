@@ -2,51 +2,20 @@
 (nothing downloads): Table 4's masked training with L_T, whole-split scores against a
 pair-by-pair oracle, the held-out L_T. Resume, evaluate and predict: tests/tasks/test_task_contract.py."""
 
-import json
-
 import lightning as L
-import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
+from tests.tiny.chimera import write_corpus_files, write_tiny_bert
 
 from polyfuse.engine.checkpoints import SafetensorsCheckpointIO
 from polyfuse.tasks.chimera.spec import ABLATION_ROWS, ChimeraConfig
 from polyfuse.tasks.registry import task_spec
 
-WORDS = ["dog", "cat", "car", "man", "runs", "sits", "a"]
-
-
-def write_tiny_bert(folder):
-    """A 1-layer BERT of hidden size 8 over :data:`WORDS`, saved as a MiniLM folder."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    vocabulary = {word: i for i, word in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
-    BertTokenizerFast(vocab=vocabulary).save_pretrained(folder)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=12, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=16)
-    BertModel(config).save_pretrained(folder)
-    return folder
-
 
 @pytest.fixture(scope="module")
 def encoder_folder(tmp_path_factory):
     return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
-
-
-def write_corpus_files(folder):
-    """12 videos of one expert ('app'), two captions each, split 8 / 2 / 2; the ``chimera`` section's keys."""
-    g = np.random.default_rng(1)
-    ids = [f"v{i}" for i in range(12)]
-    np.savez(folder / "app.npz", video_ids=np.array(ids), features=g.standard_normal((12, 5, 6)).astype("float32"))
-    captions = {v: [f"a {WORDS[(i + k) % 4]} {WORDS[4 + i % 2]} {WORDS[(i + 1) % 4]}" for k in range(2)]
-                for i, v in enumerate(ids)}
-    (folder / "captions.json").write_text(json.dumps(captions))
-    for name, part in (("train", ids[:8]), ("val", ids[8:10]), ("test", ids[10:])):
-        (folder / f"{name}.txt").write_text("\n".join(part) + "\n")
-    return {"experts": {"app": str(folder / "app.npz")}, "captions": str(folder / "captions.json"),
-            "splits": {n: str(folder / f"{n}.txt") for n in ("train", "val", "test")}}
 
 
 def _config(tmp_path, encoder_folder, **section):

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tests.tasks.test_task_contract import _chimera, _retrieval
+from tests.tiny.chimera import chimera_config as _chimera
+from tests.tiny.retrieval import retrieval_config as _retrieval
 
 from polyfuse.engine import read_checkpoint, train
 

@@ -30,7 +30,7 @@ def _validate(config: dict) -> None:
 
 def test_there_are_shipped_configs():
     names = {p.parent.name + "/" + p.stem for p in CONFIGS}
-    assert {"retrieval/mean", "retrieval/man", "retrieval/mean+man", "retrieval/gating+man"} <= names
+    assert {f"retrieval/{f}" for f in ("mean", "man", "concat", "gating", "mean+man", "gating+man")} <= names
     assert {f"chimera/{row}" for row in ABLATION_ROWS} <= names  # every row of Table 4 (and noLT)
 
 

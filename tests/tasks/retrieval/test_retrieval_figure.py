@@ -1,5 +1,5 @@
-"""`polyfuse retrieval figure`: the ranking of one query against scores computed video by
-video, stable ties, and thumbnails that show each ranked clip's own frame."""
+"""The ranking figure (`polyfuse plot ranking`): the ranking of one query against scores
+computed video by video, stable ties, and thumbnails that show each ranked clip's own frame."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,8 @@ import torch
 
 from polyfuse.data.formats.experts import RetrievalCorpus, load_expert
 from polyfuse.nn.models.retrieval import RetrievalModel
-from polyfuse.tasks.retrieval.figure import draw_ranking, rank_videos
+from polyfuse.tasks.ranking.figure import RankedVideo, draw_ranking, rank_by_scores
+from polyfuse.tasks.retrieval.figure import video_scores
 
 IDS = ["a", "b", "c", "d"]
 
@@ -37,25 +38,24 @@ def test_ranking_matches_scores_computed_video_by_video(tmp_path):
             present = torch.stack([part.experts[n].present[i : i + 1] for n in ("x", "y")], dim=1)
             scores[video] = float(text @ model.embed_videos(features, masks, present)[0])
     expected = sorted(IDS, key=lambda v: (-round(scores[v], 5), IDS.index(v)))  # ties: corpus order
-    ranking = rank_videos(model, part, query, 3, correct_id="b")
+    scored = video_scores(model, part, query)
+    ranking = rank_by_scores(scored, part.video_ids, correct_id="b")[:3]
     assert [r.video_id for r in ranking] == expected[:3]
     assert [r.rank for r in ranking] == [1, 2, 3]
     for ranked in ranking:
         assert ranked.score == pytest.approx(scores[ranked.video_id], abs=1e-5)
         assert ranked.correct == (ranked.video_id == "b")
     assert IDS.index("a") < IDS.index("d") and scores["a"] == pytest.approx(scores["d"])
-    full = [r.video_id for r in rank_videos(model, part, query, 10)]
+    full = [r.video_id for r in rank_by_scores(scored, part.video_ids)]
     assert len(full) == 4 and full.index("a") < full.index("d")  # the tie keeps the corpus order
-    assert all(r.correct is None for r in rank_videos(model, part, query, 2))
-    with pytest.raises(ValueError, match="top must be at least 1"):
-        rank_videos(model, part, query, 0)
+    assert all(r.correct is None for r in rank_by_scores(scored, part.video_ids))
+    with pytest.raises(ValueError, match=r"\(4,\) scores for 3 videos"):
+        rank_by_scores(scored, part.video_ids[:3])
 
 
 def test_thumbnails_show_each_ranked_clip(tmp_path):
     av = pytest.importorskip("av")
     import matplotlib.image
-
-    from polyfuse.tasks.retrieval.figure import RankedVideo
 
     colours = {"a": (255, 0, 0), "b": (0, 0, 255)}
     clips = {}

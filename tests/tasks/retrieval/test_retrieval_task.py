@@ -13,12 +13,12 @@ from polyfuse.tasks.registry import task_spec
 from polyfuse.tasks.retrieval.spec import RetrievalConfig
 
 
-def _config(tmp_path, **section):
-    section = {"source": "synthetic:videos=100,steps=4", "text": "bow", "fusion": "man", "embed_dim": 8,
+def _config(tmp_path, fusion="man", **section):
+    section = {"source": "synthetic:videos=100,steps=4", "text": "bow", "embed_dim": 8,
                "hidden_dim": 8, **section}
     return {"seed": 3, "output_dir": str(tmp_path / "runs"), "retrieval": RetrievalConfig(**section).model_dump(),
             "data": {"batch_size": 16, "eval_batch_size": 7}, "optim": {"lr": 1e-2, "weight_decay": 1e-4},
-            "model": {"options": {}}}
+            "model": {"fusion": fusion, "options": {}}}
 
 
 def _trainer(tmp_path, epochs, **options):
@@ -29,12 +29,25 @@ def _trainer(tmp_path, epochs, **options):
 def test_the_section_refuses_unknown_keys_and_inconsistent_settings():
     with pytest.raises(ValidationError, match="embed_dims"):
         RetrievalConfig(source="x", embed_dims=3)
-    with pytest.raises(ValidationError, match="man_lr applies to MAN as a branch"):
-        RetrievalConfig(source="x", fusion="man", man_lr=1e-4)
     with pytest.raises(ValidationError, match="either source"):
         RetrievalConfig()
-    with pytest.raises(ValidationError, match="fusion"):
-        RetrievalConfig(source="x", fusion="tfn")
+    with pytest.raises(ValidationError, match="fusion"):  # the fusion is model.fusion, not the section's
+        RetrievalConfig(source="x", fusion="man")
+
+
+@pytest.mark.parametrize(("model", "section", "message"), [
+    ({"fusion": "man"}, {"man_lr": 1e-4}, "retrieval.man_lr applies to MAN as a branch"),
+    ({"fusion": "gating"}, {"man_zero_init": True}, r"man_zero_init applies to model.fusion mean\+man only"),
+    ({"fusion": "tfn"}, {}, r"model.fusion: task.type retrieval takes man \| concat \| mean \| gating"),
+    ({"fusion": "mean+mann"}, {}, r"did you mean 'mean\+man'"),
+])
+def test_model_fusion_takes_the_video_fusions_and_their_rules(model, section, message):
+    from polyfuse.engine.config import resolve_config
+
+    config = {"task": {"type": "retrieval"}, "retrieval": {"source": "synthetic:videos=20", **section}, "model": model}
+    with pytest.raises(ValueError, match=message):
+        resolve_config(config)
+    resolve_config({**config, "model": {"fusion": "gating+man"}, "retrieval": {"source": "x", "man_lr": 1e-4}})
 
 
 def test_batches_are_distinct_videos_with_one_of_their_captions_and_follow_the_epoch():

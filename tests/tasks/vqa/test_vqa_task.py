@@ -1,28 +1,27 @@
-"""The VQA candidate table by hand, and the image-disjoint validation split (VQAScore
-against the official string-level accuracy: tests/metrics/test_vqa_metric.py)."""
+"""Task type ``vqa`` (polyfuse.tasks.vqa): the candidate table by hand, the image-disjoint
+validation split, the optimiser's schedule, the loss, the features' PCA, and the
+``data.vqa`` options' effect on the vocabulary and targets (VQAScore against the official
+string-level accuracy: tests/metrics/test_vqa_metric.py)."""
 
 from __future__ import annotations
 
-import random
-
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+import yaml
+from tests.tiny.vqa import VOCABULARY, random_questions, write_vqa_folder
 
-from polyfuse.data.formats.vqa import VQAQuestion
-from polyfuse.tasks.vqa.data import answer_table, split_by_image
-
-VOCABULARY = ["yes", "no", "2", "3", "red", "blue"]
-POOL = ["yes", "no", "two", "2", "3", "three", "red", "Red.", "blue", "green", "a dog"]
-
-
-def _questions(count: int, seed: int) -> list[VQAQuestion]:
-    rng = random.Random(seed)
-    questions = []
-    for i in range(count):
-        answers = tuple(rng.choice(POOL) for _ in range(10))
-        kind = rng.choice(["yes/no", "number", "other"])
-        questions.append(VQAQuestion(i, i // 3, f"question {i}", answers, kind, kind))
-    return questions
+from polyfuse.data.formats.vqa import UNKNOWN_WORD, VQAQuestion
+from polyfuse.engine.config import resolve_config
+from polyfuse.tasks.vqa.data import (
+    answer_table,
+    build_vqa_data,
+    fit_pca,
+    project_features,
+    split_by_image,
+)
+from polyfuse.tasks.vqa.spec import vqa_loss
 
 
 def test_answer_table_by_hand():
@@ -36,7 +35,7 @@ def test_answer_table_by_hand():
 
 
 def test_validation_holds_whole_images():
-    questions = _questions(90, seed=2)  # 30 images, 3 questions each
+    questions = random_questions(90, seed=2)  # 30 images, 3 questions each
     train, valid = split_by_image(questions, 0.2, seed=5)
     assert len({q.image_id for q in valid}) == 6
     assert not {q.image_id for q in train} & {q.image_id for q in valid}
@@ -94,3 +93,50 @@ def test_adamax_with_ban_vqa_warmup_and_decay():
     assert paper_lrs[12] == pytest.approx(2.5e-4)
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'; expected one of adamw, adamax"):
         VQATask(model, type_names=["other"], optimizer="sgd")
+
+
+def test_vqa_loss_is_bce_summed_over_answers():
+    logits = torch.tensor([[0.0, 2.0], [-1.0, 1.0]])
+    targets = torch.tensor([[1.0, 1 / 3], [0.0, 1.0]])
+    expected = 0.0
+    for row in range(2):
+        for column in range(2):
+            p = 1 / (1 + np.exp(-logits[row, column].item()))
+            t = targets[row, column].item()
+            expected -= t * np.log(p) + (1 - t) * np.log(1 - p)
+    assert vqa_loss(logits, targets).item() == pytest.approx(expected / 2, rel=1e-6)
+    assert F.binary_cross_entropy_with_logits(logits, targets).item() != pytest.approx(expected / 2)
+
+
+def test_pca_matches_covariance_eigenvectors():
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(50, 3, 6, generator=generator, dtype=torch.float64) * torch.tensor(
+        [5.0, 3.0, 1.0, 0.5, 0.2, 0.1], dtype=torch.float64
+    )
+    features[0, 2] = 0.0  # a padding row: left out of the fit, stays zero
+    mean, directions = fit_pca(features, 2)
+    rows = features.reshape(-1, 6).numpy()
+    rows = rows[np.abs(rows).sum(axis=1) != 0]
+    values, vectors = np.linalg.eigh(np.cov(rows, rowvar=False))
+    top = vectors[:, ::-1][:, :2]
+    np.testing.assert_allclose(np.abs(top.T @ directions.numpy()), np.eye(2), atol=1e-8)
+    projected = project_features(features, mean, directions)
+    assert projected[0, 2].abs().sum() == 0
+    real = projected.reshape(-1, 2)[torch.from_numpy(np.abs(features.reshape(-1, 6).numpy()).sum(1) != 0)]
+    np.testing.assert_allclose(real.var(dim=0).numpy(), values[::-1][:2], rtol=1e-8)
+
+
+def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
+    # every question: its answer given by 9 humans, "green" by 1 (the multiple-choice
+    # answer of no question)
+    config = yaml.safe_load((write_vqa_folder(tmp_path, 8, 4) / "vqa.yaml").read_text())
+    data = build_vqa_data(resolve_config(config), partitions=("train",))
+    assert "green" not in data.answers and data.words[-1] == UNKNOWN_WORD
+    assert sorted(set(data.partitions["train"].targets.flatten().tolist())) == [0.0, 1.0]
+    config["data"]["vqa"].update(answer_count="all_answers", soft_score="min_third")
+    data = build_vqa_data(resolve_config(config), partitions=("train",))
+    green = data.partitions["train"].targets[:, data.answers.index("green")]
+    assert torch.equal(green, torch.full_like(green, 1 / 3))
+    config["data"]["vqa"]["soft_score"] = "ban_vqa"
+    green = build_vqa_data(resolve_config(config), partitions=("train",)).partitions["train"].targets[:, -1]
+    assert data.answers[-1] == "green" and torch.equal(green, torch.full_like(green, 0.3))

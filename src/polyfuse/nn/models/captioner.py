@@ -35,7 +35,7 @@ class VideoCaptioner(nn.Module):
             feed the raw features.
         encoder: ``"bilstm"`` (HOCA section 3.1: a bidirectional LSTM per modality over
             its real steps, both directions concatenated) or ``"linear"``
-            (``tanh(linear)`` per step, the layout of checkpoints before 0.3.0).
+            (``tanh(linear)`` per step, a lighter encoder: the ablation of docs/RESULTS.md).
         embed_dim, hidden_dim, attention_dim, rank, combination, dropout: see
             :class:`~polyfuse.nn.decoding.CaptionDecoder`.
     """

@@ -94,8 +94,6 @@ class CollaborativeGating(nn.Module):
     section 3). ``g`` (:attr:`pair_relation`, the relation of expert i to expert j) and
     ``h`` (:attr:`attention`, the summed relations to the attention vector T_i):
     two-layer MLPs (Linear(2D or D, D), ReLU, Linear(D, D)).
-
-    State dicts of the layout before the MLPs were named (``g.*``, ``h.*``) load too.
     """
 
     def __init__(self, expert_dims: Sequence[int], embed_dim: int) -> None:
@@ -108,7 +106,6 @@ class CollaborativeGating(nn.Module):
             nn.Linear(embed_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim)
         )
         self.units = nn.ModuleList(GatedEmbeddingUnit(embed_dim, embed_dim) for _ in expert_dims)
-        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     def forward(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
         phi = torch.stack(
@@ -122,19 +119,6 @@ class CollaborativeGating(nn.Module):
         gated = phi * torch.sigmoid(attention)
         embedded = torch.stack([unit(gated[:, i]) for i, unit in enumerate(self.units)], dim=1)  # (B, m, D)
         return (embedded * present.unsqueeze(-1).to(embedded.dtype)).flatten(1)
-
-
-#: :class:`CollaborativeGating`'s old attribute names (the paper's symbols) -> its names now
-_OLD_GATING_NAMES = (("g.", "pair_relation."), ("h.", "attention."))
-
-
-def _rename_old_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
-    """Load-state-dict pre-hook of :class:`CollaborativeGating`: keys of the layout
-    before the MLPs were named (``g.*``, ``h.*``) under their new names, so that old checkpoints load."""
-    for key in [k for k in state_dict if k.startswith(prefix)]:
-        for old, new in _OLD_GATING_NAMES:
-            if key.startswith(prefix + old):
-                state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
 
 
 class ExpertTextHead(nn.Module):

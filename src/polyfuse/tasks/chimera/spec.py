@@ -46,11 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import lightning as L
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor
-from torch.utils.data import DataLoader
 
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.functional.chimera_losses import chimera_objective, topic_matching_loss
@@ -60,28 +58,30 @@ from polyfuse.functional.chimera_word_losses import (
     word_region_matching_loss,
 )
 from polyfuse.functional.contrastive import max_margin_ranking_loss
-from polyfuse.metrics.retrieval import (
-    TextVideoRetrieval,
-    query_targets,
-    ranks_from_scores,
-    recall_sum,
-)
+from polyfuse.metrics.retrieval import TextVideoRetrieval
 from polyfuse.nn.models.chimera import ChimeraRetrievalModel
 from polyfuse.progress import Stopwatch, progress_bar, run_display, say
 from polyfuse.seeds import epoch_seed
+from polyfuse.sizes import MAX_SIZE
 from polyfuse.tasks.chimera.lm import encode_ids, lm_head_for, mask_batch, masked_batch, tokenized
 from polyfuse.tasks.ranking.data import (
     ONE_PROCESS,
     PARTS,
-    RetrievalDataModule,
     RetrievalSourceConfig,
     Shard,
     load_corpus,
-    shuffle_words,
 )
 from polyfuse.tasks.ranking.gather import gather_rows, gather_sum
-from polyfuse.tasks.ranking.groups import own_group, write_rank_records
-from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
+from polyfuse.tasks.ranking.groups import own_group
+from polyfuse.tasks.ranking.module import RankingTask
+from polyfuse.tasks.ranking.spec import (
+    SHUFFLED,
+    RankingSpec,
+    cache_dir_of,
+    ranking_data,
+    select_parts,
+)
+from polyfuse.tasks.registry import TaskData, register_task
 
 __all__ = [
     "ABLATION_ROWS", "HELD_OUT_CAPTIONS", "HELD_OUT_MASK_SEED", "TABLE4_ROWS", "ChimeraConfig", "ChimeraSpec",
@@ -105,7 +105,6 @@ ABLATION_ROWS: dict[str, dict[str, Any]] = {
     "Z20-af-N20-HLM-LD-noLT": {"topic_lm": False},
 }
 TABLE4_ROWS = list(ABLATION_ROWS)[:10]
-SPLITS = {"train": "train", "valid": "val", "val": "val", "test": "test"}
 
 
 class ChimeraConfig(RetrievalSourceConfig):
@@ -114,10 +113,10 @@ class ChimeraConfig(RetrievalSourceConfig):
     expert: str | None = Field(None, description="the video expert Chimera reads (null: the corpus's first, MSVD's vgg_appearance)")
     encoder_path: str | None = Field(
         None, description="a MiniLM-format folder (null: the packaged all-MiniLM-L6-v2); relative to the config file")
-    num_topics: Annotated[int, Field(ge=0)] = Field(20, description="Z, topics of each topic layer (0: no topic layers)")
+    num_topics: Annotated[int, Field(ge=0, le=MAX_SIZE)] = Field(20, description="Z, topics of each topic layer (0: no topic layers)")
     topic_variant: Literal["affine", "addition", "multiplication"] = Field("affine", description="topic transform (Eq. 5)")
     tlm: bool = Field(True, description="train L_TLM (topic matching, Eq. 10)")
-    hyperbolic_dim: Annotated[int, Field(ge=0)] = Field(20, description="N, the hyperbolic dimension (0: no hyperbolic layer)")
+    hyperbolic_dim: Annotated[int, Field(ge=0, le=MAX_SIZE)] = Field(20, description="N, the hyperbolic dimension (0: no hyperbolic layer)")
     hlm: bool = Field(True, description="train L_HLM (word-region matching, Eq. 11)")
     distortion: bool = Field(True, description="train L_D (distortion, Eq. 12)")
     topic_lm: bool = Field(True, description="train L_T (Eq. 3) where there are topic layers and masking")
@@ -206,7 +205,7 @@ def learned_scalars(model: ChimeraRetrievalModel) -> dict[str, float]:
     return out
 
 
-class ChimeraTask(L.LightningModule):
+class ChimeraTask(RankingTask):
     """Training and scoring of a :class:`~polyfuse.nn.models.chimera.ChimeraRetrievalModel`.
 
     ``switches``: the row's ``tlm``, ``hlm``, ``distortion``, ``topic_lm``. The frozen
@@ -227,7 +226,7 @@ class ChimeraTask(L.LightningModule):
         object.__setattr__(self, "lm_head", None)  # set by ChimeraSpec.prepare_module
         self.held_out: list[tuple[Tensor, ...]] | None = None  # fixed masked validation captions (held-out L_T)
         self._masks = torch.Generator().manual_seed(self.seed)
-        self._seen: dict[str, list] = {}
+        self.start_split()
 
     def on_train_epoch_start(self) -> None:
         self._masks = torch.Generator().manual_seed(epoch_seed(self.seed, self.current_epoch))
@@ -292,12 +291,13 @@ class ChimeraTask(L.LightningModule):
         # the same numbers on every process (synchronised weights, gathered scores): max keeps them exact
         self.log_dict({f"train/{k}": v for k, v in learned_scalars(self.model).items()}, sync_dist=True, reduce_fx="max")
 
-    # ---- scoring whole splits ------------------------------------------------------------
-    def _start(self) -> None:
+    # ---- ranking a split (polyfuse.tasks.ranking.module) -----------------------------------
+    def start_split(self, *, chance: bool = False, gather: bool = False) -> None:
+        self._chance, self._gather = chance, gather
         self._seen = {"tokens": [], "token_mask": [], "steps": [], "video_mask": [], "caption_videos": [],
                       "video_ids": [], "caption_rows": [], "caption_video": []}
 
-    def _collect(self, chunk: Mapping[str, Any]) -> None:
+    def add_chunk(self, chunk: Mapping[str, Any]) -> None:
         for key in self._seen:
             value = chunk[key]
             if isinstance(value, Tensor):
@@ -307,66 +307,41 @@ class ChimeraTask(L.LightningModule):
                 self._seen[key].extend(value)
 
     @torch.no_grad()
-    def _scores(self) -> Tensor:
+    def seen_scores(self) -> Tensor:
+        """(C, N) scores of the captions seen against the split's videos (every chunk holds them all)."""
         seen = self._seen
         with torch.autocast(device_type=self.device.type, enabled=False):
             text = self.model.texts(*_trim(torch.cat(seen["tokens"]).float(), torch.cat(seen["token_mask"])))
             videos = self.model.videos(torch.cat(seen["steps"]).float(), torch.cat(seen["video_mask"]))
             return self.model.score_matrix(text, videos).float()
 
-    def _metrics(self, *, chance: bool, gather: bool = True) -> dict[str, float]:
-        """The metrics of the captions seen against every video of the split (each chunk
-        holds all the videos); under DDP (``gather``) every process's score rows are
-        gathered first, so that every process ranks the whole split."""
-        metric = TextVideoRetrieval(chance=chance, sync_on_compute=gather)
+    def seen_ids(self, key: str) -> list[str]:
+        """The ids seen since :meth:`start_split`: ``caption_videos`` (each caption's video) or ``video_ids``."""
+        return list(self._seen[key])
+
+    def split_metrics(self) -> dict[str, float]:
+        """The metrics of the captions seen against every video of the split; under DDP
+        every process's score rows are gathered first."""
+        metric = TextVideoRetrieval(chance=self._chance, sync_on_compute=self._gather)
         metric.update(caption_rows=torch.cat(self._seen["caption_rows"]),
-                      caption_video=torch.cat(self._seen["caption_video"]), scores=self._scores())
-        values = metric.compute()
-        values["rsum"] = recall_sum(values)
-        return values
+                      caption_video=torch.cat(self._seen["caption_video"]), scores=self.seen_scores())
+        return metric.compute()
 
-    def on_validation_epoch_start(self) -> None:
-        self._start()
-
-    def validation_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self._collect(batch)
-
-    def on_validation_epoch_end(self) -> None:
-        metrics = self._metrics(chance=False)
-        if self.held_out is not None and self.lm_head is not None:  # L_T on fixed masks: its change is the model's
-            with torch.autocast(device_type=self.device.type, enabled=False):
-                lm = held_out_topic_lm(self.model, self.held_out, self.lm_head)
-            metrics.update({key.removeprefix("val_"): value for key, value in lm.items()})
-        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, sync_dist=True, reduce_fx="max")
-
-    def on_test_epoch_start(self) -> None:
-        self._start()
-
-    def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self._collect(batch)
-
-    def on_test_epoch_end(self) -> None:
-        self.log_dict({f"test/{k}": v for k, v in self._metrics(chance=True).items()}, sync_dist=True, reduce_fx="max")
+    def validation_extras(self) -> dict[str, float]:
+        """L_T on fixed masked validation captions: its change is the model's."""
+        if self.held_out is None or self.lm_head is None:
+            return {}
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            lm = held_out_topic_lm(self.model, self.held_out, self.lm_head)
+        return {key.removeprefix("val_"): value for key, value in lm.items()}
 
     def on_predict_epoch_start(self) -> None:
-        self._start()
+        self.start_split()
 
     def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> dict[str, Any]:
-        """Keeps the chunk's vectors (the spec's ``records`` ranks them all); nothing per batch."""
-        self._collect(batch)
+        """Keeps the chunk's inputs (the spec's ``records`` scores them all); nothing per batch."""
+        self.add_chunk(batch)
         return {}
-
-    def evaluate(self, loader: DataLoader, *, chance: bool = True) -> dict[str, float]:
-        """The metrics of one split's chunks, outside a Trainer (eval mode, float32), in this
-        process alone (nothing is gathered: the loader holds the whole split)."""
-        was_training = self.training
-        self.eval()
-        self._start()
-        for chunk in loader:
-            self._collect(chunk)
-        self.train(was_training)
-        return self._metrics(chance=chance, gather=False)
-
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = [{"params": list(self.model.parameters())}]
@@ -447,14 +422,7 @@ def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
     expert = section["expert"] or next(iter(corpus.experts))
     if expert not in corpus.experts:
         raise ValueError(f"chimera.expert: unknown expert {expert!r}; the corpus has {', '.join(corpus.experts)}")
-    selected: dict[str, RetrievalCorpus] = {}
-    for name in parts:
-        if name == "test_shuffled":
-            test = corpus.subset(split["test"])
-            selected[name] = RetrievalCorpus(test.video_ids, test.experts, shuffle_words(test.captions, 0),
-                                             test.caption_video)
-        else:
-            selected[name] = corpus.subset(split[name])
+    selected = select_parts(corpus, split, parts)
     masked_training = "train" in selected and section["mask_rate"] > 0
     encoded = {name: part for name, part in selected.items() if not (name == "train" and masked_training)}
     show_bar, show_line = display
@@ -467,29 +435,6 @@ def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
     return ChimeraPrepared(selected, expert, int(encoder.hidden_size), tokens, train_ids)
 
 
-def _data(config: Mapping[str, Any], prepared: ChimeraPrepared) -> TaskData:
-    if "train" in prepared.parts:
-        datamodule = RetrievalDataModule(prepared.parts, _Batches(prepared), batch_size=config["data"]["batch_size"],
-                                         eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"],
-                                         whole_videos=True)  # a cross-encoder: its captions against every video
-        steps = len(datamodule.sampler)
-    else:
-        datamodule = _EvalOnly(prepared, config["data"]["eval_batch_size"])
-        steps = 1
-    return TaskData(datamodule, prepared, {name: len(p.captions) for name, p in prepared.parts.items()}, steps)
-
-
-class _EvalOnly(RetrievalDataModule):
-    """The loaders of a checkpoint's evaluation: no training part."""
-
-    whole_videos = True
-
-    def __init__(self, prepared: ChimeraPrepared, eval_batch_size: int) -> None:
-        L.LightningDataModule.__init__(self)
-        self.parts, self.collate = prepared.parts, _Batches(prepared)
-        self.batch_size, self.eval_batch_size, self.seed = 2, int(eval_batch_size), 0
-
-
 def _module(config: Mapping[str, Any], text_dim: int, video_dim: int, encoder) -> ChimeraTask:
     section = config["chimera"]
     model = ChimeraRetrievalModel(text_dim, video_dim, num_topics=section["num_topics"],
@@ -500,35 +445,32 @@ def _module(config: Mapping[str, Any], text_dim: int, video_dim: int, encoder) -
                        tlm_temperature=section["tlm_temperature"], seed=config["seed"], encoder=encoder)
 
 
-def _cache_dir(config: Mapping[str, Any]) -> Path:
-    return Path(config.get("output_dir") or "runs") / ".cache"
-
-
 @register_task
-class ChimeraSpec(TaskSpec):
+class ChimeraSpec(RankingSpec):
     """``task.type: chimera`` (see the module docstring)."""
 
     name = "chimera"
+    section = "chimera"
+
+    def check_config(self, config: Any) -> None:
+        """Chimera has no fusion module: ``model.fusion`` other than its default is refused,
+        so that ``polyfuse compare --models concat,...`` cannot train one model twice."""
+        if config.model.fusion != "man":
+            raise ValueError(f"model.fusion {config.model.fusion!r} is not read by task.type chimera: its model is "
+                             "set in the chimera section (polyfuse compare --models takes chimera configuration "
+                             "files, not fusion names)")
     config_sections: ClassVar[dict[str, type]] = {"chimera": ChimeraConfig}
     sections = ("chimera",)
     required_sections = ("chimera",)
     model_sections = ("chimera",)
-    default_monitor = ("val/rsum", "max")
-    prediction_suffix = ".csv"
-    reads_own_files = True
-    path_keys = ("chimera.source", "chimera.captions", "chimera.word_vectors")
+    path_keys = ("chimera.source", "chimera.captions", "chimera.encoder_path")
     path_mappings = ("chimera.experts", "chimera.splits")
-
-    def data_files(self, config: Mapping[str, Any]) -> list[Path]:
-        section = config["chimera"]
-        files = [section.get("source"), section.get("captions"), *(section.get("experts") or {}).values(),
-                 *(section.get("splits") or {}).values()]
-        return [Path(f) for f in files if f and not str(f).startswith("synthetic") and Path(f).is_file()]
 
     def build_data(self, config: Mapping[str, Any]) -> TaskData:
         encoder = _encoder(config["chimera"])
-        parts = (*PARTS, "test_shuffled") if config["chimera"]["shuffled_test"] else PARTS
-        data = _data(config, prepare_chimera(config, encoder, parts, run_display(config)))
+        parts = (*PARTS, SHUFFLED) if config["chimera"]["shuffled_test"] else PARTS
+        prepared = prepare_chimera(config, encoder, parts, run_display(config))
+        data = ranking_data(config, prepared, _Batches(prepared), whole_videos=True)  # a cross-encoder
         data.datamodule.text_encoder = encoder
         return data
 
@@ -545,8 +487,8 @@ class ChimeraSpec(TaskSpec):
         if not (section["mask_rate"] > 0 and section["num_topics"] > 0):
             return {}
         parts = data.prepared.parts
-        head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions, _cache_dir(config),
-                                   display=run_display(config))
+        head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions,
+                                   cache_dir_of(config), display=run_display(config))
         object.__setattr__(module, "lm_head", head)
         if module.model.use_topics:  # L_T on fixed masked validation captions, logged every epoch
             module.held_out = held_out_masked_captions(module.encoder, parts["val"].captions, section["mask_rate"])
@@ -559,59 +501,36 @@ class ChimeraSpec(TaskSpec):
                 "label_info": {"text_dim": prepared.text_dim}, "stats": {}}
 
     def after_test(self, module: ChimeraTask, data: TaskData, run_dir: Path) -> dict[str, Any]:
-        if "test_shuffled" not in data.prepared.parts:
-            return {}
-        return {"test_shuffled_words": module.evaluate(data.datamodule.loader("test_shuffled")),
-                "learned_scalars": learned_scalars(module.model)}
+        out = super().after_test(module, data, run_dir)
+        return {**out, "learned_scalars": learned_scalars(module.model)} if out else out
 
     def module_from_extras(self, extras: Mapping[str, Any]) -> ChimeraTask:
         config = extras["config"]
         return _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0}},
                        int(extras["label_info"]["text_dim"]), int(extras["input_dims"][0]), None)
 
-    def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
-                        modalities: Sequence[str] | None = None, require_labels: bool = True,
-                        shuffle_words: bool = False) -> TaskData:
-        return self._split_data(extras, split, source, modalities, shuffle_words, _encoder(extras["config"]["chimera"]))
+    def part_data(self, extras: Mapping[str, Any], part: str, encoder=None) -> TaskData:
+        """The data of one part; ``encoder``: MiniLM when the caller holds it already."""
+        config = extras["config"]
+        prepared = prepare_chimera(config, encoder or _encoder(config["chimera"]), (part,))
+        return ranking_data(config, prepared, _Batches(prepared), whole_videos=True)
 
-    @staticmethod
-    def _split_data(extras: Mapping[str, Any], split: str, source: str | None, modalities: Sequence[str] | None,
-                    shuffle_words: bool, encoder) -> TaskData:
-        if source is not None or modalities:
-            raise ValueError("chimera evaluates on its configuration's corpus: --data and --modalities do not apply")
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        if shuffle_words and SPLITS[split] != "test":
-            raise ValueError("shuffled words are drawn for the test split only")
-        part = "test_shuffled" if shuffle_words else SPLITS[split]
-        data = _data(extras["config"], prepare_chimera(extras["config"], encoder, (part,)))
-        data.split_part = part
-        return data
+    def split_scores(self, module: ChimeraTask, outputs: Sequence[Any],
+                     corpus: RetrievalCorpus) -> tuple[Tensor, list[str], list[str]]:
+        # predict_step keeps every chunk in the module; the outputs are empty
+        return module.seen_scores(), module.seen_ids("caption_videos"), module.seen_ids("video_ids")
 
-    def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
-        part = getattr(data, "split_part", None) or SPLITS.get(split, split)
-        return {part: data.datamodule.loader(part)}
-
-    def loader(self, data: TaskData, split: str) -> DataLoader:
-        """The one evaluation loader of ``split``."""
-        (loader,) = self.loaders(data, split).values()
-        return loader
-
-    def records(self, module: ChimeraTask, outputs: Mapping[str, Sequence[Any]], data: TaskData,
-                extras: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One record per caption: its video, that video's rank and the top five videos
-        (from the chunks ``Trainer.predict`` passed through the module, which it keeps)."""
-        ((part_name, _),) = outputs.items()
-        part = data.prepared.parts[part_name]
-        scores = module._scores()
-        caption_videos, video_ids = module._seen["caption_videos"], module._seen["video_ids"]
-        ranks = ranks_from_scores(scores, query_targets(caption_videos, video_ids))
-        top = scores.topk(min(5, len(video_ids)), dim=1).indices
-        return [{"caption": part.captions[i], "video_id": caption_videos[i], "rank": int(ranks[i]),
-                 "top5": " ".join(video_ids[j] for j in top[i].tolist())} for i in range(len(caption_videos))]
-
-    def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
-        write_rank_records(records, path)
+    def query_scores(self, module: ChimeraTask, extras: Mapping[str, Any], data: TaskData, text: str,
+                     caption: int | None) -> Tensor:
+        prepared: ChimeraPrepared = data.prepared
+        if caption is not None:
+            tokens, mask = (x[caption : caption + 1] for x in prepared.tokens[data.split_part])
+        else:
+            tokens, mask = encode_tokens(_encoder(extras["config"]["chimera"]), [text])
+        video = prepared.parts[data.split_part].experts[prepared.expert]
+        model = module.model.eval()
+        with torch.no_grad():
+            return model.score_matrix(model.texts(*_trim(tokens, mask)), model.videos(video.features, video.mask))[0]
 
     def attention_figures(self, module: ChimeraTask, extras: Mapping[str, Any], out: Path, *, split: str,
                           sample: int, source: str | None, modalities: Sequence[str] | None) -> list[Path]:
@@ -619,6 +538,8 @@ class ChimeraSpec(TaskSpec):
         its video (:mod:`polyfuse.tasks.chimera.figure`)."""
         from polyfuse.tasks.chimera.figure import plot_pair_attention
 
+        part = self.checkpoint_part(split, source=source, modalities=modalities)
         encoder = _encoder(extras["config"]["chimera"])  # its states and its word pieces
-        data = self._split_data(extras, split, source, modalities, False, encoder)
+        data = self.part_data(extras, part, encoder)
+        data.split_part = part
         return [plot_pair_attention(module, encoder, data, out, split=split, sample=sample)]

@@ -24,10 +24,10 @@ bf16-mixed autocast covers the training steps only).
 
 Configuration: the ``retrieval`` section (:class:`RetrievalConfig`) beside the shared
 ``seed``, ``optim.lr``, ``optim.weight_decay``, ``trainer.*``, ``data.batch_size``,
-``data.eval_batch_size`` and ``model.options.man`` (MAN's constructor options).
-``model.fusion`` names a module of :mod:`polyfuse.nn`; the video fusions here (mean of
-experts, collaborative gating, and MAN as a branch beside them) are not all such
-modules, so the video fusion is ``retrieval.fusion``.
+``data.eval_batch_size`` and ``model.options.man`` (MAN's constructor options). ``model.fusion`` names the video
+fusion, one of :data:`~polyfuse.nn.models.retrieval.VIDEO_FUSIONS` (the spec's
+``fusions``): mean of experts, collaborative gating, concatenation, MAN, and MAN as a
+branch beside the mean or the gating.
 """
 
 from __future__ import annotations
@@ -37,57 +37,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import lightning as L
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor
-from torch.utils.data import DataLoader
 
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.functional.contrastive import info_nce_loss, max_margin_ranking_loss
-from polyfuse.metrics.retrieval import (
-    TextVideoRetrieval,
-    query_targets,
-    recall_sum,
-    retrieval_ranks,
-    text_video_retrieval,
-)
+from polyfuse.metrics.retrieval import TextVideoRetrieval, recall_sum, text_video_retrieval
 from polyfuse.nn.models.retrieval import VIDEO_FUSIONS, RetrievalModel
 from polyfuse.progress import Stopwatch, progress_bar, run_display, say
+from polyfuse.sizes import SizeInt
 from polyfuse.tasks import building
 from polyfuse.tasks.ranking.data import (
     ONE_PROCESS,
     PARTS,
-    RetrievalDataModule,
     RetrievalSourceConfig,
     Shard,
     corpus_vocabulary,
     encode_captions,
     load_corpus,
-    shuffle_words,
 )
 from polyfuse.tasks.ranking.gather import gather_rows
-from polyfuse.tasks.ranking.groups import own_group, parameter_groups, write_rank_records
-from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
+from polyfuse.tasks.ranking.groups import own_group, parameter_groups
+from polyfuse.tasks.ranking.module import RankingTask
+from polyfuse.tasks.ranking.spec import (
+    SHUFFLED,
+    RankingSpec,
+    cache_dir_of,
+    ranking_data,
+    select_parts,
+)
+from polyfuse.tasks.registry import TaskData, register_task
 
-__all__ = ["RetrievalConfig", "RetrievalSpec", "RetrievalTask", "legacy_checkpoint", "rank_metrics", "split_man_branch"]
-
-#: The columns of the retrieval tables (docs/RESULTS.md).
-METRIC_COLUMNS = ("t2v_R@1", "t2v_R@5", "t2v_R@10", "t2v_MedR", "v2t_R@1", "v2t_R@5", "v2t_R@10", "v2t_MedR")
-#: The splits an evaluation may name, engine name -> part of the corpus.
-SPLITS = {"train": "train", "valid": "val", "val": "val", "test": "test", "all": "all"}
+__all__ = ["RetrievalConfig", "RetrievalSpec", "RetrievalTask", "rank_metrics", "split_man_branch"]
 
 
 class RetrievalConfig(RetrievalSourceConfig):
     """Retrieval over experts (task.type retrieval): the corpus, the text side, the video fusion, the loss."""
 
-    fusion: Literal[VIDEO_FUSIONS] = Field(  # type: ignore[valid-type]
-        "man", description="video fusion: " + " | ".join(VIDEO_FUSIONS) + " (MAN's options: model.options.man)")
     text: Literal["minilm", "glove", "bow"] = Field(
         "minilm", description="text encoder: minilm | glove (word_vectors) | bow (word counts, synthetic data)")
     word_vectors: str | None = Field(None, description="text: glove: a GloVe-format vectors file (relative to the config file)")
-    embed_dim: Annotated[int, Field(ge=1)] = Field(256, description="joint embedding size D")
-    hidden_dim: Annotated[int, Field(ge=1)] = Field(64, description="hidden size of MAN / Concat")
+    embed_dim: SizeInt = Field(256, description="joint embedding size D")
+    hidden_dim: SizeInt = Field(64, description="hidden size of MAN / Concat")
     loss: Literal["margin", "infonce"] = Field(
         "margin", description="margin (bidirectional max-margin, hardest negatives) | infonce")
     margin: Annotated[float, Field(ge=0.0)] = Field(0.2, description="loss: margin: the margin")
@@ -105,10 +97,6 @@ class RetrievalConfig(RetrievalSourceConfig):
 
     @model_validator(mode="after")
     def _consistent(self) -> RetrievalConfig:
-        if self.man_lr is not None and self.fusion not in ("gating+man", "mean+man"):
-            raise ValueError(f"retrieval.man_lr applies to MAN as a branch (gating+man, mean+man), not to {self.fusion}")
-        if self.man_zero_init and self.fusion != "mean+man":
-            raise ValueError(f"retrieval.man_zero_init applies to the fusion mean+man only, not {self.fusion}")
         if self.text == "bow" and self.text_lr is not None:
             raise ValueError("retrieval.text_lr: a bag of words has nothing to fine-tune")
         if (self.text == "glove") != bool(self.word_vectors):
@@ -141,7 +129,7 @@ def rank_metrics(texts: Tensor, videos: Tensor, caption_videos: Sequence[str], v
     return out
 
 
-class RetrievalTask(L.LightningModule):
+class RetrievalTask(RankingTask):
     """Training and ranking of a :class:`~polyfuse.nn.models.retrieval.RetrievalModel` (module docstring).
 
     ``text_encoder``: the encoder fine-tuned with the model (``text_lr``), a submodule so
@@ -161,9 +149,7 @@ class RetrievalTask(L.LightningModule):
         self.lr, self.weight_decay, self.text_lr, self.man_lr = float(lr), float(weight_decay), text_lr, man_lr
         self.loss_name, self.margin, self.temperature = loss, float(margin), float(temperature)
         self.chunk_size = int(chunk_size)
-        # whole-split ranking, per stage (the chance recalls at test only)
-        self.stage_metrics = torch.nn.ModuleDict({"val": TextVideoRetrieval(chunk_size=self.chunk_size, chance=False),
-                                                  "test": TextVideoRetrieval(chunk_size=self.chunk_size, chance=True)})
+        self.start_split(chance=False, gather=False)
 
     # ---- steps ----------------------------------------------------------------------
     def _sentences(self, batch: Mapping[str, Any]) -> Tensor:
@@ -201,51 +187,27 @@ class RetrievalTask(L.LightningModule):
         return {"texts": texts, "videos": videos, "caption_rows": chunk["caption_rows"],
                 "caption_video": chunk["caption_video"], "video_rows": chunk["video_rows"]}
 
-    def _update(self, metric: TextVideoRetrieval, chunk: Mapping[str, Any]) -> None:
+    # ---- ranking a split (polyfuse.tasks.ranking.module) -------------------------------
+    def start_split(self, *, chance: bool, gather: bool) -> None:
+        metric = TextVideoRetrieval(chunk_size=self.chunk_size, chance=chance, sync_on_compute=gather)
+        object.__setattr__(self, "_split", metric.to(self.device))  # not a submodule: no state of the model
+
+    def add_chunk(self, chunk: Mapping[str, Any]) -> None:
         embedded = self.embed_chunk(chunk)
         captions = {} if embedded["texts"] is None else {
             "caption_rows": embedded["caption_rows"], "caption_video": embedded["caption_video"],
             "texts": embedded["texts"]}
         videos = {} if embedded["videos"] is None else {"videos": embedded["videos"],
                                                          "video_rows": embedded["video_rows"]}
-        metric.update(**captions, **videos)
+        self._split.update(**captions, **videos)
 
-    @staticmethod
-    def _compute(metric: TextVideoRetrieval) -> dict[str, float]:
-        values = metric.compute()
-        metric.reset()
-        values["rsum"] = recall_sum(values)
+    def split_metrics(self) -> dict[str, float]:
+        values = self._split.compute()
+        self._split.reset()
         return values
-
-    def validation_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self._update(self.stage_metrics["val"], batch)
-
-    def on_validation_epoch_end(self) -> None:
-        # the same numbers on every process (the states are gathered): max keeps them exact
-        self.log_dict({f"val/{k}": v for k, v in self._compute(self.stage_metrics["val"]).items()}, sync_dist=True,
-                      reduce_fx="max")
-
-    def test_step(self, batch: Mapping[str, Any], batch_index: int) -> None:
-        self._update(self.stage_metrics["test"], batch)
-
-    def on_test_epoch_end(self) -> None:
-        self.log_dict({f"test/{k}": v for k, v in self._compute(self.stage_metrics["test"]).items()}, sync_dist=True,
-                      reduce_fx="max")
 
     def predict_step(self, batch: Mapping[str, Any], batch_index: int) -> dict[str, Any]:
         return self.embed_chunk(batch)
-
-    def evaluate(self, loader: DataLoader, *, chance: bool = True) -> dict[str, float]:
-        """The metrics of one split's chunks, outside a Trainer (in eval mode, float32), in
-        this process alone (nothing is gathered: the loader holds the whole split)."""
-        was_training = self.training
-        self.eval()
-        metric = TextVideoRetrieval(chunk_size=self.chunk_size, chance=chance, sync_on_compute=False)
-        for chunk in loader:
-            self._update(metric, chunk)
-        self.train(was_training)
-        return self._compute(metric)
-
 
     # ---- optimiser ------------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -312,7 +274,7 @@ def _encoder_of(section: Mapping[str, Any], vocabulary: list[str] | None, *, tra
 
 
 def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, encoder=None,
-                      parts: Sequence[str] = (*PARTS, "test_shuffled"),
+                      parts: Sequence[str] = (*PARTS, SHUFFLED),
                       display: tuple[bool, bool] = (False, False)) -> tuple[RetrievalPrepared, Any]:
     """The parts of the configuration's corpus and their caption vectors (cached by
     content under ``cache_dir``); ``test_shuffled``: the test split with each caption's
@@ -322,16 +284,7 @@ def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, enco
     on stderr saying how many and in how long (:func:`polyfuse.progress.run_display`)."""
     section = config["retrieval"]
     corpus, split = load_corpus(section)
-    selected: dict[str, RetrievalCorpus] = {}
-    for name in parts:
-        if name == "all":
-            selected[name] = corpus
-        elif name == "test_shuffled":
-            test = corpus.subset(split["test"])
-            selected[name] = RetrievalCorpus(test.video_ids, test.experts, shuffle_words(test.captions, 0),
-                                             test.caption_video)
-        else:
-            selected[name] = corpus.subset(split[name])
+    selected = select_parts(corpus, split, parts)
     vocabulary = corpus_vocabulary(corpus) if section["text"] == "bow" else None
     fine_tune = section["text_lr"] is not None
     loading, loaded = Stopwatch(), ""
@@ -361,31 +314,12 @@ def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, enco
     return RetrievalPrepared(selected, vectors, text_dim, vocabulary, references), encoder
 
 
-def _task_data(config: Mapping[str, Any], prepared: RetrievalPrepared) -> TaskData:
-    datamodule = RetrievalDataModule(prepared.parts, _Batches(prepared), batch_size=config["data"]["batch_size"],
-                                     eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"]) \
-        if "train" in prepared.parts else _EvalOnly(prepared, config["data"]["eval_batch_size"])
-    samples = {name: len(part.captions) for name, part in prepared.parts.items()}
-    steps = len(datamodule.sampler) if "train" in prepared.parts else 1
-    return TaskData(datamodule, prepared, samples, steps)
-
-
-class _EvalOnly(RetrievalDataModule):
-    """The loaders of a checkpoint's evaluation: no training part."""
-
-    def __init__(self, prepared: RetrievalPrepared, eval_batch_size: int) -> None:
-        L.LightningDataModule.__init__(self)
-        self.parts, self.collate = prepared.parts, _Batches(prepared)
-        self.batch_size, self.eval_batch_size, self.seed = 2, int(eval_batch_size), 0
-
-
 def _model(config: Mapping[str, Any], text_dim: int, expert_dims: Sequence[int]) -> RetrievalModel:
-    section = config["retrieval"]
-    options = dict((config.get("model") or {}).get("options", {}).get("man", {})) \
-        if "man" in section["fusion"].split("+") else {}
-    if "man" in section["fusion"].split("+"):
+    section, fusion = config["retrieval"], config["model"]["fusion"]
+    options = dict(config["model"]["options"].get("man", {})) if "man" in fusion.split("+") else {}
+    if "man" in fusion.split("+"):
         options.setdefault("seed", int(config["seed"]))
-    return RetrievalModel(text_dim, list(expert_dims), embed_dim=section["embed_dim"], fusion=section["fusion"],
+    return RetrievalModel(text_dim, list(expert_dims), embed_dim=section["embed_dim"], fusion=fusion,
                           hidden_dim=section["hidden_dim"], fusion_options=options,
                           man_layer_norm=section["man_layer_norm"], man_zero_init=section["man_zero_init"])
 
@@ -399,73 +333,32 @@ def _task(config: Mapping[str, Any], model: RetrievalModel, encoder) -> Retrieva
                          text_encoder=encoder if fine_tune else None, chunk_size=section["chunk_size"])
 
 
-def cache_dir_of(config: Mapping[str, Any]) -> Path:
-    """Where caption vectors are cached: ``<output_dir>/.cache`` (files named by content)."""
-    return Path(config.get("output_dir") or "runs") / ".cache"
-
-
-#: The entries of a checkpoint of ``polyfuse retrieval train`` before 0.3.x's engine path.
-LEGACY_KEYS = ("state", "settings", "text_dim", "expert_dims")
-
-
-def legacy_checkpoint(saved: Mapping[str, Any], where: str = "the checkpoint") -> tuple[dict[str, Any], dict[str, Any]]:
-    """(state_dict, extras) of a ``seed<N>.safetensors`` written by ``polyfuse retrieval train``
-    before the engine path (weights under ``state``, settings as a dict), as the engine's
-    checkpoints hold them: the model's keys under ``model.``, the settings as a
-    ``retrieval`` section. A layout key the file lacks takes the value of the polyfuse
-    that wrote it: ``man_layer_norm`` None (off for MAN alone), ``man_zero_init`` False
-    (mean+man's two unit vectors weighed equally, the only layout there was)."""
-    missing = [key for key in LEGACY_KEYS if key not in saved]
-    if missing:
-        raise ValueError(f"{where}: not a retrieval checkpoint of polyfuse (it lacks {', '.join(missing)})")
-    old = {"man_zero_init": False, **saved["settings"]}
-    text = saved.get("text", "minilm")
-    if text not in ("minilm", "bow"):
-        raise ValueError(f"{where}: trained with the word vectors {text}; retrain it with polyfuse train")
-    if old.get("text_lr") is not None:
-        raise ValueError(f"{where}: its text encoder was fine-tuned; retrain it with polyfuse train")
-    section = RetrievalConfig(
-        source="legacy", fusion=old["fusion"], text=text, embed_dim=old["embed_dim"], hidden_dim=old["hidden_dim"],
-        loss=old.get("loss", "margin"), margin=old.get("margin", 0.2), temperature=old.get("temperature", 0.05),
-        man_layer_norm=old.get("man_layer_norm"), man_zero_init=old["man_zero_init"] or None,
-    ).model_dump()
-    if old["fusion"] == "mean+man" and not old["man_zero_init"]:
-        section["man_zero_init"] = False
-    config = {"seed": 0, "task": {"type": "retrieval"}, "retrieval": section,
-              "model": {"options": {"man": dict(old.get("fusion_options") or {})}},
-              "optim": {"lr": old.get("lr", 1e-3), "weight_decay": old.get("weight_decay", 1e-4)},
-              "data": {"batch_size": old.get("batch_size", 32), "eval_batch_size": 256}}
-    extras = {"config": config, "modalities": [], "input_dims": list(saved["expert_dims"]),
-              "label_info": {"text": text, "text_dim": int(saved["text_dim"]), "vocabulary": None}, "stats": {}}
-    return {f"model.{k}": v for k, v in saved["state"].items()}, extras
-
-
 @register_task
-class RetrievalSpec(TaskSpec):
+class RetrievalSpec(RankingSpec):
     """``task.type: retrieval`` (see the module docstring)."""
 
     name = "retrieval"
+    section = "retrieval"
     config_sections: ClassVar[dict[str, type]] = {"retrieval": RetrievalConfig}
     sections = ("retrieval",)
     required_sections = ("retrieval",)
     model_sections = ("retrieval", "model")
-    default_monitor = ("val/rsum", "max")
-    prediction_suffix = ".csv"
-    reads_own_files = True
     path_keys = ("retrieval.source", "retrieval.captions", "retrieval.word_vectors")
     path_mappings = ("retrieval.experts", "retrieval.splits")
+    fusions = VIDEO_FUSIONS
 
-    def data_files(self, config: Mapping[str, Any]) -> list[Path]:
-        section = config["retrieval"]
-        files = [section.get("source"), section.get("captions"), section.get("word_vectors"),
-                 *(section.get("experts") or {}).values(), *(section.get("splits") or {}).values()]
-        return [Path(f) for f in files if f and not str(f).startswith("synthetic") and Path(f).is_file()]
+    def check_config(self, config: Any) -> None:
+        fusion, section = config.model.fusion, config.retrieval
+        if section.man_lr is not None and fusion not in ("gating+man", "mean+man"):
+            raise ValueError(f"retrieval.man_lr applies to MAN as a branch (model.fusion gating+man, mean+man), not to {fusion}")
+        if section.man_zero_init and fusion != "mean+man":
+            raise ValueError(f"retrieval.man_zero_init applies to model.fusion mean+man only, not {fusion}")
 
     def build_data(self, config: Mapping[str, Any]) -> TaskData:
-        prepared, encoder = prepare_retrieval(config, cache_dir=cache_dir_of(config),
-                                              parts=(*PARTS, "test_shuffled") if config["retrieval"]["shuffled_test"] else PARTS,
+        parts = (*PARTS, SHUFFLED) if config["retrieval"]["shuffled_test"] else PARTS
+        prepared, encoder = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=parts,
                                               display=run_display(config))
-        data = _task_data(config, prepared)
+        data = ranking_data(config, prepared, _Batches(prepared))
         data.datamodule.text_encoder = encoder  # the encoder the module fine-tunes (text_lr)
         return data
 
@@ -485,9 +378,7 @@ class RetrievalSpec(TaskSpec):
                 "stats": {}}
 
     def after_test(self, module: RetrievalTask, data: TaskData, run_dir: Path) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if "test_shuffled" in data.prepared.parts:
-            out["test_shuffled_words"] = module.evaluate(data.datamodule.loader("test_shuffled"))
+        out = super().after_test(module, data, run_dir)
         if data.prepared.references:
             out["references"] = data.prepared.references
         return out
@@ -501,46 +392,28 @@ class RetrievalSpec(TaskSpec):
             encoder = _encoder_of(section, info.get("vocabulary"), trainable=True)
         return _task(config, _model(config, int(info["text_dim"]), extras["input_dims"]), encoder)
 
-    def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
-                        modalities: Sequence[str] | None = None, require_labels: bool = True,
-                        shuffle_words: bool = False) -> TaskData:
-        if source is not None or modalities:
-            raise ValueError("retrieval evaluates on its configuration's corpus: --data and --modalities do not apply")
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        config = extras["config"]
-        part = SPLITS[split]
-        parts = ("test_shuffled",) if shuffle_words and part == "test" else (part,)
-        if shuffle_words and part != "test":
-            raise ValueError("shuffled words are drawn for the test split only")
+    def part_data(self, extras: Mapping[str, Any], part: str) -> TaskData:
         # fine-tuned (text_lr): the chunks carry the captions, which the module's own encoder reads
-        prepared, _ = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=parts)
-        data = _task_data(config, prepared)
-        data.split_part = parts[0]
-        return data
+        config = extras["config"]
+        prepared, _ = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=(part,))
+        return ranking_data(config, prepared, _Batches(prepared))
 
-    def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
-        part = getattr(data, "split_part", None) or SPLITS.get(split, split)
-        return {part: data.datamodule.loader(part)}
+    def split_scores(self, module: RetrievalTask, outputs: Sequence[Any],
+                     corpus: RetrievalCorpus) -> tuple[Tensor, list[str], list[str]]:
+        texts = torch.cat([o["texts"] for o in outputs if o["texts"] is not None])
+        videos = torch.cat([o["videos"] for o in outputs if o["videos"] is not None])
+        return texts @ videos.T, list(corpus.caption_video), list(corpus.video_ids)
 
-    def loader(self, data: TaskData, split: str) -> DataLoader:
-        """The one evaluation loader of ``split``."""
-        (loader,) = self.loaders(data, split).values()
-        return loader
+    def query_scores(self, module: RetrievalTask, extras: Mapping[str, Any], data: TaskData, text: str,
+                     caption: int | None) -> Tensor:
+        vectors = data.prepared.vectors.get(data.split_part)
+        if caption is not None and vectors is not None:
+            vector = vectors[caption : caption + 1]
+        else:
+            vector = self.sentence_vectors(module, extras, [text])
+        from polyfuse.tasks.retrieval.figure import video_scores
 
-    def records(self, module: RetrievalTask, outputs: Mapping[str, Sequence[Any]], data: TaskData,
-                extras: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """One record per caption of the split: the caption, its video, the rank of that
-        video among the split's and the top five videos."""
-        ((part_name, chunks),) = outputs.items()
-        part = data.prepared.parts[part_name]
-        texts = torch.cat([o["texts"] for o in chunks if o["texts"] is not None])
-        videos = torch.cat([o["videos"] for o in chunks if o["videos"] is not None])
-        targets = query_targets(part.caption_video, part.video_ids)
-        ranks = retrieval_ranks(texts, videos, targets, chunk_size=module.chunk_size)
-        top = (texts @ videos.T).topk(min(5, len(part.video_ids)), dim=1).indices
-        return [{"caption": part.captions[i], "video_id": part.caption_video[i], "rank": int(ranks[i]),
-                 "top5": " ".join(part.video_ids[j] for j in top[i].tolist())} for i in range(len(part.captions))]
+        return video_scores(module.model, data.prepared.parts[data.split_part], vector)
 
     def sentence_vectors(self, module: RetrievalTask, extras: Mapping[str, Any], captions: Sequence[str]) -> Tensor:
         """(C, d_t) sentence vectors of free text, through the checkpoint's text encoder (its
@@ -549,9 +422,6 @@ class RetrievalSpec(TaskSpec):
                                                      extras["label_info"].get("vocabulary"), trainable=False)
         with torch.no_grad():
             return encoder(list(captions)).sentence
-
-    def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:
-        write_rank_records(records, path)
 
     def attention_figures(self, module: RetrievalTask, extras: Mapping[str, Any], out: Path, *, split: str,
                           sample: int, source: str | None, modalities: Sequence[str] | None) -> list[Path]:
