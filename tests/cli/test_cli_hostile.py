@@ -223,7 +223,7 @@ def test_enormous_sizes_in_a_config_are_refused_before_any_allocation(tmp_path, 
     for key, change in (("model.vqa.hidden_dim", lambda c: c["model"]["vqa"].update(hidden_dim=10**12)),
                         ("model.options.concat.hidden_dim",
                          lambda c: c["model"].update(fusion="concat", options={"concat": {"hidden_dim": 1e12}})),
-                        ("model.vqa.glimpses", lambda c: c["model"]["vqa"].update(glimpses=2**40))):
+                        ("model.options.ban.glimpses", lambda c: c["model"]["options"]["ban"].update(glimpses=2**40))):
         broken = yaml.safe_load(yaml.safe_dump(config))
         change(broken)
         (folder / "big.yaml").write_text(yaml.safe_dump(broken))

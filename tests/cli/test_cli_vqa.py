@@ -101,7 +101,7 @@ def test_vqa_input_errors_are_named(vqa_folder, capsys):
 
 
 def test_vqa_resume_continues_to_the_same_result(vqa_folder):
-    config = vqa_config(vqa_folder, dropout=0.3, classifier_dropout=0.3)
+    config = vqa_config(vqa_folder, ban={"dropout": 0.3}, classifier_dropout=0.3)
     config["trainer"]["max_epochs"] = 4
     whole = train(config, run_dir=vqa_folder / "whole")
     with pytest.raises(RuntimeError, match="interrupted"):

@@ -23,7 +23,7 @@ from polyfuse.engine.run import train
 from polyfuse.interop import load_ban_vqa
 
 # The --op c model of these tests: E = E2 = 4, H = 6, 2 glimpses, ban-vqa's counter of 10.
-OP_C = {"embedding_dim": 4, "second_embedding_dim": 4, "hidden_dim": 6, "glimpses": 2, "counter_objects": 10}
+OP_C = {"embedding_dim": 4, "second_embedding_dim": 4, "hidden_dim": 6, "counter_objects": 10, "ban": {"glimpses": 2}}
 MAX_LENGTH = 14  # data.vqa.max_length's default
 
 

@@ -274,25 +274,3 @@ def test_question_encoder_without_second_embedding_keeps_its_state_dict():
     model = BanVQA(4, 3, 6, hidden_dim=8, glimpses=2, embedding_dim=3, second_embedding_dim=3)
     assert model.state_dict()["question.second_embedding.weight"].shape == (5, 3)
     assert "question.second_embedding.weight" not in BanVQA(4, 3, 6, hidden_dim=8, glimpses=2, embedding_dim=3).state_dict()
-
-
-@pytest.mark.parametrize("fusion", ["ban", "concat"])
-def test_vqa_models_built_from_a_config_take_the_second_embedding(fusion):
-    """model.vqa.second_embedding_dim reaches the question encoder of BanVQA and of
-    FusionVQA: a GRU of E + E2 inputs, both tables starting from the GloVe rows when E2 = E."""
-    from polyfuse.engine.config import resolve_config
-    from polyfuse.nn.models.vqa import build_vqa_model
-
-    config = resolve_config({
-        "task": {"type": "vqa"},
-        "data": {"vqa": {"easy_vqa": True, "train_features": "t.h5", "test_features": "s.h5"}},
-        "model": {"fusion": fusion, "vqa": {"hidden_dim": 8, "embedding_dim": 3, "second_embedding_dim": 3, "glimpses": 2}},
-    })  # fmt: skip
-    vectors = torch.arange(12, dtype=torch.float32).view(4, 3)
-    model = build_vqa_model(config["model"], 4, 3, 5, word_vectors=vectors)
-    assert isinstance(model, BanVQA if fusion == "ban" else FusionVQA)
-    assert model.question.gru.input_size == 6
-    torch.testing.assert_close(model.question.second_embedding.weight[:4], vectors)
-    torch.testing.assert_close(model.question.embedding.weight[:4], vectors)
-    config["model"]["vqa"]["second_embedding_dim"] = None
-    assert build_vqa_model(config["model"], 4, 3, 5).question.second_embedding is None

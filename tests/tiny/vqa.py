@@ -45,9 +45,9 @@ def _write_split(folder: Path, split: str, images: int, generator: np.random.Gen
         handle["image_ids"] = np.arange(images)
 
 
-def vqa_config(folder: Path, **model) -> dict:
+def vqa_config(folder: Path, ban: dict | None = None, **model) -> dict:
     """The ``task.type vqa`` configuration of the files :func:`write_vqa_folder` writes in
-    ``folder`` (a small BAN; ``model`` overrides keys of ``model.vqa``)."""
+    ``folder`` (a small BAN; ``ban`` overrides keys of ``model.options.ban``, ``model`` those of ``model.vqa``)."""
     return {
         "output_dir": str(folder / "runs"),
         "task": {"type": "vqa"},
@@ -61,9 +61,9 @@ def vqa_config(folder: Path, **model) -> dict:
         },
         "model": {
             "fusion": "ban",
-            "vqa": {"hidden_dim": 8, "embedding_dim": 8, "glimpses": 1, "counter_objects": 4, "dropout": 0.0,
-                    "attention_dropout": 0.0, "classifier_dropout": 0.0, **model},
-            "options": {"concat": {"hidden_dim": 32}},
+            "vqa": {"hidden_dim": 8, "embedding_dim": 8, "counter_objects": 4, "classifier_dropout": 0.0, **model},
+            "options": {"ban": {"glimpses": 1, "dropout": 0.0, "attention_dropout": 0.0, **(ban or {})},
+                        "concat": {"hidden_dim": 32}},
         },
         "optim": {"lr": 0.02},
         "trainer": {"max_epochs": 20, "patience": 0, "num_threads": 1, "progress_bar": False, "quiet": True},
@@ -100,6 +100,6 @@ def vqa_task_config(folder: Path) -> dict:
     """:func:`write_vqa_folder`'s files in ``folder`` and their configuration with dropout
     0.2 and the tiny trainer section (:data:`tests.tiny.TRAINER`)."""
     write_vqa_folder(folder)
-    config = vqa_config(folder, dropout=0.2)
+    config = vqa_config(folder, ban={"dropout": 0.2})
     config["trainer"] = {**config["trainer"], **TRAINER}
     return config

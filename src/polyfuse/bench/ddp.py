@@ -119,8 +119,8 @@ def _vqa(folder: Path, scale: float, epochs: int) -> dict[str, Any]:
             "data": {"batch_size": 32, "validation_fraction": 0.2,
                      "vqa": {**files, "train_features": str(folder / "train.h5"), "test_features": str(folder / "test.h5"),
                              "min_answer_count": 1, "breakdown": "question_type"}},
-            "model": {"fusion": "ban", "vqa": {"hidden_dim": 32, "embedding_dim": 32, "glimpses": 2, "counter_objects": 8,
-                                               "dropout": 0.0, "attention_dropout": 0.0, "classifier_dropout": 0.0}},
+            "model": {"fusion": "ban", "options": {"ban": {"glimpses": 2, "dropout": 0.0, "attention_dropout": 0.0}},
+                      "vqa": {"hidden_dim": 32, "embedding_dim": 32, "counter_objects": 8, "classifier_dropout": 0.0}},
             "optim": {"lr": 0.002}}
 
 

@@ -140,3 +140,48 @@ def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
     config["data"]["vqa"]["soft_score"] = "ban_vqa"
     green = build_vqa_data(resolve_config(config), partitions=("train",)).partitions["train"].targets[:, -1]
     assert data.answers[-1] == "green" and torch.equal(green, torch.full_like(green, 0.3))
+
+
+@pytest.mark.parametrize("fusion", ["ban", "concat"])
+def test_vqa_models_built_from_a_config_take_the_second_embedding(fusion):
+    """model.vqa.second_embedding_dim reaches the question encoder of BanVQA and of
+    FusionVQA: a GRU of E + E2 inputs, both tables starting from the GloVe rows when E2 = E."""
+    from polyfuse.engine.config import resolve_config
+    from polyfuse.nn.models.vqa import BanVQA, FusionVQA
+    from polyfuse.tasks.vqa.spec import build_vqa_model
+
+    config = resolve_config({
+        "task": {"type": "vqa"},
+        "data": {"vqa": {"easy_vqa": True, "train_features": "t.h5", "test_features": "s.h5"}},
+        "model": {"fusion": fusion, "vqa": {"hidden_dim": 8, "embedding_dim": 3, "second_embedding_dim": 3},
+                  "options": {"ban": {"glimpses": 2}}},
+    })  # fmt: skip
+    vectors = torch.arange(12, dtype=torch.float32).view(4, 3)
+    model = build_vqa_model(config, 4, 3, 5, word_vectors=vectors)
+    assert isinstance(model, BanVQA if fusion == "ban" else FusionVQA)
+    assert model.question.gru.input_size == 6
+    torch.testing.assert_close(model.question.second_embedding.weight[:4], vectors)
+    torch.testing.assert_close(model.question.embedding.weight[:4], vectors)
+    config["model"]["vqa"]["second_embedding_dim"] = None
+    assert build_vqa_model(config, 4, 3, 5).question.second_embedding is None
+
+
+def test_bans_options_reach_the_vqa_model_and_its_size_is_the_question_encoders():
+    """model.options.ban (glimpses, dropouts, attention rank) builds BanVQA's BAN; the
+    attention rank K' is k times model.vqa.hidden_dim unless set; hidden_dim there is refused."""
+    from polyfuse.engine.config import resolve_config
+    from polyfuse.tasks.vqa.spec import build_vqa_model
+
+    config = resolve_config({
+        "task": {"type": "vqa"},
+        "data": {"vqa": {"easy_vqa": True, "train_features": "t.h5", "test_features": "s.h5"}},
+        "model": {"fusion": "ban", "vqa": {"hidden_dim": 8, "embedding_dim": 3},
+                  "options": {"ban": {"glimpses": 3, "dropout": 0.1, "attention_dropout": 0.4, "k": 2}}},
+    })  # fmt: skip
+    model = build_vqa_model(config, 4, 3, 5)
+    assert (model.glimpses, model.ban.attention_rank, model.ban.hidden_dim) == (3, 16, 8)
+    assert len(model.count_projections) == 3 and model.attention_bias.shape == (3,)
+    assert (model.ban.dropout, model.ban.attention_dropout) == (0.1, 0.4)
+    config["model"]["options"]["ban"] = {"hidden_dim": 16}
+    with pytest.raises(ValueError, match=r"model\.options\.ban\.hidden_dim: VQA.s BAN works at model\.vqa\.hidden_dim"):
+        build_vqa_model(config, 4, 3, 5)

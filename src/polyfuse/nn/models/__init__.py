@@ -12,7 +12,7 @@
 from polyfuse.nn.models.captioner import VideoCaptioner
 from polyfuse.nn.models.chimera import ChimeraRetrievalModel, ChimeraSides
 from polyfuse.nn.models.retrieval import RetrievalModel
-from polyfuse.nn.models.vqa import BanVQA, FusionVQA, build_vqa_model
+from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 
 __all__ = [
     "BanVQA",
@@ -21,5 +21,4 @@ __all__ = [
     "FusionVQA",
     "RetrievalModel",
     "VideoCaptioner",
-    "build_vqa_model",
 ]

@@ -32,7 +32,7 @@ from polyfuse.nn.counter import Counter
 from polyfuse.nn.registry import create
 from polyfuse.nn.text import QuestionEncoder
 
-__all__ = ["BanVQA", "FusionVQA", "answer_classifier", "build_vqa_model", "image_mask"]
+__all__ = ["BanVQA", "FusionVQA", "answer_classifier", "image_mask"]
 
 
 def answer_classifier(in_dim: int, num_answers: int, *, dropout: float = 0.5) -> nn.Sequential:
@@ -86,6 +86,8 @@ class BanVQA(nn.Module):
             to the first before the GRU (ban-vqa's ``--op c``; see
             :class:`~polyfuse.nn.text.QuestionEncoder`).
         dropout, attention_dropout, classifier_dropout: 0.2, 0.5 and 0.5 as the reference.
+        k, attention_rank, joint_pool: BAN's attention rank K' = k H (or set directly) and
+            its joint pooling, as :class:`polyfuse.nn.BAN` (the reference: 3, 1).
     """
 
     def __init__(
@@ -103,6 +105,9 @@ class BanVQA(nn.Module):
         dropout: float = 0.2,
         attention_dropout: float = 0.5,
         classifier_dropout: float = 0.5,
+        k: int = 3,
+        attention_rank: int | None = None,
+        joint_pool: int = 1,
     ) -> None:
         super().__init__()
         self.image_dim = int(image_dim)
@@ -119,8 +124,9 @@ class BanVQA(nn.Module):
             hidden_dim,
             hidden_dim=hidden_dim,
             glimpses=glimpses,
-            k=3,
-            joint_pool=1,
+            k=k,
+            attention_rank=attention_rank,
+            joint_pool=joint_pool,
             dropout=dropout,
             attention_dropout=attention_dropout,
         )
@@ -233,35 +239,3 @@ class FusionVQA(nn.Module):
         _check_batch(tokens, image, boxes, self.image_dim, "FusionVQA")
         fused = self.fusion([image, self.question(tokens)], masks=[image_mask(image), None])
         return self.classifier(fused), None
-
-
-def build_vqa_model(
-    model_config: Mapping[str, Any],
-    num_words: int,
-    num_answers: int,
-    image_dim: int,
-    *,
-    fusion_options: Mapping[str, Any] | None = None,
-    word_vectors: Tensor | None = None,
-) -> nn.Module:
-    """``model.fusion: ban``: :class:`BanVQA` (with the counter unless
-    ``model.vqa.counter_objects`` is null); any other fusion name:
-    :class:`FusionVQA` with ``fusion_options`` (``model.options.<name>``).
-    Both take ``model.vqa.second_embedding_dim`` (ban-vqa's ``--op c`` question encoder).
-
-    ``model_config`` is the resolved ``model`` section."""
-    settings = model_config["vqa"]
-    common = {
-        "hidden_dim": int(settings["hidden_dim"]),
-        "embedding_dim": int(settings["embedding_dim"]),
-        "second_embedding_dim": settings.get("second_embedding_dim"),
-        "word_vectors": word_vectors,
-        "classifier_dropout": float(settings["classifier_dropout"]),
-    }
-    if model_config["fusion"] == "ban":
-        return BanVQA(
-            num_words, num_answers, image_dim, glimpses=int(settings["glimpses"]),
-            counter_objects=settings["counter_objects"], dropout=float(settings["dropout"]),
-            attention_dropout=float(settings["attention_dropout"]), **common,
-        )  # fmt: skip
-    return FusionVQA(model_config["fusion"], num_words, num_answers, image_dim, fusion_options=fusion_options, **common)

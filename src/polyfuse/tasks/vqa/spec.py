@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from polyfuse.atomic import write_csv
 from polyfuse.extract.images import feature_settings
 from polyfuse.metrics.vqa import VQAScore
-from polyfuse.nn.models.vqa import build_vqa_model
+from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 from polyfuse.sizes import SizeInt
 from polyfuse.tasks.base import FusionTask, check_optimizer, log_attention_modes
 from polyfuse.tasks.building import fusion_options
@@ -177,7 +177,9 @@ class VQADataConfig(_VQASection):
 
 
 class VQAModelConfig(_VQASection):
-    """VQA model (task.type vqa): question encoder, BAN's glimpses and counter; other fusions: model.options."""
+    """VQA model (task.type vqa): the question encoder, the counter and the classifier around
+    ``model.fusion``, whose options are ``model.options.<fusion>`` (BAN's glimpses and
+    dropouts: ``model.options.ban``)."""
 
     hidden_dim: SizeInt = Field(1024, description="H: question GRU and joint representation size (the paper: 1024)")
     embedding_dim: SizeInt = Field(300, description="word embedding size (300, GloVe's)")
@@ -185,10 +187,7 @@ class VQAModelConfig(_VQASection):
     second_embedding_dim: SizeInt | None = Field(
         None, description="size of a second trained word embedding concatenated to the first before the GRU (ban-vqa's --op c, its default and the released BAN-Glove-Counter: 300); null: one embedding"
     )
-    glimpses: SizeInt = Field(8, description="BAN glimpses G (the paper: 8)")
     counter_objects: SizeInt | None = Field(10, description="BAN: objects kept by the counting module (ban-vqa: 10); null: no counter")
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.2, description="BAN: dropout before its linear maps (ban-vqa: 0.2)")
-    attention_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.5, description="BAN: dropout inside the attention (ban-vqa: 0.5)")
     classifier_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.5, description="dropout of the two-layer classifier (ban-vqa: 0.5)")
 
 
@@ -211,13 +210,33 @@ def _vocabulary(data: VQAData) -> dict[str, Any]:
     return stored
 
 
+def build_vqa_model(config: Mapping[str, Any], num_words: int, num_answers: int, image_dim: int, *,
+                    word_vectors: Tensor | None = None) -> BanVQA | FusionVQA:
+    """The model of a resolved VQA configuration: ``model.fusion: ban`` is
+    :class:`~polyfuse.nn.models.vqa.BanVQA` (with the counter unless
+    ``model.vqa.counter_objects`` is null) with ``model.options.ban`` (glimpses, dropouts,
+    attention rank and joint pooling; its size is ``model.vqa.hidden_dim``); any other
+    fusion is :class:`~polyfuse.nn.models.vqa.FusionVQA` with ``model.options.<fusion>``.
+    Both take the question encoder of ``model.vqa`` (ban-vqa's ``--op c`` with
+    ``second_embedding_dim``)."""
+    settings = config["model"]["vqa"]
+    common = {"hidden_dim": settings["hidden_dim"], "embedding_dim": settings["embedding_dim"],
+              "second_embedding_dim": settings["second_embedding_dim"], "word_vectors": word_vectors,
+              "classifier_dropout": settings["classifier_dropout"]}
+    if config["model"]["fusion"] != "ban":
+        return FusionVQA(config["model"]["fusion"], num_words, num_answers, image_dim,
+                         fusion_options=fusion_options(config), **common)
+    options = dict(config["model"]["options"].get("ban") or {})
+    if "hidden_dim" in options:
+        raise ValueError("model.options.ban.hidden_dim: VQA's BAN works at model.vqa.hidden_dim (the question "
+                         "encoder's size); set that instead")
+    return BanVQA(num_words, num_answers, image_dim, counter_objects=settings["counter_objects"], **options, **common)
+
+
 def build_vqa_task(config: Mapping[str, Any], vocabulary: Mapping[str, Any], image_dim: int, word_vectors=None) -> VQATask:
     """The task of a resolved VQA configuration around a new model."""
-    options = fusion_options(config) if config["model"]["fusion"] != "ban" else {}
-    model = build_vqa_model(
-        config["model"], len(vocabulary["words"]), len(vocabulary["answers"]), image_dim,
-        fusion_options=options, word_vectors=word_vectors,
-    )  # fmt: skip
+    model = build_vqa_model(config, len(vocabulary["words"]), len(vocabulary["answers"]), image_dim,
+                            word_vectors=word_vectors)
     return VQATask(
         model, type_names=vocabulary["type_names"], lr=config["optim"]["lr"],
         weight_decay=config["optim"]["weight_decay"], scheduler=config["optim"]["scheduler"],
