@@ -24,7 +24,7 @@ def test_train_evaluate_predict_plot(config_file, tmp_path, capsys):
     assert main(["evaluate", "--checkpoint", str(best), "--out", str(tmp_path / "m.json")]) == 0
     assert json.loads((tmp_path / "m.json").read_text()) == pytest.approx(results["test"], abs=1e-6)
     capsys.readouterr()
-    assert main(["evaluate", "--checkpoint", str(best), "--split", "valid"]) == 0
+    assert main(["evaluate", "--checkpoint", str(best), "--split", "val"]) == 0
     shown = dict(line.split() for line in capsys.readouterr().out.splitlines())
     assert float(shown["acc"]) == pytest.approx(results["validation"]["acc"], abs=1e-4)
 

@@ -141,7 +141,7 @@ def test_predict_on_a_file_without_test_rows(tmp_path, capsys):
     path = tmp_path / "no_test.npz"
     np.savez(
         path, a=rng.normal(size=(40, 5, 4)).astype(np.float32), b=rng.normal(size=(40, 3)).astype(np.float32),
-        label=np.arange(40) % 2, split=np.array(["train"] * 30 + ["valid"] * 10),
+        label=np.arange(40) % 2, split=np.array(["train"] * 30 + ["val"] * 10),
     )
     config = {**CLI_CONFIG, "data": {**CLI_CONFIG["data"], "source": str(path), "modalities": ["a", "b"], "split": "split"},
               "trainer": {**CLI_CONFIG["trainer"], "max_epochs": 1}}
@@ -152,6 +152,6 @@ def test_predict_on_a_file_without_test_rows(tmp_path, capsys):
     out = tmp_path / "p.csv"
     assert main(["predict", "--checkpoint", checkpoint, "--split", "test", "--out", str(out)]) == EXIT_INPUT
     line = error_line(capsys)
-    assert f"the 'test' split of {path} has no rows; choose --split all or one of: train, valid" in line
+    assert f"the 'test' split of {path} has no rows; choose --split all or one of: train, val" in line
     assert main(["predict", "--checkpoint", checkpoint, "--out", str(out)]) == 0  # every row
     assert len(list(csv.DictReader(out.open()))) == 40

@@ -46,7 +46,7 @@ def test_vqa_train_evaluate_predict_plot(vqa_folder, capsys):
     assert main(["train", "--config", str(vqa_folder / "vqa.yaml"), "--max-epochs", "4", "--out", str(run)]) == 0
     results = json.loads((run / "results.json").read_text())
     assert results["monitor"] == "val/acc" and results["mode"] == "max"
-    assert results["samples"] == {"train": 36, "valid": 12, "test": 16}  # 18 / 6 training images, 2 questions each
+    assert results["samples"] == {"train": 36, "val": 12, "test": 16}  # 18 / 6 training images, 2 questions each
     best = run / "checkpoints" / "best.safetensors"
     metrics = vqa_folder / "metrics.json"
     assert main(["evaluate", "--checkpoint", str(best), "--out", str(metrics)]) == 0

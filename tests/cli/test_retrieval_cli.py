@@ -51,8 +51,8 @@ def test_shuffled_evaluation_is_the_runs_ex2_and_differs_from_the_plain_one(trai
     ranked = [k for k in plain if not k.startswith("chance_")]
     assert [plain[k] for k in ranked] != pytest.approx([shuffled[k] for k in ranked])
     assert all(plain[k] == shuffled[k] for k in plain if k.startswith("chance_"))
-    assert main(["evaluate", "--checkpoint", str(checkpoint), "--split", "valid", "--shuffle-words"]) == EXIT_INPUT
-    assert "the shuffled captions are drawn for the test split only, not 'valid'" in _error(capsys)
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--split", "val", "--shuffle-words"]) == EXIT_INPUT
+    assert "the shuffled captions are drawn for the test split only, not 'val'" in _error(capsys)
 
 
 def test_shuffling_one_word_captions_changes_nothing(tmp_path, capsys):

@@ -50,8 +50,8 @@ def test_npz_shapes_lengths_and_padding(npz_file):
     np.testing.assert_array_equal(data.lengths[0], raw["seq_lengths"])
     padded = np.arange(5)[None, :] >= raw["seq_lengths"][:, None]
     assert np.all(data.features[0][padded] == 0.0)  # padding zeroed, 99 never leaks
-    assert set(data.partitions) == {"train", "valid", "test"}
-    np.testing.assert_array_equal(data.partitions["test"].rows, np.arange(30, 40))
+    assert set(data.splits) == {"train", "val", "test"}
+    np.testing.assert_array_equal(data.splits["test"].rows, np.arange(30, 40))
 
 
 def test_h5_reads_like_npz(tmp_path, npz_file):
@@ -63,14 +63,14 @@ def test_h5_reads_like_npz(tmp_path, npz_file):
     from_npz = prepare_data(load_arrays(npz_file), data_config(), TASK, label_kind="score")
     for a, b in zip(from_h5.features, from_npz.features, strict=True):
         np.testing.assert_array_equal(a, b)
-    for key in ("train", "valid", "test"):
-        np.testing.assert_array_equal(from_h5.partitions[key].rows, from_npz.partitions[key].rows)
+    for key in ("train", "val", "test"):
+        np.testing.assert_array_equal(from_h5.splits[key].rows, from_npz.splits[key].rows)
 
 
 def test_standardised_on_training_rows_only(tmp_path):
     raw = arrays()
     data = prepare_data(load_source(_save(tmp_path, raw)), data_config(), TASK, label_kind="score")
-    train = data.partitions["train"].rows
+    train = data.splits["train"].rows
     real = np.arange(5)[None, :] < raw["seq_lengths"][train][:, None]
     steps = data.features[0][train][real]
     np.testing.assert_allclose(steps.mean(axis=0), 0.0, atol=1e-5)

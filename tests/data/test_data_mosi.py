@@ -1,4 +1,4 @@
-"""The real CMU-MOSI file (skipped when absent): split_bclstm partitions, validation
+"""The real CMU-MOSI file (skipped when absent): split_bclstm splits, validation
 videos carved from the training videos, contextual windows within videos."""
 
 import os
@@ -31,12 +31,12 @@ def mosi():
 def test_split_bclstm_partitions(mosi):
     table, data = mosi
     split, video = table.arrays["split_bclstm"], table.arrays["video_id"]
-    parts = data.partitions
+    parts = data.splits
     assert len(parts["test"]) == 752
-    assert len(parts["train"]) + len(parts["valid"]) == 1447
+    assert len(parts["train"]) + len(parts["val"]) == 1447
     np.testing.assert_array_equal(parts["test"].rows, np.flatnonzero(split == "test"))
-    assert (split[parts["valid"].rows] == "train").all()  # validation comes from the training split
-    train_videos, valid_videos = set(video[parts["train"].rows]), set(video[parts["valid"].rows])
+    assert (split[parts["val"].rows] == "train").all()  # validation comes from the training split
+    train_videos, valid_videos = set(video[parts["train"].rows]), set(video[parts["val"].rows])
     assert not train_videos & valid_videos
     assert len(valid_videos) == round(0.15 * 62)
     assert data.input_dims == [100, 73, 100]
@@ -45,7 +45,7 @@ def test_split_bclstm_partitions(mosi):
 def test_windows_are_ordered_utterances_of_the_same_video(mosi):
     table, data = mosi
     video, start = table.arrays["video_id"], table.arrays["start"]
-    part = data.partitions["test"]
+    part = data.splits["test"]
     assert part.windows.shape == (752, 16)
     for row, window, centre in zip(part.rows, part.windows, part.centre, strict=True):
         members = window[window >= 0]
@@ -57,6 +57,6 @@ def test_windows_are_ordered_utterances_of_the_same_video(mosi):
 
 def test_standardised_with_training_statistics(mosi):
     _, data = mosi
-    audio = data.features[1][data.partitions["train"].rows, 0]
+    audio = data.features[1][data.splits["train"].rows, 0]
     np.testing.assert_allclose(audio.mean(axis=0), 0.0, atol=1e-4)
     assert np.abs(data.features[1]).max() < 1e3  # raw audio reaches ~376 before scaling

@@ -10,7 +10,7 @@ from polyfuse.data import (
     context_windows,
     load_source,
     prepare_data,
-    resolve_partitions,
+    resolve_splits,
 )
 from polyfuse.data.datamodule import FusionDataModule, ShardedShuffleSampler
 
@@ -18,29 +18,29 @@ from polyfuse.data.datamodule import FusionDataModule, ShardedShuffleSampler
 def test_validation_is_carved_from_training_by_whole_groups():
     groups = np.repeat(np.arange(20), 5)  # 20 groups of 5 rows
     split = np.array(["train"] * 80 + ["test"] * 20)
-    parts = resolve_partitions(100, split=split, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=4)
-    train, valid, test = parts["train"], parts["valid"], parts["test"]
+    parts = resolve_splits(100, split=split, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=4)
+    train, val, test = parts["train"], parts["val"], parts["test"]
     np.testing.assert_array_equal(test, np.arange(80, 100))  # the test rows are untouched
-    assert np.intersect1d(valid, test).size == 0
-    assert np.intersect1d(groups[train], groups[valid]).size == 0  # no group on both sides
-    assert len(np.unique(groups[valid])) == 4  # 25% of the 16 training groups
-    assert np.union1d(train, valid).tolist() == list(range(80))
-    again = resolve_partitions(100, split=split, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=4)
-    np.testing.assert_array_equal(again["valid"], valid)
-    other = resolve_partitions(100, split=split, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=5)
-    assert not np.array_equal(other["valid"], valid)
+    assert np.intersect1d(val, test).size == 0
+    assert np.intersect1d(groups[train], groups[val]).size == 0  # no group on both sides
+    assert len(np.unique(groups[val])) == 4  # 25% of the 16 training groups
+    assert np.union1d(train, val).tolist() == list(range(80))
+    again = resolve_splits(100, split=split, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=4)
+    np.testing.assert_array_equal(again["val"], val)
+    other = resolve_splits(100, split=split, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=5)
+    assert not np.array_equal(other["val"], val)
 
 
 def test_split_validation_rows_are_used_when_present():
     split = np.array(["train"] * 6 + ["dev"] * 2 + ["test"] * 2)
-    parts = resolve_partitions(10, split=split, groups=None, validation_fraction=0.5, test_fraction=0.2, seed=0)
-    assert parts["valid"].tolist() == [6, 7]
+    parts = resolve_splits(10, split=split, groups=None, validation_fraction=0.5, test_fraction=0.2, seed=0)
+    assert parts["val"].tolist() == [6, 7]
 
 
 def test_without_split_test_and_validation_are_carved_by_groups():
     groups = np.repeat(np.arange(10), 3)
-    parts = resolve_partitions(30, split=None, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=0)
-    sets = [set(groups[parts[k]]) for k in ("train", "valid", "test")]
+    parts = resolve_splits(30, split=None, groups=groups, validation_fraction=0.25, test_fraction=0.2, seed=0)
+    sets = [set(groups[parts[k]]) for k in ("train", "val", "test")]
     assert all(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1 :])
     assert sum(len(parts[k]) for k in parts) == 30
 
@@ -90,7 +90,7 @@ def test_windows_stay_inside_their_partition(tmp_path):
         "context": {"group_by": "video", "order_by": "start", "window": 4},
     }
     data = prepare_data(load_source(str(tmp_path / "ctx.npz")), config, {"type": "sentiment"}, label_kind="score")
-    for key, part in data.partitions.items():
+    for key, part in data.splits.items():
         real = part.windows[part.windows >= 0]
         assert np.isin(real, part.rows).all(), key
         for row, window, position in zip(part.rows, part.windows, part.centre, strict=True):
@@ -99,7 +99,7 @@ def test_windows_stay_inside_their_partition(tmp_path):
             assert (raw["video"][members] == raw["video"][row]).all()
             assert np.all(np.diff(raw["start"][members]) > 0)  # ordered by start
     module = FusionDataModule(data, batch_size=8)
-    batch = next(iter(module.loader("valid")))
+    batch = next(iter(module.loader("val")))
     assert [x.shape[-1] for x in batch["inputs"]] == [3, 2]
     assert batch["inputs"][0].shape[1] == 4 and batch["masks"][0].dtype == torch.bool
     rows = batch["row"].numpy()

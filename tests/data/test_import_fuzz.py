@@ -39,7 +39,7 @@ def arrays(draw, *, rows):
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     if dtype.startswith(("U", "S")):
-        values = rng.choice(["train", "valid", "test", "dev", "x", "", "tr"], size=size).astype(dtype)
+        values = rng.choice(["train", "val", "test", "dev", "x", "", "tr"], size=size).astype(dtype)
     else:
         values = rng.normal(size=size) * draw(st.sampled_from([1.0, 3.0, 100.0]))
         if size and draw(st.booleans()) and np.dtype(dtype).kind in "fc":
@@ -56,7 +56,7 @@ def well_formed(rows: int, seed: int) -> dict[str, np.ndarray]:
         "b": rng.normal(size=(rows, 2)).astype(np.float32),
         "a_lengths": rng.integers(0, 5, size=rows),
         "label": np.clip(rng.normal(size=rows) + 2.0, 1.0, 3.0).astype(np.float32),
-        "split": np.array((["train"] * 6 + ["valid", "test"] * 3)[:rows]),
+        "split": np.array((["train"] * 6 + ["val", "test"] * 3)[:rows]),
     }
 
 
@@ -149,7 +149,7 @@ def word_aligned_dirs(draw):
     random in rank, dtype and contents, garbage bytes, or two datasets instead of one."""
     targets = draw(st.sampled_from([(), (2,)]))
     layout = {}
-    for split in ("train", "valid", "test"):
+    for split in ("train", "val", "test"):
         rows = draw(st.sampled_from([6, 6, 6, 0, 1]))
         rng = np.random.default_rng(draw(st.integers(0, 2**16)))
         for name in WORD_ALIGNED_FILES:
@@ -200,7 +200,7 @@ def test_the_fuzz_reaches_both_outcomes(tmp_path):
     path = tmp_path / "ok.npz"
     rng = np.random.default_rng(0)
     np.savez(path, a=rng.normal(size=(12, 4, 3)).astype(np.float32), b=rng.normal(size=(12, 2)).astype(np.float32),
-             label=rng.normal(size=12).astype(np.float32), split=np.array(["train"] * 6 + ["valid", "test"] * 3))
+             label=rng.normal(size=12).astype(np.float32), split=np.array(["train"] * 6 + ["val", "test"] * 3))
     prepared = load_and_prepare(path, {"task": {"type": "sentiment"}, "padding": "auto", "nonfinite": "error"})
     assert prepared.features[0].shape == (12, 4, 3)
     np.savez(path, a=np.zeros((12, 4, 3), dtype="complex64"), b=np.zeros((12, 2)), label=np.zeros(12))

@@ -17,7 +17,7 @@ from polyfuse.data.formats.vqa import load_vqa
 
 # the keys the importers look for, so that random documents reach their inner checks
 KEYS = ["questions", "annotations", "question_id", "image_id", "question", "answers", "answer", "answer_type",
-        "sentences", "video_id", "caption", "id", "train", "val", "valid", "test", "v0"]
+        "sentences", "video_id", "caption", "id", "train", "val", "val", "test", "v0"]
 LEAVES = (st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=True, allow_infinity=True)
           | st.sampled_from(["", "a dog", "v0", "what?", "yes"]) | st.text(max_size=4))
 VALUES = st.recursive(

@@ -11,7 +11,7 @@ from polyfuse.data import load_source, prepare_data
 
 def write_npz(path, labels, *, rows=30, seed=0):
     rng = np.random.default_rng(seed)
-    split = np.array(["train"] * 20 + ["valid"] * 5 + ["test"] * 5)
+    split = np.array(["train"] * 20 + ["val"] * 5 + ["test"] * 5)
     np.savez(path, a=rng.normal(size=(rows, 3, 2)).astype(np.float32), b=rng.normal(size=(rows, 4)).astype(np.float32),
              label=labels, split=split)
     return path

@@ -14,7 +14,7 @@ def left_padded(path, *, with_lengths=False):
     for row, length in enumerate(lengths):
         x[row, steps - length:] = np.arange(1, 2 * length + 1, dtype=np.float32).reshape(length, 2) + 10 * row
     arrays = {"x": x, "y": np.ones((rows, 3), np.float32), "label": np.linspace(-1, 1, rows).astype(np.float32),
-              "split": np.array(["train", "train", "train", "train", "valid", "test"])}
+              "split": np.array(["train", "train", "train", "train", "val", "test"])}
     if with_lengths:
         arrays["x_lengths"] = lengths
     np.savez(path, **arrays)

@@ -13,7 +13,7 @@ from polyfuse.engine.run import train
 
 DIMS = {"text": 4, "audio": 3, "video": 2}
 STEPS = 5
-SIZES = {"train": 12, "valid": 4, "test": 4}
+SIZES = {"train": 12, "valid": 4, "test": 4}  # the release's file suffixes
 
 
 def write(path, array):
@@ -199,7 +199,7 @@ def test_cli_reads_a_folder_without_text_from_data_modalities(tmp_path, capsys):
     config = _cli_config(tmp_path, folder)
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "all"), *quiet]) == 0
     best = tmp_path / "all" / "checkpoints" / "best.safetensors"
-    assert main(["evaluate", "--checkpoint", str(best), "--split", "valid"]) == 0
+    assert main(["evaluate", "--checkpoint", str(best), "--split", "val"]) == 0
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--modalities", "text,audio", *quiet]) == EXIT_INPUT
     lines = capsys.readouterr().err.strip().splitlines()

@@ -29,7 +29,7 @@ def test_many_targets_give_a_summary_and_per_target_tables():
 def test_constant_baseline_predicts_the_training_mean(tmp_path):
     rng = np.random.default_rng(0)
     labels = rng.uniform(1, 7, size=(40, 2)).astype(np.float32)
-    split = np.array(["train"] * 24 + ["valid"] * 6 + ["test"] * 10)
+    split = np.array(["train"] * 24 + ["val"] * 6 + ["test"] * 10)
     np.savez(tmp_path / "d.npz", a=rng.normal(size=(40, 3)).astype(np.float32),
              b=rng.normal(size=(40, 2)).astype(np.float32), label=labels, split=split)
     config = resolve_config({
@@ -50,7 +50,7 @@ def test_the_median_row_is_the_constant_to_beat_on_mae(tmp_path):
     rng = np.random.default_rng(1)
     labels = np.concatenate([rng.uniform(-0.5, 0.5, 30), rng.uniform(2.0, 3.0, 10)]).astype(np.float32)
     rng.shuffle(labels)
-    split = np.array(["train"] * 28 + ["valid"] * 4 + ["test"] * 8)
+    split = np.array(["train"] * 28 + ["val"] * 4 + ["test"] * 8)
     np.savez(tmp_path / "s.npz", a=rng.normal(size=(40, 3)).astype(np.float32),
              b=rng.normal(size=(40, 2)).astype(np.float32), label=labels, split=split)
     config = resolve_config({

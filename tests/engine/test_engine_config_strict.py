@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"task": {"type": "sentimnet"}}, r"unknown task type 'sentimnet' \(did you mean 'sentiment'\?\)"),
         ({"trainer": {"monitor": "train/loss"}}, r"must be a validation metric"),
         ({"trainer": {"precision": "8-true"}}, r"'trainer.precision': Input should be"),
-        ({"data": {"split_values": {"tran": ["a"]}}}, r"'data.split_values.tran': Input should be 'train', 'valid' or 'test'"),
+        ({"data": {"split_values": {"tran": ["a"]}}}, r"'data.split_values.tran': Input should be 'train', 'val' or 'test'"),
         ({"name": "../../x"}, r"run name '../../x' must be a plain directory name"),
         ({"name": "/etc"}, r"must be a plain directory name"),
     ],

@@ -27,7 +27,7 @@ def test_hoca_adapter_errors_name_the_hoca_module():
 
 
 def test_nan_is_never_a_class(tmp_path):
-    split = np.array(["train"] * 4 + ["valid"] * 2 + ["test"] * 2)
+    split = np.array(["train"] * 4 + ["val"] * 2 + ["test"] * 2)
     path = tmp_path / "f.npz"
 
     def prepare(labels):

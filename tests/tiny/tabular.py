@@ -21,7 +21,7 @@ def tabular_config(kind: str) -> Callable[[Path], dict]:
         signal = a[:, :, 0].mean(1) * b[:, :, 1].mean(1)
         label = {"sentiment": np.clip(3 * signal, -3, 3), "traits": np.stack([signal, -signal], 1).clip(-1, 1) * 3 + 4,
                  "classification": np.digitize(signal, [-0.1, 0.1])}[kind]
-        split = np.array(["train"] * 36 + ["valid"] * 12 + ["test"] * 12)
+        split = np.array(["train"] * 36 + ["val"] * 12 + ["test"] * 12)
         np.savez(folder / "tiny.npz", a=a.astype(np.float32), b=b.astype(np.float32), label=label, split=split)
         task = {"type": kind, **({"target_ranges": [[1, 7], [1, 7]]} if kind == "traits" else {})}
         return {

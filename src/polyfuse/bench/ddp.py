@@ -79,8 +79,8 @@ def _tabular(task: dict[str, Any], label: Callable[[np.ndarray], np.ndarray]) ->
         rng = np.random.default_rng(0)
         a, b, c = (rng.normal(size=(samples, 20, d)).astype(np.float32) for d in (32, 16, 8))
         signal = a[:, :, 0].mean(1) * b[:, :, 1].mean(1) * 10
-        train, valid = int(samples * 0.7), int(samples * 0.15)
-        split = np.array(["train"] * train + ["valid"] * valid + ["test"] * (samples - train - valid))
+        train, val = int(samples * 0.7), int(samples * 0.15)
+        split = np.array(["train"] * train + ["val"] * val + ["test"] * (samples - train - val))
         np.savez(folder / "tabular.npz", a=a, b=b, c=c, label=label(signal), split=split)
         return {"task": dict(task),
                 "data": {"source": str(folder / "tabular.npz"), "modalities": ["a", "b", "c"], "split": "split",

@@ -16,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="train several models with several seeds; mean and std table",
         description=(
             "Train every model of --models with --seeds seeds (seed, seed+1, ...) on the same "
-            "partitions, test each run's best validation checkpoint once, and write runs.csv, "
+            "splits, test each run's best validation checkpoint once, and write runs.csv, "
             "summary.csv and summary.md (mean ± sample std over seeds)."
         ),
     )

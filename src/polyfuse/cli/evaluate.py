@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "standardisation and label encoding are stored in it) and compute the task's metrics.",
     )
     parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by polyfuse train")
-    parser.add_argument("--split", default="test", help="train, valid, test, or all (every row; default test)")
+    parser.add_argument("--split", default="test", help="train, val, test, or all (every row; default test)")
     parser.add_argument("--data", help="another data source with the same modalities (default: the training one)")
     parser.add_argument(
         "--modalities", help="comma-separated arrays of --data standing for the checkpoint's modalities, in order"

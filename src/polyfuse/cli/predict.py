@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--images", help="VQA: folder of <image id>.png|jpg (extracted as in training) or features .h5 of --data's images"
     )
-    parser.add_argument("--split", default="all", help="all (default) or train, valid, test")
+    parser.add_argument("--split", default="all", help="all (default) or train, val, test")
     parser.add_argument(
         "--top-k", type=int, default=None, metavar="K",
         help="VQA: the K best answers per question with their sigmoid scores (columns answer_2, score_2, ... "

@@ -8,7 +8,7 @@ The generic format (see docs/TRAINING.md):
   (default: all T_j);
 - a label array, ``(N,)`` or ``(N, k)``;
 - optional arrays of one value per sample: a split (strings such as
-  ``train`` / ``valid`` / ``test``), groups (a video or speaker id), an order
+  ``train`` / ``val`` / ``test``), groups (a video or speaker id), an order
   key (a start time), ids.
 
 Every problem with a file is a ``ValueError`` (or ``FileNotFoundError``) whose

@@ -4,7 +4,7 @@ For data whose rows are steps of a longer recording (utterances of a video),
 ``group_by`` names the recording and ``order_by`` the position in it (a start
 time). A sample then becomes the sequence of the ``window`` rows of its group
 around it, in order, and the model predicts the row at the window's ``centre``
-position. Windows never cross a partition: a training sample's context holds
+position. Windows never cross a split: a training sample's context holds
 training rows only.
 """
 
@@ -21,7 +21,7 @@ def context_windows(
     """Windows of row indices around every row of ``rows``.
 
     Args:
-        rows: (n,) row indices of one partition; the samples, in this order.
+        rows: (n,) row indices of one split; the samples, in this order.
         groups: (N,) group key of every row of the table.
         order: (N,) sort key of every row within its group (ties keep row order).
         window: W, the number of rows per window; None or 0 for whole groups (W is

@@ -28,26 +28,26 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from polyfuse.data.prepare import Partition, PreparedData
+from polyfuse.data.prepare import PreparedData, Split
 
-__all__ = ["FusionDataModule", "PartitionDataset", "ShardedShuffleSampler", "collate_rows"]
+__all__ = ["FusionDataModule", "ShardedShuffleSampler", "SplitDataset", "collate_rows"]
 
 
-class PartitionDataset(Dataset):
-    """Sample i of a partition is just i; :func:`collate_rows` gathers the tensors."""
+class SplitDataset(Dataset):
+    """Sample i of a split is just i; :func:`collate_rows` gathers the tensors."""
 
-    def __init__(self, partition: Partition) -> None:
-        self.partition = partition
+    def __init__(self, split: Split) -> None:
+        self.split = split
 
     def __len__(self) -> int:
-        return len(self.partition)
+        return len(self.split)
 
     def __getitem__(self, index: int) -> int:
         return index
 
 
 class _Tensors:
-    """The prepared arrays as tensors, shared by every partition's collate."""
+    """The prepared arrays as tensors, shared by every split's collate."""
 
     def __init__(self, data: PreparedData) -> None:
         self.features = [torch.from_numpy(x) for x in data.features]
@@ -55,20 +55,20 @@ class _Tensors:
         self.targets = None if data.targets is None else torch.from_numpy(data.targets)
 
 
-def collate_rows(tensors: _Tensors, partition: Partition, indices: list[int]) -> dict[str, Any]:
-    """The batch of samples ``indices`` of ``partition`` (see the module docstring)."""
+def collate_rows(tensors: _Tensors, split: Split, indices: list[int]) -> dict[str, Any]:
+    """The batch of samples ``indices`` of ``split`` (see the module docstring)."""
     index = torch.as_tensor(indices, dtype=torch.long)
-    rows = torch.from_numpy(partition.rows)[index]
+    rows = torch.from_numpy(split.rows)[index]
     batch: dict[str, Any] = {"row": rows}
     inputs, masks = [], []
-    if partition.windows is None:
+    if split.windows is None:
         for features, lengths in zip(tensors.features, tensors.lengths, strict=True):
             length = lengths[rows]
             steps = max(1, int(length.max()))  # a batch may lack a modality entirely
             inputs.append(features[rows, :steps])
             masks.append(torch.arange(steps) < length[:, None])
     else:
-        windows = torch.from_numpy(partition.windows)[index]  # (B, W)
+        windows = torch.from_numpy(split.windows)[index]  # (B, W)
         real = windows >= 0
         steps = int(real.sum(dim=1).max())
         windows, real = windows[:, :steps], real[:, :steps]
@@ -76,7 +76,7 @@ def collate_rows(tensors: _Tensors, partition: Partition, indices: list[int]) ->
             gathered = features[windows.clamp_min(0), 0]  # (B, W, d)
             inputs.append(gathered * real.unsqueeze(-1))
             masks.append(real)
-        batch["centre"] = torch.from_numpy(partition.centre)[index]
+        batch["centre"] = torch.from_numpy(split.centre)[index]
     batch["inputs"], batch["masks"] = inputs, masks
     if tensors.targets is not None:
         batch["target"] = tensors.targets[rows]
@@ -122,7 +122,7 @@ class ShardedShuffleSampler(Sampler[int]):
 
 
 class FusionDataModule(L.LightningDataModule):
-    """Serves the partitions of a :class:`PreparedData` (see the module docstring).
+    """Serves the splits of a :class:`PreparedData` (see the module docstring).
 
     Args:
         data: the prepared data.
@@ -149,9 +149,9 @@ class FusionDataModule(L.LightningDataModule):
         return trainer.global_rank, trainer.world_size
 
     def _loader(self, key: str, *, train: bool) -> DataLoader:
-        if key not in self.data.partitions:
-            raise ValueError(f"no {key!r} partition; have {', '.join(self.data.partitions)}")
-        partition = self.data.partitions[key]
+        if key not in self.data.splits:
+            raise ValueError(f"no {key!r} split; have {', '.join(self.data.splits)}")
+        split = self.data.splits[key]
         rank, world = self._world()
         if train:
             if self.batch_size % world:
@@ -162,13 +162,13 @@ class FusionDataModule(L.LightningDataModule):
             batch_size = self.batch_size // world
         else:
             batch_size = self.eval_batch_size
-        sampler = ShardedShuffleSampler(len(partition), seed=self.seed, rank=rank, world=world, shuffle=train)
+        sampler = ShardedShuffleSampler(len(split), seed=self.seed, rank=rank, world=world, shuffle=train)
         tensors = self._tensors
         return DataLoader(
-            PartitionDataset(partition),
+            SplitDataset(split),
             batch_size=batch_size,
             sampler=sampler,
-            collate_fn=partial(collate_rows, tensors, partition),
+            collate_fn=partial(collate_rows, tensors, split),
             num_workers=0,
             generator=torch.Generator().manual_seed(self.seed),  # never draws from the global RNG
         )
@@ -177,23 +177,23 @@ class FusionDataModule(L.LightningDataModule):
         return self._loader("train", train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("valid", train=False)
+        return self._loader("val", train=False)
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.predict_partition, train=False)
+        return self._loader(self.predict_split, train=False)
 
-    predict_partition = "test"
+    predict_split = "test"
 
     def loader(self, key: str) -> DataLoader:
-        """An evaluation loader over any partition (``train``, ``valid``, ``test``, ``all``)."""
+        """An evaluation loader over any split (``train``, ``val``, ``test``, ``all``)."""
         return self._loader(key, train=False)
 
     def sample(self, key: str, index: int) -> dict[str, Tensor]:
-        """The batch holding only sample ``index`` of partition ``key``."""
-        partition = self.data.partitions[key]
-        if not 0 <= index < len(partition):
-            raise ValueError(f"sample {index} outside the {len(partition)} samples of {key!r}")
-        return collate_rows(self._tensors, partition, [index])
+        """The batch holding only sample ``index`` of split ``key``."""
+        split = self.data.splits[key]
+        if not 0 <= index < len(split):
+            raise ValueError(f"sample {index} outside the {len(split)} samples of {key!r}")
+        return collate_rows(self._tensors, split, [index])

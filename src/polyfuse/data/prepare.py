@@ -1,9 +1,9 @@
-"""From named arrays to model-ready data: modalities, labels, partitions, windows.
+"""From named arrays to model-ready data: modalities, labels, splits, windows.
 
 :func:`prepare_data` applies the ``data`` section of a configuration to an
 :class:`~polyfuse.data.arrays.ArrayTable`: it picks the modalities, checks every
 shape, handles non-finite values, encodes the labels for the task, resolves the
-train / valid / test partitions, standardises with training statistics and, in
+train / valid / test splits, standardises with training statistics and, in
 contextual mode, builds the windows.
 
 Shapes: ``N`` rows, ``T_j`` steps and ``d_j`` features of modality j, ``k`` targets,
@@ -23,10 +23,10 @@ import numpy as np
 from polyfuse.data.arrays import ArrayTable
 from polyfuse.data.context import context_windows
 from polyfuse.data.formats.word_aligned import move_real_steps_to_front, zero_padding_real_steps
-from polyfuse.data.splits import resolve_partitions
+from polyfuse.data.splits import resolve_splits
 from polyfuse.data.standardize import FeatureStats, fit_stats, real_steps
 
-__all__ = ["LABEL_KINDS", "OUT_OF_RANGE_POLICIES", "Partition", "PreparedData", "encode_labels", "prepare_data", "trait_key"]
+__all__ = ["LABEL_KINDS", "OUT_OF_RANGE_POLICIES", "PreparedData", "Split", "encode_labels", "prepare_data", "trait_key"]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ OUT_OF_RANGE_POLICIES = ("error", "clip")
 
 
 @dataclass
-class Partition:
-    """The samples of one partition.
+class Split:
+    """The samples of one split.
 
     rows: (n,) the row of each sample (its label is the target).
     windows: (n, W) row indices with -1 for padding (contextual mode), else None.
@@ -56,7 +56,7 @@ class Partition:
 
 @dataclass
 class PreparedData:
-    """Standardised features, encoded targets and partitions (see the module docstring).
+    """Standardised features, encoded targets and splits (see the module docstring).
 
     features[j]: (N, T_j, d_j) float32 (contextual mode: T_j = 1), padded steps 0.
     lengths[j]: (N,) int64 real steps. targets: (N,) float32 (sentiment), (N, k)
@@ -70,7 +70,7 @@ class PreparedData:
     features: list[np.ndarray]
     lengths: list[np.ndarray]
     targets: np.ndarray | None
-    partitions: dict[str, Partition]
+    splits: dict[str, Split]
     stats: dict[str, FeatureStats]
     label_info: dict[str, Any] = field(default_factory=dict)
     ids: np.ndarray | None = None
@@ -81,7 +81,7 @@ class PreparedData:
 
     @property
     def contextual(self) -> bool:
-        return any(p.windows is not None for p in self.partitions.values())
+        return any(p.windows is not None for p in self.splits.values())
 
 
 def _modality(table: ArrayTable, name: str, padding: str = "auto") -> tuple[np.ndarray, np.ndarray]:
@@ -400,7 +400,7 @@ def prepare_data(
     label_kind: str,
     stats: Mapping[str, FeatureStats] | None = None,
     label_info: Mapping[str, Any] | None = None,
-    partitions: Sequence[str] | None = None,
+    splits: Sequence[str] | None = None,
     require_labels: bool = True,
 ) -> PreparedData:
     """Apply the ``data`` section of a configuration to ``table``.
@@ -413,8 +413,8 @@ def prepare_data(
         stats: standardisation statistics to use (from a checkpoint) instead of
             fitting them on the training rows.
         label_info: label encoding to use (from a checkpoint).
-        partitions: which partitions to build; None for train, valid and test;
-            ``["all"]`` for every row of the table as one partition.
+        splits: which splits to build; None for train, val and test;
+            ``["all"]`` for every row of the table as one split.
         require_labels: False to allow a table without the label array (prediction).
     """
     origin = table.origin
@@ -445,13 +445,13 @@ def prepare_data(
     context = data.get("context") or None
     if context is not None and not context.get("group_by"):
         raise ValueError("data.context needs group_by (the array naming each row's recording)")
-    if partitions == ["all"]:  # prediction: neither split nor groups are needed
+    if splits == ["all"]:  # prediction: neither split nor groups are needed
         rows_of = {"all": np.arange(count)}
     else:
         group_key = data.get("group") or (context or {}).get("group_by")
         groups = per_sample(group_key, "group")
         split = per_sample(data.get("split"), "split")
-        rows_of = resolve_partitions(
+        rows_of = resolve_splits(
             count,
             split=split,
             groups=groups,
@@ -461,8 +461,8 @@ def prepare_data(
             split_values=data.get("split_values"),
             origin=origin,
         )
-        if partitions is not None:
-            rows_of = {key: rows_of[key] for key in partitions}
+        if splits is not None:
+            rows_of = {key: rows_of[key] for key in splits}
     used = np.zeros(count, dtype=bool)
     for rows in rows_of.values():
         used[rows] = True
@@ -507,10 +507,10 @@ def prepare_data(
         lengths.append(length)
         fitted[name] = modality_stats
 
-    built: dict[str, Partition] = {}
+    built: dict[str, Split] = {}
     for key, rows in rows_of.items():
         if context is None:
-            built[key] = Partition(rows)
+            built[key] = Split(rows)
             continue
         for name, array in zip(names, features, strict=True):
             if array.shape[1] != 1:
@@ -521,7 +521,7 @@ def prepare_data(
         order_key = context.get("order_by")
         order = per_sample(order_key, "order") if order_key else np.arange(count)
         windows, centre = context_windows(rows, per_sample(context["group_by"], "group"), order, context.get("window"))
-        built[key] = Partition(rows, windows, centre)
+        built[key] = Split(rows, windows, centre)
     ids = per_sample(data.get("id"), "id") if data.get("id") and data["id"] in table else None
     return PreparedData(
         origin, names, features, lengths, targets, built, fitted, info, ids

@@ -1,4 +1,4 @@
-"""Train / validation / test partitions of the rows of a table.
+"""Train / validation / test splits of the rows of a table.
 
 The test rows come from the file's split array (or, without one, from a seeded
 draw of whole groups). The validation rows come from the file's split array when
@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_SPLIT_VALUES", "carve_groups", "resolve_partitions"]
+__all__ = ["DEFAULT_SPLIT_VALUES", "carve_groups", "resolve_splits"]
 
 DEFAULT_SPLIT_VALUES: dict[str, tuple[str, ...]] = {
     "train": ("train",),
-    "valid": ("valid", "val", "validation", "dev"),
+    "val": ("val", "valid", "validation", "dev"),
     "test": ("test",),
 }
 
@@ -52,7 +52,7 @@ def carve_groups(
     return np.sort(rows[~carved]), np.sort(rows[carved])
 
 
-def resolve_partitions(
+def resolve_splits(
     count: int,
     *,
     split: np.ndarray | None,
@@ -63,7 +63,7 @@ def resolve_partitions(
     split_values: Mapping[str, Sequence[str]] | None = None,
     origin: str = "data",
 ) -> dict[str, np.ndarray]:
-    """Row indices of the ``train``, ``valid`` and ``test`` partitions.
+    """Row indices of the ``train``, ``val`` and ``test`` splits.
 
     Args:
         count: N, the number of rows.
@@ -79,7 +79,7 @@ def resolve_partitions(
     values = {key: tuple(DEFAULT_SPLIT_VALUES[key]) for key in DEFAULT_SPLIT_VALUES}
     for key, names in (split_values or {}).items():
         if key not in values:
-            raise ValueError(f"data.split_values: unknown partition {key!r}; expected train, valid, test")
+            raise ValueError(f"data.split_values: unknown split {key!r}; expected train, val, test")
         values[key] = tuple(str(name) for name in names)
     all_rows = np.arange(count)
     def carve(rows: np.ndarray, fraction: float, draw: int, part: str) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +90,7 @@ def resolve_partitions(
 
     if split is None:
         train, test = carve(all_rows, test_fraction, seed + 1, "test")
-        valid = np.array([], dtype=np.int64)
+        val = np.array([], dtype=np.int64)
     else:
         names = split.astype(str)
         known = {name for group in values.values() for name in group}
@@ -101,9 +101,9 @@ def resolve_partitions(
                 + "; ".join(f"{key}: {', '.join(group)}" for key, group in values.items())
                 + " (set data.split_values to map others)"
             )
-        train, valid, test = (all_rows[np.isin(names, values[key])] for key in ("train", "valid", "test"))
+        train, val, test = (all_rows[np.isin(names, values[key])] for key in ("train", "val", "test"))
     if train.size == 0:
         raise ValueError(f"{origin}: the split has no training rows")
-    if valid.size == 0:
-        train, valid = carve(train, validation_fraction, seed, "validation")
-    return {"train": train, "valid": valid, "test": test}
+    if val.size == 0:
+        train, val = carve(train, validation_fraction, seed, "validation")
+    return {"train": train, "val": val, "test": test}

@@ -1,7 +1,7 @@
 """Several models, several seeds, one table of mean and standard deviation.
 
 Every model is trained ``seeds`` times with seeds ``seed, seed + 1, ...`` (the
-data partitions stay fixed by ``data.split_seed``), each run testing its best
+data splits stay fixed by ``data.split_seed``), each run testing its best
 validation checkpoint once. The table gives, per model and metric, the mean and
 the sample standard deviation (ddof = 1) over seeds of the validation monitor
 (what picked each run's checkpoint) and of the test metrics, and the mean wall

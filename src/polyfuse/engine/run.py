@@ -14,7 +14,7 @@
     results.json           validation and test metrics of the best checkpoint, times
     learning_curves.png
 
-The test partition is evaluated once, after training, with the best checkpoint.
+The test split is evaluated once, after training, with the best checkpoint.
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ class AppliedCheckpoint:
     split: str
 
     def loaders(self) -> dict[str, Any]:
-        """The evaluation loaders of the split, by partition."""
+        """The evaluation loaders of the split, by split."""
         return self.spec.loaders(self.data, self.split)
 
 
@@ -404,7 +404,7 @@ def apply_checkpoint(
 def evaluate(
     checkpoint: str | Path, *, split: str = "test", source: str | None = None, modalities: Sequence[str] | None = None
 ) -> dict[str, float]:
-    """Metrics of a checkpoint on one split (``train``, ``valid``, ``test``; ``all``
+    """Metrics of a checkpoint on one split (``train``, ``val``, ``test``; ``all``
     for every row of a file without a split)."""
     return evaluate_applied(apply_checkpoint(checkpoint, split=split, source=source, modalities=modalities))
 

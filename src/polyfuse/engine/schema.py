@@ -127,7 +127,7 @@ class _DataConfigBase(_Section):
         ".npz / .h5: real steps first, lengths arrays); left / right find the real steps from the zero padding"
     )
     split: str | None = Field(None, description="split array name (values train / valid / test)")
-    split_values: dict[Literal["train", "valid", "test"], list[str | int]] | None = Field(
+    split_values: dict[Literal["train", "val", "test"], list[str | int]] | None = Field(
         None, description="which split values mean train / valid / test"
     )
     group: str | None = Field(None, description="group array for carving held-out parts (default: context.group_by)")

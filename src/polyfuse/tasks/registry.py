@@ -51,7 +51,7 @@ class TaskData:
 
     datamodule: L.LightningDataModule
     prepared: Any
-    samples: dict[str, int] = field(default_factory=dict)  # rows per partition, for results.json
+    samples: dict[str, int] = field(default_factory=dict)  # rows per split, for results.json
     steps_per_epoch: int = 1  # training batches per epoch (the logging interval is capped by it)
 
 
@@ -108,7 +108,7 @@ class TaskSpec:
 
     # -- training ------------------------------------------------------------------
     def build_data(self, config: Mapping[str, Any]) -> TaskData:
-        """The data of a training run: train, valid and (optionally) test partitions."""
+        """The data of a training run: train, val and (optionally) test splits."""
         raise NotImplementedError
 
     def build_module(self, config: Mapping[str, Any], data: TaskData) -> L.LightningModule:
@@ -157,8 +157,8 @@ class TaskSpec:
         raise NotImplementedError
 
     def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
-        """The evaluation loaders of ``split``, by partition name (``all`` may be one
-        partition or several)."""
+        """The evaluation loaders of ``split``, by split name (``all`` may be one
+        split or several)."""
         raise NotImplementedError
 
     def bind(self, module: L.LightningModule, data: TaskData, **options: Any) -> None:
@@ -168,7 +168,7 @@ class TaskSpec:
     def records(self, module: L.LightningModule, outputs: Mapping[str, Sequence[Any]], data: TaskData,
                 extras: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Prediction records (one dict per row) from ``Trainer.predict``'s outputs per
-        partition (the keys of :meth:`loaders`)."""
+        split (the keys of :meth:`loaders`)."""
         raise NotImplementedError
 
     def write_records(self, records: Sequence[Mapping[str, Any]], path: Path) -> None:

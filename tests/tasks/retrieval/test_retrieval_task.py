@@ -50,6 +50,17 @@ def test_model_fusion_takes_the_video_fusions_and_their_rules(model, section, me
     resolve_config({**config, "model": {"fusion": "gating+man"}, "retrieval": {"source": "x", "man_lr": 1e-4}})
 
 
+@pytest.mark.parametrize("task", ["retrieval", "chimera"])
+def test_an_unknown_training_precision_is_refused(task):
+    from polyfuse.engine.config import resolve_config
+
+    config = {"task": {"type": task}, task: {"source": "synthetic:videos=20"}, "trainer": {"precision": "16-mixed"}}
+    with pytest.raises(ValueError, match=f"trainer.precision: task.type {task} trains in 32-true or bf16-mixed, "
+                                         "not '16-mixed'"):
+        resolve_config(config)
+    resolve_config({**config, "trainer": {"precision": "bf16-mixed"}})
+
+
 def test_batches_are_distinct_videos_with_one_of_their_captions_and_follow_the_epoch():
     captions_of = [[0, 1], [2], [3, 4, 5], [6], [7, 8], [9]]
     sampler = DistinctVideoBatches(captions_of, batch_size=4, seed=1)

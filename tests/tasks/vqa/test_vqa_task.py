@@ -36,11 +36,11 @@ def test_answer_table_by_hand():
 
 def test_validation_holds_whole_images():
     questions = random_questions(90, seed=2)  # 30 images, 3 questions each
-    train, valid = split_by_image(questions, 0.2, seed=5)
-    assert len({q.image_id for q in valid}) == 6
-    assert not {q.image_id for q in train} & {q.image_id for q in valid}
-    assert len(train) + len(valid) == 90
-    assert split_by_image(questions, 0.2, seed=5) == (train, valid)  # the seed fixes the draw
+    train, val = split_by_image(questions, 0.2, seed=5)
+    assert len({q.image_id for q in val}) == 6
+    assert not {q.image_id for q in train} & {q.image_id for q in val}
+    assert len(train) + len(val) == 90
+    assert split_by_image(questions, 0.2, seed=5) == (train, val)  # the seed fixes the draw
     with pytest.raises(ValueError, match="needs at least 2"):
         split_by_image(questions[:3], 0.2, seed=0)
 
@@ -130,15 +130,15 @@ def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
     # every question: its answer given by 9 humans, "green" by 1 (the multiple-choice
     # answer of no question)
     config = yaml.safe_load((write_vqa_folder(tmp_path, 8, 4) / "vqa.yaml").read_text())
-    data = build_vqa_data(resolve_config(config), partitions=("train",))
+    data = build_vqa_data(resolve_config(config), splits=("train",))
     assert "green" not in data.answers and data.words[-1] == UNKNOWN_WORD
-    assert sorted(set(data.partitions["train"].targets.flatten().tolist())) == [0.0, 1.0]
+    assert sorted(set(data.splits["train"].targets.flatten().tolist())) == [0.0, 1.0]
     config["data"]["vqa"].update(answer_count="all_answers", soft_score="min_third")
-    data = build_vqa_data(resolve_config(config), partitions=("train",))
-    green = data.partitions["train"].targets[:, data.answers.index("green")]
+    data = build_vqa_data(resolve_config(config), splits=("train",))
+    green = data.splits["train"].targets[:, data.answers.index("green")]
     assert torch.equal(green, torch.full_like(green, 1 / 3))
     config["data"]["vqa"]["soft_score"] = "ban_vqa"
-    green = build_vqa_data(resolve_config(config), partitions=("train",)).partitions["train"].targets[:, -1]
+    green = build_vqa_data(resolve_config(config), splits=("train",)).splits["train"].targets[:, -1]
     assert data.answers[-1] == "green" and torch.equal(green, torch.full_like(green, 0.3))
 
 

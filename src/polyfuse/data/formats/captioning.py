@@ -223,7 +223,7 @@ def load_captions(path: str | Path) -> dict[str, list[str]]:
 
 
 def load_splits(path: str | Path) -> dict[str, list[str]]:
-    """``{"train", "valid", "test"}`` -> video ids, from JSON (``val`` is read as ``valid``)."""
+    """``{"train", "val", "test"}`` -> video ids, from JSON (``valid`` and ``validation`` are read as ``val``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"split file not found: {path}")
@@ -231,7 +231,7 @@ def load_splits(path: str | Path) -> dict[str, list[str]]:
     if not isinstance(content, Mapping):
         raise ValueError(f"{path}: expected a JSON object of split lists, found a {type(content).__name__}")
     splits = {}
-    for name, aliases in (("train", ("train",)), ("valid", ("valid", "val", "validation")), ("test", ("test",))):
+    for name, aliases in (("train", ("train",)), ("val", ("val", "valid", "validation")), ("test", ("test",))):
         found = next((content[a] for a in aliases if a in content), None)
         if not isinstance(found, list):
             raise ValueError(f"{path}: no {name!r} list of video ids (keys: {', '.join(content)})")

@@ -43,7 +43,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "valid", "test")
+SPLITS = ("train", "valid", "test")  # the release's file suffixes (a "valid" row is split val)
 PADDINGS = ("auto", "left", "right")
 MODALITIES = ("text", "audio", "video")
 

@@ -50,7 +50,7 @@ from polyfuse.data.formats.captioning import (
 
 __all__ = ["CaptioningData", "CaptioningDataModule", "ReplayedShuffleSampler", "prepare_captioning", "share_of"]
 
-SPLITS = ("train", "valid", "test")
+SPLITS = ("train", "val", "test")
 
 
 @dataclass
@@ -244,7 +244,7 @@ class CaptioningDataModule(L.LightningDataModule):
         super().__init__()
         self.data = data
         self.batch_size, self.eval_batch_size, self.seed = int(batch_size), int(eval_batch_size), int(seed)
-        self._pairs = {split: data.pairs(split) for split in ("train", "valid")}
+        self._pairs = {split: data.pairs(split) for split in ("train", "val")}
 
     def _world(self) -> tuple[int, int]:
         """(rank, number of processes) of the trainer this module serves; (0, 1) without one."""
@@ -281,17 +281,17 @@ class CaptioningDataModule(L.LightningDataModule):
         return torch.Generator().manual_seed(self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self._pairs["valid"], batch_size=self.eval_batch_size,
+        return DataLoader(self._pairs["val"], batch_size=self.eval_batch_size,
                           collate_fn=partial(self._pair_batch, *self._world()), generator=self._quiet_generator())
 
     def loader(self, split: str) -> DataLoader:
-        """An evaluation loader over the videos of ``split`` (``train``, ``valid``, ``test``;
+        """An evaluation loader over the videos of ``split`` (``train``, ``val``, ``test``;
         ``all``: every video), as every data module's ``loader``."""
         if split == "all":
             return self.video_loader(list(self.data.videos))
-        key = {"val": "valid", "validation": "valid"}.get(split, split)
+        key = split
         if key not in self.data.splits:
-            raise ValueError(f"no {split!r} split; have train, valid, test, all")
+            raise ValueError(f"no {split!r} split; have train, val, test, all")
         return self.video_loader(self.data.splits[key])
 
     def video_loader(self, videos: Sequence[str]) -> DataLoader:

@@ -455,6 +455,7 @@ class ChimeraSpec(RankingSpec):
     def check_config(self, config: Any) -> None:
         """Chimera has no fusion module: ``model.fusion`` other than its default is refused,
         so that ``polyfuse compare --models concat,...`` cannot train one model twice."""
+        super().check_config(config)
         if config.model.fusion != "man":
             raise ValueError(f"model.fusion {config.model.fusion!r} is not read by task.type chimera: its model is "
                              "set in the chimera section (polyfuse compare --models takes chimera configuration "

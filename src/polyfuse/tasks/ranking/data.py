@@ -64,7 +64,7 @@ __all__ = [
     "shuffle_words",
 ]
 
-#: The parts of a retrieval corpus, in order; the engine's ``valid`` is ``val`` here.
+#: The splits of a retrieval corpus, in order.
 PARTS = ("train", "val", "test")
 
 

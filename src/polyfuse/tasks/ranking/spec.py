@@ -30,7 +30,7 @@ __all__ = ["SHUFFLED", "SPLITS", "EvalOnly", "RankingSpec", "cache_dir_of", "ran
            "select_parts"]
 
 #: The splits an evaluation may name, engine name -> part of the corpus (``all``: every video).
-SPLITS = {"train": "train", "valid": "val", "val": "val", "test": "test", "all": "all"}
+SPLITS = {"train": "train", "val": "val", "test": "test", "all": "all"}
 #: The part holding the test split with each caption's words shuffled (Chimera's EX2, seed 0).
 SHUFFLED = "test_shuffled"
 
@@ -123,6 +123,15 @@ class RankingSpec(TaskSpec):
         raise NotImplementedError
 
     # -- shared --------------------------------------------------------------------
+    #: the precisions the ranking losses are written and tested for (their similarity
+    #: matrices and log-softmaxes in float32 or under bfloat16 autocast)
+    precisions: ClassVar[tuple[str, ...]] = ("32-true", "bf16-mixed")
+
+    def check_config(self, config: Any) -> None:
+        if config.trainer.precision not in self.precisions:
+            raise ValueError(f"trainer.precision: task.type {self.name} trains in {' or '.join(self.precisions)}, "
+                             f"not {config.trainer.precision!r}")
+
     def checkpoint_part(self, split: str, *, source: str | None = None, modalities: Sequence[str] | None = None,
                         shuffle_words: bool = False) -> str:
         """The part of the corpus a checkpoint is applied to (``split``, its words shuffled)."""

@@ -348,6 +348,7 @@ class RetrievalSpec(RankingSpec):
     fusions = VIDEO_FUSIONS
 
     def check_config(self, config: Any) -> None:
+        super().check_config(config)
         fusion, section = config.model.fusion, config.retrieval
         if section.man_lr is not None and fusion not in ("gating+man", "mean+man"):
             raise ValueError(f"retrieval.man_lr applies to MAN as a branch (model.fusion gating+man, mean+man), not to {fusion}")

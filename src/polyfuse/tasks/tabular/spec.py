@@ -139,7 +139,7 @@ def prepared_data(
     source: str | None = None,
     stats: Mapping[str, FeatureStats] | None = None,
     label_info: Mapping[str, Any] | None = None,
-    partitions: Sequence[str] | None = None,
+    splits: Sequence[str] | None = None,
     require_labels: bool = True,
     base: str | Path | None = None,
 ) -> PreparedData:
@@ -159,7 +159,7 @@ def prepared_data(
             data["split"] = "split"
     return prepare_data(
         table, data, config["task"], label_kind=label_kind, stats=stats, label_info=label_info,
-        partitions=partitions, require_labels=require_labels,
+        splits=splits, require_labels=require_labels,
     )
 
 
@@ -171,11 +171,11 @@ def _stats_from_tensors(stored: Mapping[str, Mapping[str, Tensor]]) -> dict[str,
     return {name: FeatureStats(s["mean"].numpy(), s["std"].numpy()) for name, s in stored.items()}
 
 
-def _partition_key(data: PreparedData, split: str) -> str:
-    if split not in data.partitions:
-        raise ValueError(f"no {split!r} split; have {', '.join(data.partitions)}")
-    if not len(data.partitions[split]):
-        others = [key for key, rows in data.partitions.items() if len(rows)]
+def _split_key(data: PreparedData, split: str) -> str:
+    if split not in data.splits:
+        raise ValueError(f"no {split!r} split; have {', '.join(data.splits)}")
+    if not len(data.splits[split]):
+        others = [key for key, rows in data.splits.items() if len(rows)]
         raise ValueError(
             f"the {split!r} split of {data.origin} has no rows; "
             f"choose --split all or one of: {', '.join(others) or '(none)'}"
@@ -216,14 +216,14 @@ class TabularSpec(TaskSpec):
 
     def build_data(self, config: Mapping[str, Any]) -> TaskData:
         data = prepared_data(config, self.label_kind)
-        if not len(data.partitions["valid"]):
-            raise ValueError("the validation partition is empty")
+        if not len(data.splits["val"]):
+            raise ValueError("the validation split is empty")
         batch_size = config["data"]["batch_size"]
         datamodule = FusionDataModule(
             data, batch_size=batch_size, eval_batch_size=config["data"]["eval_batch_size"], seed=int(config["seed"]),
         )
-        samples = {key: len(p) for key, p in data.partitions.items()}
-        return TaskData(datamodule, data, samples, -(-len(data.partitions["train"]) // batch_size))
+        samples = {key: len(p) for key, p in data.splits.items()}
+        return TaskData(datamodule, data, samples, -(-len(data.splits["train"]) // batch_size))
 
     def build_module(self, config: Mapping[str, Any], data: TaskData) -> FusionTask:
         prepared = data.prepared
@@ -266,7 +266,7 @@ class TabularSpec(TaskSpec):
         stats = {new: stats[old] for new, old in zip(wanted, trained, strict=True) if old in stats}
         data = prepared_data(
             config, self.label_kind, source=source, stats=stats, label_info=extras["label_info"],
-            partitions=["all"] if split == "all" else None, require_labels=require_labels,
+            splits=["all"] if split == "all" else None, require_labels=require_labels,
         )
         if data.modalities != list(wanted):
             raise ValueError(
@@ -278,12 +278,12 @@ class TabularSpec(TaskSpec):
                 f"the modalities {data.modalities} have feature sizes {data.input_dims}; the checkpoint "
                 f"was trained on sizes {list(extras['input_dims'])}"
             )
-        _partition_key(data, split)
+        _split_key(data, split)
         datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
-        return TaskData(datamodule, data, {key: len(p) for key, p in data.partitions.items()})
+        return TaskData(datamodule, data, {key: len(p) for key, p in data.splits.items()})
 
     def loaders(self, data: TaskData, split: str) -> dict[str, Any]:
-        key = _partition_key(data.prepared, split)
+        key = _split_key(data.prepared, split)
         return {key: data.datamodule.loader(key)}
 
     def bind(self, module: Any, data: TaskData, **options: Any) -> None:
@@ -300,7 +300,7 @@ class TabularSpec(TaskSpec):
         from polyfuse.tasks.attention_figure import tabular_attention_figure
 
         data = self.checkpoint_data(extras, split=split, source=source, modalities=modalities, require_labels=False)
-        batch = data.datamodule.sample(_partition_key(data.prepared, split), sample)
+        batch = data.datamodule.sample(_split_key(data.prepared, split), sample)
         return [tabular_attention_figure(module, batch, out, split=split, sample=sample)]
 
     def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData, extras: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -331,9 +331,9 @@ class TabularSpec(TaskSpec):
         unknown = [s for s in statistics if s not in CONSTANT_ROWS]
         if unknown:
             raise ValueError(f"unknown constant {unknown[0]!r}; expected one of {', '.join(CONSTANT_ROWS)}")
-        data = prepared_data(config, self.label_kind, partitions=["train", "test"])
+        data = prepared_data(config, self.label_kind, splits=["train", "test"])
         targets = torch.from_numpy(data.targets).double()
-        train, test = (torch.from_numpy(data.partitions[p].rows) for p in ("train", "test"))
+        train, test = (torch.from_numpy(data.splits[p].rows) for p in ("train", "test"))
         # torch.median returns the lower of the two middle values; the mean of both is the usual median
         constants = {
             "mean": targets[train].mean(dim=0, keepdim=True),

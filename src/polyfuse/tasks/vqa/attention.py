@@ -42,11 +42,11 @@ def plot_vqa_checkpoint_attention(
     if config["model"]["fusion"] != "ban":
         raise ValueError(f"a {config['model']['fusion']} model has no bilinear attention maps; plot a BAN checkpoint")
     if split == "all":
-        raise ValueError("plot attention takes questions of one split: train, valid or test")
-    if split not in ("train", "valid", "test"):
-        raise ValueError(f"a VQA checkpoint's attention is drawn for a question of train, valid or test, not {split!r}")
+        raise ValueError("plot attention takes questions of one split: train, val or test")
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"a VQA checkpoint's attention is drawn for a question of train, val or test, not {split!r}")
     key = split
-    part = build_vqa_data(extras["config"], vocabulary=extras["label_info"], partitions=[key]).partitions[key]
+    part = build_vqa_data(extras["config"], vocabulary=extras["label_info"], splits=[key]).splits[key]
     position = {q.question_id: i for i, q in enumerate(part.questions)}
     if question_ids:
         unknown = [q for q in question_ids if q not in position]
@@ -60,7 +60,7 @@ def plot_vqa_checkpoint_attention(
     if images is None and config["data"]["vqa"]["easy_vqa"]:
         from polyfuse.data.formats.easy_vqa import easy_vqa_image_folder
 
-        images = easy_vqa_image_folder("train" if key in ("train", "valid") else "test")
+        images = easy_vqa_image_folder("train" if key in ("train", "val") else "test")
     out = Path(out)
     written = []
     for row in rows:

@@ -1,5 +1,5 @@
 """VQA data for the engine (``task.type: vqa``): questions, vocabularies, image features,
-the train / valid / test partitions and the Lightning data module that serves them.
+the train / valid / test splits and the Lightning data module that serves them.
 
 Legend for shapes: ``Q`` questions, ``L`` words, ``O`` objects or grid cells, ``d_v``
 image feature size, ``A`` answers, ``K`` distinct human answers of a question that are
@@ -9,7 +9,7 @@ A batch is a dict: ``tokens`` (B, L) long, ``image`` (B, O, d_v), ``boxes`` (B, 
 ``target`` (B, A) soft scores, ``answer_ids`` (B, K) long (-1: padding) and
 ``answer_scores`` (B, K), the official VQA accuracy of answering ``answer_ids[k]``,
 ``answer_type`` (B,) long (index into the breakdown's type names) and ``row`` (B,), the
-question's position in its partition.
+question's position in its split.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ __all__ = [
 
 @dataclass
 class VQASplit:
-    """Tensors of one partition; ``image_rows`` index ``features`` / ``boxes`` per question."""
+    """Tensors of one split; ``image_rows`` index ``features`` / ``boxes`` per question."""
 
     questions: list[VQAQuestion]
     tokens: Tensor  # (Q, L) long
@@ -92,7 +92,7 @@ class VQASplit:
 class VQAData:
     """What a VQA run trains and tests on (see :func:`build_vqa_data`)."""
 
-    partitions: dict[str, VQASplit]
+    splits: dict[str, VQASplit]
     words: list[str]
     answers: list[str]
     type_names: list[str]
@@ -175,7 +175,7 @@ def read_split_features(section: Mapping[str, Any], split: str) -> ImageFeatures
 def split_by_image(
     questions: Sequence[VQAQuestion], fraction: float, seed: int
 ) -> tuple[list[VQAQuestion], list[VQAQuestion]]:
-    """(train, valid): the questions of a share ``fraction`` of the images (drawn with
+    """(train, val): the questions of a share ``fraction`` of the images (drawn with
     ``seed``, at least one image) go to validation, so that no image is in both."""
     images = sorted({q.image_id for q in questions})
     if len(images) < 2:
@@ -218,9 +218,9 @@ def build_vqa_data(
     config: Mapping[str, Any],
     *,
     vocabulary: Mapping[str, Any] | None = None,
-    partitions: Sequence[str] = ("train", "valid", "test"),
+    splits: Sequence[str] = ("train", "val", "test"),
 ) -> VQAData:
-    """The partitions of a resolved ``task.type: vqa`` configuration.
+    """The splits of a resolved ``task.type: vqa`` configuration.
 
     ``vocabulary`` (stored in a checkpoint: ``words``, ``answers``, ``type_names`` and
     optionally ``pca_mean`` / ``pca_directions``) replaces what would be built from the
@@ -228,13 +228,13 @@ def build_vqa_data(
     section = config["data"]["vqa"]
     # A checkpoint's vocabulary (and PCA) replaces the training files: applied to the
     # test split alone, it reads neither the training questions nor their features.
-    reads_training = vocabulary is None or "train" in partitions or "valid" in partitions
+    reads_training = vocabulary is None or "train" in splits or "val" in splits
     train_questions, valid_questions = split_by_image(
         read_vqa_questions(section, "train"), float(config["data"]["validation_fraction"]), int(config["data"]["split_seed"])
     ) if reads_training else ([], [])  # fmt: skip
-    test_questions = read_vqa_questions(section, "test") if "test" in partitions else []
+    test_questions = read_vqa_questions(section, "test") if "test" in splits else []
     train_features = read_split_features(section, "train") if reads_training else None
-    test_features = read_split_features(section, "test") if "test" in partitions else None
+    test_features = read_split_features(section, "test") if "test" in splits else None
     breakdown = section["breakdown"]
     if vocabulary is None:
         words = word_vocabulary(train_questions, min_count=int(section["min_word_count"]))
@@ -261,12 +261,12 @@ def build_vqa_data(
     data = VQAData({}, words, answers, type_names, int(read.features.shape[-1]), pca)
     sources = {
         "train": (train_questions, train_features, "training questions"),
-        "valid": (valid_questions, train_features, "validation questions"),
+        "val": (valid_questions, train_features, "validation questions"),
         "test": (test_questions, test_features, "test questions"),
     }
-    for key in partitions:
+    for key in splits:
         questions, features, what = sources[key]
-        data.partitions[key] = encode_split(questions, features, data, section, what)
+        data.splits[key] = encode_split(questions, features, data, section, what)
     glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
     if glove and vocabulary is None:
         from polyfuse.data.formats.glove import load_glove
@@ -277,7 +277,7 @@ def build_vqa_data(
 
 
 class VQADataModule(L.LightningDataModule):
-    """Serves the partitions of a :class:`VQAData` as batches of the module docstring;
+    """Serves the splits of a :class:`VQAData` as batches of the module docstring;
     training batches in a fresh order per epoch drawn from ``seed`` and the epoch
     (:class:`~polyfuse.data.datamodule.ShardedShuffleSampler`)."""
 
@@ -289,9 +289,9 @@ class VQADataModule(L.LightningDataModule):
         self.seed = int(seed)
 
     def loader(self, key: str, *, train: bool = False) -> DataLoader:
-        if key not in self.data.partitions:
-            raise ValueError(f"no {key!r} partition; have {', '.join(self.data.partitions)}")
-        split = self.data.partitions[key]
+        if key not in self.data.splits:
+            raise ValueError(f"no {key!r} split; have {', '.join(self.data.splits)}")
+        split = self.data.splits[key]
         rank, world = (0, 1) if self.trainer is None else (self.trainer.global_rank, self.trainer.world_size)
         if train and self.batch_size % world:
             raise ValueError(f"data.batch_size {self.batch_size} must be divisible by the {world} processes")
@@ -310,7 +310,7 @@ class VQADataModule(L.LightningDataModule):
         return self.loader("train", train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self.loader("valid")
+        return self.loader("val")
 
     def test_dataloader(self) -> DataLoader:
         return self.loader("test")

@@ -146,7 +146,7 @@ def _extract(folder: Path, trained: Mapping[str, Any], work: Path) -> tuple[Path
 
 def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, images: str | Path) -> VQAData:
     """The questions of ``questions_path`` about the images of ``images`` (a folder or an
-    HDF5 features file), as the one partition :data:`NEW_SPLIT` of a :class:`VQAData`
+    HDF5 features file), as the one split :data:`NEW_SPLIT` of a :class:`VQAData`
     encoded with the checkpoint's vocabularies and PCA. Questions about an image that
     could not be decoded are left out with one warning; an image id with no image is
     an error listing the ids."""
@@ -198,5 +198,5 @@ def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, im
     # saved before data.vqa.soft_score existed was trained with min(n/3, 1)
     section = {"soft_score": "min_third", **config["data"]["vqa"]}
     warn_unknown_words(unknown_words(questions, data.words, int(section["max_length"])), data.words)
-    data.partitions[NEW_SPLIT] = encode_split(questions, features, data, section, f"questions of {questions_path}")
+    data.splits[NEW_SPLIT] = encode_split(questions, features, data, section, f"questions of {questions_path}")
     return data

@@ -278,13 +278,13 @@ class VQASpec(TaskSpec):
         data = build_vqa_data(config)
         for note in data.notes:
             print(note)
-        if not len(data.partitions["valid"]):
-            raise ValueError("the validation partition is empty")
+        if not len(data.splits["val"]):
+            raise ValueError("the validation split is empty")
         datamodule = VQADataModule(
             data, batch_size=config["data"]["batch_size"], eval_batch_size=config["data"]["eval_batch_size"],
             seed=int(config["seed"]),
         )  # fmt: skip
-        samples = {key: len(split) for key, split in data.partitions.items()}
+        samples = {key: len(split) for key, split in data.splits.items()}
         return TaskData(datamodule, data, samples, -(-samples["train"] // config["data"]["batch_size"]))
 
     def build_module(self, config: Mapping[str, Any], data: TaskData) -> VQATask:
@@ -307,10 +307,10 @@ class VQASpec(TaskSpec):
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
                         images: str | None = None, top_k: int = 1) -> TaskData:
-        """A split of the checkpoint's data (``all``: train, valid and test when predicting),
+        """A split of the checkpoint's data (``all``: train, val and test when predicting),
         encoded with its own vocabularies and PCA; or new questions: ``source`` a VQA
         questions file about the images of ``images`` (a folder, extracted as the run's
-        features were, or a features file); their partition is ``new``."""
+        features were, or a features file); their split is ``new``."""
         answer_count = len(extras["label_info"]["answers"])
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= answer_count:
             raise ValueError(f"--top-k must be an integer in [1, {answer_count}] (the checkpoint's answers), got {top_k!r}")
@@ -325,16 +325,16 @@ class VQASpec(TaskSpec):
             if modalities is not None:
                 raise ValueError("--modalities does not apply to a VQA checkpoint: it reads its data.vqa section")
             if split == "all" and require_labels:
-                raise ValueError("evaluate a VQA checkpoint on one split: train, valid or test")
-            if split not in ("all", "train", "valid", "test"):
-                raise ValueError(f"a VQA checkpoint is applied to the split train, valid, test or all, not {split!r}")
-            keys = ["train", "valid", "test"] if split == "all" else [split]
-            data = build_vqa_data(extras["config"], vocabulary=extras["label_info"], partitions=keys)
+                raise ValueError("evaluate a VQA checkpoint on one split: train, val or test")
+            if split not in ("all", "train", "val", "test"):
+                raise ValueError(f"a VQA checkpoint is applied to the split train, val, test or all, not {split!r}")
+            keys = ["train", "val", "test"] if split == "all" else [split]
+            data = build_vqa_data(extras["config"], vocabulary=extras["label_info"], splits=keys)
         datamodule = VQADataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
-        return TaskData(datamodule, data, {key: len(part) for key, part in data.partitions.items()})
+        return TaskData(datamodule, data, {key: len(part) for key, part in data.splits.items()})
 
     def loaders(self, data: TaskData, split: str) -> dict[str, Any]:
-        return {key: data.datamodule.loader(key) for key in data.prepared.partitions}
+        return {key: data.datamodule.loader(key) for key in data.prepared.splits}
 
     def bind(self, module: Any, data: TaskData, *, images: str | None = None, top_k: int = 1) -> None:
         module.stage_metrics["test"].reset()
@@ -349,7 +349,7 @@ class VQASpec(TaskSpec):
         prepared, top_k = data.prepared, module.predict_top_k
         records = []
         for key, batches in outputs.items():
-            part = prepared.partitions[key]
+            part = prepared.splits[key]
             for output in batches or []:
                 for row, answers, scores in zip(output["row"].tolist(), output["answers"].tolist(),
                                                 output["scores"].tolist(), strict=True):
