@@ -3,7 +3,7 @@ contextual windows, standardisation and the Lightning data module."""
 
 from polyfuse.data.arrays import ArrayTable, load_arrays
 from polyfuse.data.context import context_windows
-from polyfuse.data.prepare import LABEL_KINDS, PreparedData, Split, encode_labels, prepare_data
+from polyfuse.data.prepare import LABEL_KINDS, Split, TabularData, encode_labels, prepare_data
 from polyfuse.data.sources import is_synthetic, load_source, parse_synthetic, synthetic_table
 from polyfuse.data.splits import carve_groups, resolve_splits
 from polyfuse.data.standardize import FeatureStats, fit_stats
@@ -14,8 +14,8 @@ __all__ = [
     "ArrayTable",
     "FeatureStats",
     "PlantedInteraction",
-    "PreparedData",
     "Split",
+    "TabularData",
     "carve_groups",
     "context_windows",
     "encode_labels",

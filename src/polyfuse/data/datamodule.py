@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from polyfuse.data.prepare import PreparedData, Split
+from polyfuse.data.prepare import Split, TabularData
 
 __all__ = ["FusionDataModule", "ShardedShuffleSampler", "SplitDataset", "collate_rows"]
 
@@ -49,7 +49,7 @@ class SplitDataset(Dataset):
 class _Tensors:
     """The prepared arrays as tensors, shared by every split's collate."""
 
-    def __init__(self, data: PreparedData) -> None:
+    def __init__(self, data: TabularData) -> None:
         self.features = [torch.from_numpy(x) for x in data.features]
         self.lengths = [torch.from_numpy(n) for n in data.lengths]
         self.targets = None if data.targets is None else torch.from_numpy(data.targets)
@@ -122,7 +122,7 @@ class ShardedShuffleSampler(Sampler[int]):
 
 
 class FusionDataModule(L.LightningDataModule):
-    """Serves the splits of a :class:`PreparedData` (see the module docstring).
+    """Serves the splits of a :class:`TabularData` (see the module docstring).
 
     Args:
         data: the prepared data.
@@ -132,7 +132,7 @@ class FusionDataModule(L.LightningDataModule):
         seed: seed of the training shuffle.
     """
 
-    def __init__(self, data: PreparedData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0) -> None:
+    def __init__(self, data: TabularData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0) -> None:
         super().__init__()
         if batch_size < 1 or eval_batch_size < 1:
             raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {eval_batch_size}")

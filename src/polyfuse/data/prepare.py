@@ -26,7 +26,7 @@ from polyfuse.data.formats.word_aligned import move_real_steps_to_front, zero_pa
 from polyfuse.data.splits import resolve_splits
 from polyfuse.data.standardize import FeatureStats, fit_stats, real_steps
 
-__all__ = ["LABEL_KINDS", "OUT_OF_RANGE_POLICIES", "PreparedData", "Split", "encode_labels", "prepare_data", "trait_key"]
+__all__ = ["LABEL_KINDS", "OUT_OF_RANGE_POLICIES", "Split", "TabularData", "encode_labels", "prepare_data", "trait_key"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Split:
 
 
 @dataclass
-class PreparedData:
+class TabularData:
     """Standardised features, encoded targets and splits (see the module docstring).
 
     features[j]: (N, T_j, d_j) float32 (contextual mode: T_j = 1), padded steps 0.
@@ -402,7 +402,7 @@ def prepare_data(
     label_info: Mapping[str, Any] | None = None,
     splits: Sequence[str] | None = None,
     require_labels: bool = True,
-) -> PreparedData:
+) -> TabularData:
     """Apply the ``data`` section of a configuration to ``table``.
 
     Args:
@@ -523,6 +523,6 @@ def prepare_data(
         windows, centre = context_windows(rows, per_sample(context["group_by"], "group"), order, context.get("window"))
         built[key] = Split(rows, windows, centre)
     ids = per_sample(data.get("id"), "id") if data.get("id") and data["id"] in table else None
-    return PreparedData(
+    return TabularData(
         origin, names, features, lengths, targets, built, fitted, info, ids
     )

@@ -24,7 +24,7 @@ import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import lightning as L
 from torch.utils.data import DataLoader
@@ -41,18 +41,24 @@ __all__ = [
 ]
 
 
+#: A task type's own prepared data: ``TabularData``, ``VQAData``, ``CaptioningData``,
+#: ``RetrievalData``, ``ChimeraData``
+Prepared = TypeVar("Prepared")
+
+
 @dataclass
-class TaskData:
+class TaskData(Generic[Prepared]):
     """A task's prepared data, as the engine handles it.
 
-    ``prepared`` is the task's own object (prepared arrays, a VQA or captioning data
-    set, a retrieval corpus) that the spec's other methods read; the engine never does.
+    ``prepared`` is the task's own ``<Task>Data`` (a spec annotates it, e.g.
+    ``TaskData[VQAData]``) that the spec's other methods read; the engine never does.
     """
 
     datamodule: L.LightningDataModule
-    prepared: Any
+    prepared: Prepared
     samples: dict[str, int] = field(default_factory=dict)  # rows per split, for results.json
     steps_per_epoch: int = 1  # training batches per epoch (the logging interval is capped by it)
+    split: str | None = None  # the split a checkpoint's data holds (evaluate, predict, plot); None: a training run
 
 
 class TaskSpec:

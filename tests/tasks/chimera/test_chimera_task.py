@@ -54,7 +54,7 @@ def test_masked_training_trains_lt_and_whole_split_scores_match_pair_by_pair(tmp
     assert torch.isfinite(logged["train/topic_lm"]) and "train/topic_matching" in logged
     assert abs(float(logged["train/omega_t"]) - 0.5) > 0.02  # the scalars learn at scalar_lr 0.1
     (result,) = trainer.test(module, datamodule=data.datamodule, verbose=False)
-    test = data.prepared.parts["test"]
+    test = data.prepared.splits["test"]
     tokens, mask = data.prepared.tokens["test"]
     video = test.experts["app"]
     module.eval()

@@ -97,7 +97,7 @@ def test_one_epoch_logs_whole_split_metrics_that_a_brute_force_ranking_gives(tmp
     trainer.fit(module, datamodule=data.datamodule)
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
     (result,) = trainer.test(module, datamodule=data.datamodule, verbose=False)
-    test = data.prepared.parts["test"]
+    test = data.prepared.splits["test"]
     module.eval()
     with torch.no_grad():
         texts = module.model.embed_texts(data.prepared.vectors["test"])
@@ -155,7 +155,7 @@ def test_a_checkpoint_loads_into_a_module_that_gives_the_runs_test_numbers(tmp_p
     outputs = {part: L.Trainer(logger=False, enable_progress_bar=False).predict(loaded, loader)
                for part, loader in spec.loaders(test_data, "test").items()}
     records = spec.records(loaded, outputs, test_data, extras)
-    assert len(records) == len(test_data.prepared.parts["test"].captions)
+    assert len(records) == len(test_data.prepared.splits["test"].captions)
     r1 = 100 * sum(r["rank"] == 1 for r in records) / len(records)
     assert r1 == pytest.approx(result["test/t2v_R@1"], abs=1e-4)
     spec.write_records(records, tmp_path / "p.csv")

@@ -413,7 +413,7 @@ class CaptioningSpec(TaskSpec):
                 f"(got {config.optim.optimizer!r}, {config.optim.scheduler!r})"
             )
 
-    def build_data(self, config: Mapping[str, Any]) -> TaskData:
+    def build_data(self, config: Mapping[str, Any]) -> TaskData[CaptioningData]:
         data = build_captioning_data(config)
         batch_size = config["data"]["batch_size"]
         datamodule = CaptioningDataModule(
@@ -422,26 +422,26 @@ class CaptioningSpec(TaskSpec):
         samples = {split: len(videos) for split, videos in data.splits.items()}
         return TaskData(datamodule, data, samples, -(-len(data.pairs("train")) // batch_size))
 
-    def build_module(self, config: Mapping[str, Any], data: TaskData) -> CaptioningTask:
+    def build_module(self, config: Mapping[str, Any], data: TaskData[CaptioningData]) -> CaptioningTask:
         prepared = data.prepared
         task = build_captioning_task(config, prepared.input_dims, prepared.max_lengths, prepared.vocabulary)
         task.references = prepared.captions
         return task
 
-    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:
+    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData[CaptioningData]) -> dict[str, Any]:
         prepared = data.prepared
         return {
             "config": dict(config), "modalities": prepared.modalities, "input_dims": prepared.input_dims,
             "label_info": {"vocabulary": prepared.vocabulary.words, "max_lengths": prepared.max_lengths}, "stats": {},
         }
 
-    def prepare_module(self, module: Any, config: Mapping[str, Any], data: TaskData, resuming: bool) -> dict[str, Any]:
+    def prepare_module(self, module: Any, config: Mapping[str, Any], data: TaskData[CaptioningData], resuming: bool) -> dict[str, Any]:
         word_vectors = None
         if not resuming and config["decoder"]["word_vectors"]:
             word_vectors = initialise_word_embeddings(module, config["decoder"], int(config["seed"]))
         return {"word_vectors": word_vectors}
 
-    def after_test(self, module: Any, data: TaskData, run_dir: Path) -> dict[str, Any]:
+    def after_test(self, module: Any, data: TaskData[CaptioningData], run_dir: Path) -> dict[str, Any]:
         prepared = data.prepared
         atomic_write_text(run_dir / "test_captions.json", json.dumps(
             {v: {"generated": module.generated[v], "references": prepared.captions[v]} for v in prepared.splits["test"]},
@@ -458,19 +458,19 @@ class CaptioningSpec(TaskSpec):
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
-                        **options: Any) -> TaskData:
+                        **options: Any) -> TaskData[CaptioningData]:
         data = checkpoint_captioning_data(extras)
         module = CaptioningDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
         module.loader(split)  # an unknown split is refused before anything runs
         return TaskData(module, data, {split: len(videos) for split, videos in data.splits.items()})
 
-    def loaders(self, data: TaskData, split: str) -> dict[str, Any]:
+    def loaders(self, data: TaskData[CaptioningData], split: str) -> dict[str, Any]:
         return {split: data.datamodule.loader(split)}
 
-    def bind(self, module: Any, data: TaskData, **options: Any) -> None:
+    def bind(self, module: Any, data: TaskData[CaptioningData], **options: Any) -> None:
         module.references = data.prepared.captions
 
-    def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData,
+    def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData[CaptioningData],
                 extras: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``id`` and ``caption`` of every video."""
         return [{"id": video, "caption": caption}

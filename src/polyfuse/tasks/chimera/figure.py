@@ -44,10 +44,10 @@ def plot_pair_attention(module: Any, encoder: Any, data: Any, out: str | Path, *
     from polyfuse.figures.attention import draw_token_attention
 
     prepared = data.prepared
-    corpus = prepared.parts[data.split_part]
+    corpus = prepared.splits[data.split]
     if not 0 <= sample < len(corpus.captions):
         raise ValueError(f"sample {sample} outside the {len(corpus.captions)} captions of {split!r}")
-    tokens, token_mask = prepared.tokens[data.split_part]
+    tokens, token_mask = prepared.tokens[data.split]
     video_row = corpus.video_ids.index(corpus.caption_video[sample])
     expert = corpus.experts[prepared.expert]
     rows = slice(sample, sample + 1)

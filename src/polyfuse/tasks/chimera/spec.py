@@ -65,8 +65,8 @@ from polyfuse.seeds import epoch_seed
 from polyfuse.sizes import MAX_SIZE
 from polyfuse.tasks.chimera.lm import encode_ids, lm_head_for, mask_batch, masked_batch, tokenized
 from polyfuse.tasks.ranking.data import (
+    CORPUS_SPLITS,
     ONE_PROCESS,
-    PARTS,
     RetrievalSourceConfig,
     Shard,
     load_corpus,
@@ -79,7 +79,7 @@ from polyfuse.tasks.ranking.spec import (
     RankingSpec,
     cache_dir_of,
     ranking_data,
-    select_parts,
+    select_splits,
 )
 from polyfuse.tasks.registry import TaskData, register_task
 
@@ -353,12 +353,12 @@ class ChimeraTask(RankingTask):
 
 # ---- data -------------------------------------------------------------------------------------
 @dataclass
-class ChimeraPrepared:
+class ChimeraData:
     """The parts of the corpus, the expert read, and the captions as the encoder gives them:
     per evaluation part (C, N, d) token states and (C, N) masks; for training, word-piece
     ids and masks (masked and encoded every step) or, without masking, token states."""
 
-    parts: dict[str, RetrievalCorpus]
+    splits: dict[str, RetrievalCorpus]
     expert: str
     text_dim: int
     tokens: dict[str, tuple[Tensor, Tensor]]
@@ -368,11 +368,11 @@ class ChimeraPrepared:
 class _Batches:
     """The collate function of :class:`RetrievalDataModule` for Chimera."""
 
-    def __init__(self, prepared: ChimeraPrepared) -> None:
+    def __init__(self, prepared: ChimeraData) -> None:
         self.prepared = prepared
 
     def __call__(self, part: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
-        corpus = self.prepared.parts[part]
+        corpus = self.prepared.splits[part]
         video = corpus.experts[self.prepared.expert]
         if isinstance(batch, list):  # training: the global batch's (video row, caption row) pairs
             return self._training(video, batch, shard)
@@ -412,7 +412,7 @@ def _encoder(section: Mapping[str, Any]):
 
 
 def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
-                    display: tuple[bool, bool] = (False, False)) -> ChimeraPrepared:
+                    display: tuple[bool, bool] = (False, False)) -> ChimeraData:
     """The ``parts`` of the configuration's corpus, their captions' token states encoded
     once (the training captions only tokenised when they are masked afresh each epoch).
     ``display``: a progress bar of the captions encoded (on a terminal) and a final line
@@ -422,7 +422,7 @@ def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
     expert = section["expert"] or next(iter(corpus.experts))
     if expert not in corpus.experts:
         raise ValueError(f"chimera.expert: unknown expert {expert!r}; the corpus has {', '.join(corpus.experts)}")
-    selected = select_parts(corpus, split, parts)
+    selected = select_splits(corpus, split, parts)
     masked_training = "train" in selected and section["mask_rate"] > 0
     encoded = {name: part for name, part in selected.items() if not (name == "train" and masked_training)}
     show_bar, show_line = display
@@ -432,7 +432,7 @@ def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
     if show_line and total:
         say(f"chimera: {total} captions of {', '.join(encoded)} encoded by {type(encoder).__name__} in {watch}")
     train_ids = tokenized(encoder, selected["train"].captions) if masked_training else None
-    return ChimeraPrepared(selected, expert, int(encoder.hidden_size), tokens, train_ids)
+    return ChimeraData(selected, expert, int(encoder.hidden_size), tokens, train_ids)
 
 
 def _module(config: Mapping[str, Any], text_dim: int, video_dim: int, encoder) -> ChimeraTask:
@@ -467,27 +467,27 @@ class ChimeraSpec(RankingSpec):
     path_keys = ("chimera.source", "chimera.captions", "chimera.encoder_path")
     path_mappings = ("chimera.experts", "chimera.splits")
 
-    def build_data(self, config: Mapping[str, Any]) -> TaskData:
+    def build_data(self, config: Mapping[str, Any]) -> TaskData[ChimeraData]:
         encoder = _encoder(config["chimera"])
-        parts = (*PARTS, SHUFFLED) if config["chimera"]["shuffled_test"] else PARTS
+        parts = (*CORPUS_SPLITS, SHUFFLED) if config["chimera"]["shuffled_test"] else CORPUS_SPLITS
         prepared = prepare_chimera(config, encoder, parts, run_display(config))
         data = ranking_data(config, prepared, _Batches(prepared), whole_videos=True)  # a cross-encoder
         data.datamodule.text_encoder = encoder
         return data
 
-    def build_module(self, config: Mapping[str, Any], data: TaskData) -> ChimeraTask:
-        prepared: ChimeraPrepared = data.prepared
-        video_dim = prepared.parts["train"].experts[prepared.expert].dim
+    def build_module(self, config: Mapping[str, Any], data: TaskData[ChimeraData]) -> ChimeraTask:
+        prepared: ChimeraData = data.prepared
+        video_dim = prepared.splits["train"].experts[prepared.expert].dim
         return _module(config, prepared.text_dim, video_dim, data.datamodule.text_encoder)
 
-    def prepare_module(self, module: ChimeraTask, config: Mapping[str, Any], data: TaskData,
+    def prepare_module(self, module: ChimeraTask, config: Mapping[str, Any], data: TaskData[ChimeraData],
                        resuming: bool) -> dict[str, Any]:
         """L_T's masked-LM head: trained on the training captions (held out: the validation
         captions) or read from ``<output_dir>/.cache``."""
         section = config["chimera"]
         if not (section["mask_rate"] > 0 and section["num_topics"] > 0):
             return {}
-        parts = data.prepared.parts
+        parts = data.prepared.splits
         head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions,
                                    cache_dir_of(config), display=run_display(config))
         object.__setattr__(module, "lm_head", head)
@@ -495,13 +495,13 @@ class ChimeraSpec(RankingSpec):
             module.held_out = held_out_masked_captions(module.encoder, parts["val"].captions, section["mask_rate"])
         return {"lm_head": {k: v for k, v in report.items() if k != "history"}}
 
-    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:
-        prepared: ChimeraPrepared = data.prepared
+    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData[ChimeraData]) -> dict[str, Any]:
+        prepared: ChimeraData = data.prepared
         return {"config": dict(config), "modalities": [prepared.expert],
-                "input_dims": [prepared.parts["train"].experts[prepared.expert].dim],
+                "input_dims": [prepared.splits["train"].experts[prepared.expert].dim],
                 "label_info": {"text_dim": prepared.text_dim}, "stats": {}}
 
-    def after_test(self, module: ChimeraTask, data: TaskData, run_dir: Path) -> dict[str, Any]:
+    def after_test(self, module: ChimeraTask, data: TaskData[ChimeraData], run_dir: Path) -> dict[str, Any]:
         out = super().after_test(module, data, run_dir)
         return {**out, "learned_scalars": learned_scalars(module.model)} if out else out
 
@@ -510,7 +510,7 @@ class ChimeraSpec(RankingSpec):
         return _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0}},
                        int(extras["label_info"]["text_dim"]), int(extras["input_dims"][0]), None)
 
-    def part_data(self, extras: Mapping[str, Any], part: str, encoder=None) -> TaskData:
+    def split_data(self, extras: Mapping[str, Any], part: str, encoder=None) -> TaskData[ChimeraData]:
         """The data of one part; ``encoder``: MiniLM when the caller holds it already."""
         config = extras["config"]
         prepared = prepare_chimera(config, encoder or _encoder(config["chimera"]), (part,))
@@ -521,14 +521,14 @@ class ChimeraSpec(RankingSpec):
         # predict_step keeps every chunk in the module; the outputs are empty
         return module.seen_scores(), module.seen_ids("caption_videos"), module.seen_ids("video_ids")
 
-    def query_scores(self, module: ChimeraTask, extras: Mapping[str, Any], data: TaskData, text: str,
+    def query_scores(self, module: ChimeraTask, extras: Mapping[str, Any], data: TaskData[ChimeraData], text: str,
                      caption: int | None) -> Tensor:
-        prepared: ChimeraPrepared = data.prepared
+        prepared: ChimeraData = data.prepared
         if caption is not None:
-            tokens, mask = (x[caption : caption + 1] for x in prepared.tokens[data.split_part])
+            tokens, mask = (x[caption : caption + 1] for x in prepared.tokens[data.split])
         else:
             tokens, mask = encode_tokens(_encoder(extras["config"]["chimera"]), [text])
-        video = prepared.parts[data.split_part].experts[prepared.expert]
+        video = prepared.splits[data.split].experts[prepared.expert]
         model = module.model.eval()
         with torch.no_grad():
             return model.score_matrix(model.texts(*_trim(tokens, mask)), model.videos(video.features, video.mask))[0]
@@ -539,8 +539,8 @@ class ChimeraSpec(RankingSpec):
         its video (:mod:`polyfuse.tasks.chimera.figure`)."""
         from polyfuse.tasks.chimera.figure import plot_pair_attention
 
-        part = self.checkpoint_part(split, source=source, modalities=modalities)
+        part = self.checkpoint_split(split, source=source, modalities=modalities)
         encoder = _encoder(extras["config"]["chimera"])  # its states and its word pieces
-        data = self.part_data(extras, part, encoder)
-        data.split_part = part
+        data = self.split_data(extras, part, encoder)
+        data.split = part
         return [plot_pair_attention(module, encoder, data, out, split=split, sample=sample)]

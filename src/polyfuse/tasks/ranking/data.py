@@ -48,8 +48,8 @@ from polyfuse.data.formats.experts import RetrievalCorpus, load_captions, load_e
 from polyfuse.data.sources import is_synthetic
 
 __all__ = [
+    "CORPUS_SPLITS",
     "ONE_PROCESS",
-    "PARTS",
     "DistinctVideoBatches",
     "RetrievalDataModule",
     "RetrievalSourceConfig",
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 #: The splits of a retrieval corpus, in order.
-PARTS = ("train", "val", "test")
+CORPUS_SPLITS = ("train", "val", "test")
 
 
 class RetrievalSourceConfig(BaseModel):
@@ -90,7 +90,7 @@ class RetrievalSourceConfig(BaseModel):
         if self.experts:
             if not self.captions or not self.splits:
                 raise ValueError("experts needs captions and splits ({train, val, test} id files)")
-            if sorted(self.splits) != sorted(PARTS):
+            if sorted(self.splits) != sorted(CORPUS_SPLITS):
                 raise ValueError(f"splits must name train, val and test, got {', '.join(self.splits)}")
         elif self.captions or self.splits:
             raise ValueError("captions and splits go with experts, not with source")
@@ -109,7 +109,7 @@ def load_corpus(section: dict[str, Any]) -> tuple[RetrievalCorpus, dict[str, lis
 
         return load_msvd_retrieval(source)
     loaded = {name: load_expert(path, name) for name, path in section["experts"].items()}
-    split = {name: read_id_list(section["splits"][name]) for name in PARTS}
+    split = {name: read_id_list(section["splits"][name]) for name in CORPUS_SPLITS}
     all_ids = [v for ids in split.values() for v in ids]
     return RetrievalCorpus.build(loaded, load_captions(section["captions"]), all_ids), split
 
@@ -329,14 +329,14 @@ class RetrievalDataModule(L.LightningDataModule):
 
     whole_videos = False
 
-    def __init__(self, parts: dict[str, RetrievalCorpus], collate, *, batch_size: int, eval_batch_size: int,
+    def __init__(self, splits: dict[str, RetrievalCorpus], collate, *, batch_size: int, eval_batch_size: int,
                  seed: int, whole_videos: bool = False) -> None:
         super().__init__()
         self.whole_videos = bool(whole_videos)
-        self.parts = parts
+        self.splits = splits
         self.collate = collate
         self.batch_size, self.eval_batch_size, self.seed = int(batch_size), int(eval_batch_size), int(seed)
-        self.sampler = DistinctVideoBatches(captions_by_video(parts["train"]), self.batch_size, self.seed)
+        self.sampler = DistinctVideoBatches(captions_by_video(splits["train"]), self.batch_size, self.seed)
         self.text_encoder = None  # the task's encoder, when the module fine-tunes it
 
     def _shard(self) -> Shard:
@@ -353,7 +353,7 @@ class RetrievalDataModule(L.LightningDataModule):
         """The evaluation chunks of one part (``train``, ``val``, ``test``, or another part
         the task added, e.g. the test split with shuffled words); with a ``shard``, that
         process's share."""
-        corpus = self.parts[part]
+        corpus = self.splits[part]
         chunks = SplitChunks(len(corpus.video_ids), len(corpus.captions), self.eval_batch_size, shard,
                              whole_videos=self.whole_videos)
         return DataLoader(chunks, batch_size=None, collate_fn=lambda chunk: self.collate(part, chunk))

@@ -5,7 +5,7 @@ whole split, per-caption records, the shuffled-words evaluation (``polyfuse eval
 tables of a comparison (``polyfuse compare``).
 
 A subclass names its configuration section (:attr:`RankingSpec.section`) and gives the
-data of one part of a checkpoint's corpus (:meth:`RankingSpec.part_data`), the scores of
+data of one part of a checkpoint's corpus (:meth:`RankingSpec.split_data`), the scores of
 a split's caption x video pairs from the prediction outputs (:meth:`RankingSpec.split_scores`)
 and of one text against the split's videos (:meth:`RankingSpec.query_scores`).
 """
@@ -27,7 +27,7 @@ from polyfuse.tasks.ranking.groups import write_rank_records
 from polyfuse.tasks.registry import TaskData, TaskSpec
 
 __all__ = ["SHUFFLED", "SPLITS", "EvalOnly", "RankingSpec", "cache_dir_of", "rank_records", "ranking_data",
-           "select_parts"]
+           "select_splits"]
 
 #: The splits an evaluation may name, engine name -> part of the corpus (``all``: every video).
 SPLITS = {"train": "train", "val": "val", "test": "test", "all": "all"}
@@ -35,7 +35,7 @@ SPLITS = {"train": "train", "val": "val", "test": "test", "all": "all"}
 SHUFFLED = "test_shuffled"
 
 
-def select_parts(corpus: RetrievalCorpus, split: Mapping[str, list[str]], parts: Sequence[str]) -> dict[str, RetrievalCorpus]:
+def select_splits(corpus: RetrievalCorpus, split: Mapping[str, list[str]], parts: Sequence[str]) -> dict[str, RetrievalCorpus]:
     """The ``parts`` of a corpus: ``train``, ``val``, ``test`` (by ``split``), ``all`` (the
     whole corpus) and :data:`SHUFFLED`."""
     selected: dict[str, RetrievalCorpus] = {}
@@ -59,10 +59,10 @@ def cache_dir_of(config: Mapping[str, Any]) -> Path:
 class EvalOnly(RetrievalDataModule):
     """The loaders of a checkpoint's evaluation: no training part."""
 
-    def __init__(self, parts: dict[str, RetrievalCorpus], collate, eval_batch_size: int, *,
+    def __init__(self, splits: dict[str, RetrievalCorpus], collate, eval_batch_size: int, *,
                  whole_videos: bool = False) -> None:
         L.LightningDataModule.__init__(self)
-        self.parts, self.collate, self.whole_videos = parts, collate, bool(whole_videos)
+        self.splits, self.collate, self.whole_videos = splits, collate, bool(whole_videos)
         self.batch_size, self.eval_batch_size, self.seed = 2, int(eval_batch_size), 0
         self.text_encoder = None
 
@@ -71,7 +71,7 @@ def ranking_data(config: Mapping[str, Any], prepared: Any, collate, *, whole_vid
     """The :class:`TaskData` of ``prepared`` (whose ``parts`` are corpora): a training data
     module when there is a ``train`` part, the evaluation loaders alone otherwise.
     ``whole_videos``: each process holds every video at evaluation (a cross-encoder)."""
-    parts = prepared.parts
+    parts = prepared.splits
     if "train" in parts:
         datamodule = RetrievalDataModule(parts, collate, batch_size=config["data"]["batch_size"],
                                          eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"],
@@ -104,7 +104,7 @@ class RankingSpec(TaskSpec):
     evaluate_options: ClassVar[dict[str, Any]] = {"shuffle_words": False}
 
     # -- what a ranking task type gives --------------------------------------------
-    def part_data(self, extras: Mapping[str, Any], part: str) -> TaskData:
+    def split_data(self, extras: Mapping[str, Any], part: str) -> TaskData:
         """The data of one part of a checkpoint's corpus (a key of :data:`SPLITS`'s values
         or :data:`SHUFFLED`)."""
         raise NotImplementedError
@@ -132,7 +132,7 @@ class RankingSpec(TaskSpec):
             raise ValueError(f"trainer.precision: task.type {self.name} trains in {' or '.join(self.precisions)}, "
                              f"not {config.trainer.precision!r}")
 
-    def checkpoint_part(self, split: str, *, source: str | None = None, modalities: Sequence[str] | None = None,
+    def checkpoint_split(self, split: str, *, source: str | None = None, modalities: Sequence[str] | None = None,
                         shuffle_words: bool = False) -> str:
         """The part of the corpus a checkpoint is applied to (``split``, its words shuffled)."""
         if source is not None or modalities:
@@ -146,13 +146,13 @@ class RankingSpec(TaskSpec):
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
                         shuffle_words: bool = False) -> TaskData:
-        part = self.checkpoint_part(split, source=source, modalities=modalities, shuffle_words=shuffle_words)
-        data = self.part_data(extras, part)
-        data.split_part = part
+        part = self.checkpoint_split(split, source=source, modalities=modalities, shuffle_words=shuffle_words)
+        data = self.split_data(extras, part)
+        data.split = part
         return data
 
     def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
-        part = getattr(data, "split_part", None) or SPLITS.get(split, split)
+        part = data.split or SPLITS.get(split, split)
         return {part: data.datamodule.loader(part)}
 
     def loader(self, data: TaskData, split: str) -> DataLoader:
@@ -163,7 +163,7 @@ class RankingSpec(TaskSpec):
     def after_test(self, module: L.LightningModule, data: TaskData, run_dir: Path) -> dict[str, Any]:
         """The test split ranked again with each caption's words shuffled (EX2), when the
         run prepared it (``<section>.shuffled_test``)."""
-        if SHUFFLED not in data.prepared.parts:
+        if SHUFFLED not in data.prepared.splits:
             return {}
         return {"test_shuffled_words": module.evaluate(data.datamodule.loader(SHUFFLED))}
 
@@ -172,7 +172,7 @@ class RankingSpec(TaskSpec):
         """One record per caption of the split: the caption, its video, the rank of that
         video among the split's and the top five videos."""
         ((part_name, chunks),) = outputs.items()
-        corpus = data.prepared.parts[part_name]
+        corpus = data.prepared.splits[part_name]
         scores, caption_videos, video_ids = self.split_scores(module, chunks, corpus)
         return rank_records(corpus.captions, caption_videos, video_ids, scores)
 
@@ -185,7 +185,7 @@ class RankingSpec(TaskSpec):
 
         check_query(query, caption, top)  # before the split is read
         data = self.checkpoint_data(extras, split=split)
-        return ranking_figure(data.prepared.parts[data.split_part],
+        return ranking_figure(data.prepared.splits[data.split],
                               lambda text, row: self.query_scores(module, extras, data, text, row), out,
                               split=split, query=query, caption=caption, top=top, clips=clips,
                               source=extras["config"][self.section].get("source"))

@@ -49,8 +49,8 @@ from polyfuse.progress import Stopwatch, progress_bar, run_display, say
 from polyfuse.sizes import SizeInt
 from polyfuse.tasks import building
 from polyfuse.tasks.ranking.data import (
+    CORPUS_SPLITS,
     ONE_PROCESS,
-    PARTS,
     RetrievalSourceConfig,
     Shard,
     corpus_vocabulary,
@@ -65,7 +65,7 @@ from polyfuse.tasks.ranking.spec import (
     RankingSpec,
     cache_dir_of,
     ranking_data,
-    select_parts,
+    select_splits,
 )
 from polyfuse.tasks.registry import TaskData, register_task
 
@@ -218,11 +218,11 @@ class RetrievalTask(RankingTask):
 
 # ---- data ----------------------------------------------------------------------------------
 @dataclass
-class RetrievalPrepared:
+class RetrievalData:
     """A retrieval run's data: the corpus's parts, their caption vectors (None where the
     encoder is fine-tuned: batches then carry the captions), the text settings."""
 
-    parts: dict[str, RetrievalCorpus]
+    splits: dict[str, RetrievalCorpus]
     vectors: dict[str, Tensor | None]
     text_dim: int
     vocabulary: list[str] | None
@@ -239,17 +239,17 @@ class _Batches:
     """The collate function of :class:`RetrievalDataModule` for this task: video tensors
     of the rows, and caption vectors (or caption strings when the encoder is fine-tuned)."""
 
-    def __init__(self, prepared: RetrievalPrepared) -> None:
+    def __init__(self, prepared: RetrievalData) -> None:
         self.prepared = prepared
         self._rows: dict[str, Tensor] = {}
 
     def _captions(self, part: str, rows: list[int]) -> dict[str, Any]:
-        corpus, vectors = self.prepared.parts[part], self.prepared.vectors.get(part)
+        corpus, vectors = self.prepared.splits[part], self.prepared.vectors.get(part)
         return {"text": vectors[rows] if vectors is not None else None,
                 "captions": [corpus.captions[i] for i in rows]}
 
     def __call__(self, part: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
-        corpus = self.prepared.parts[part]
+        corpus = self.prepared.splits[part]
         if isinstance(batch, list):  # training: the global batch's (video row, caption row) pairs
             start, stop = shard.bounds(len(batch))
             pairs = batch[start:stop]  # this process's share
@@ -263,7 +263,7 @@ class _Batches:
     def _video_row(self, part: str) -> Tensor:
         """(C,) the row of each caption's video in ``part``."""
         if part not in self._rows:
-            corpus = self.prepared.parts[part]
+            corpus = self.prepared.splits[part]
             row_of = {video: i for i, video in enumerate(corpus.video_ids)}
             self._rows[part] = torch.tensor([row_of[v] for v in corpus.caption_video], dtype=torch.long)
         return self._rows[part]
@@ -274,8 +274,8 @@ def _encoder_of(section: Mapping[str, Any], vocabulary: list[str] | None, *, tra
 
 
 def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, encoder=None,
-                      parts: Sequence[str] = (*PARTS, SHUFFLED),
-                      display: tuple[bool, bool] = (False, False)) -> tuple[RetrievalPrepared, Any]:
+                      parts: Sequence[str] = (*CORPUS_SPLITS, SHUFFLED),
+                      display: tuple[bool, bool] = (False, False)) -> tuple[RetrievalData, Any]:
     """The parts of the configuration's corpus and their caption vectors (cached by
     content under ``cache_dir``); ``test_shuffled``: the test split with each caption's
     words shuffled (seed 0). Returns the prepared data and the text encoder.
@@ -284,7 +284,7 @@ def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, enco
     on stderr saying how many and in how long (:func:`polyfuse.progress.run_display`)."""
     section = config["retrieval"]
     corpus, split = load_corpus(section)
-    selected = select_parts(corpus, split, parts)
+    selected = select_splits(corpus, split, parts)
     vocabulary = corpus_vocabulary(corpus) if section["text"] == "bow" else None
     fine_tune = section["text_lr"] is not None
     loading, loaded = Stopwatch(), ""
@@ -311,7 +311,7 @@ def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, enco
         from polyfuse.data.synthetic_retrieval import recall_bounds
 
         references = recall_bounds(corpus.subset(split["test"]))
-    return RetrievalPrepared(selected, vectors, text_dim, vocabulary, references), encoder
+    return RetrievalData(selected, vectors, text_dim, vocabulary, references), encoder
 
 
 def _model(config: Mapping[str, Any], text_dim: int, expert_dims: Sequence[int]) -> RetrievalModel:
@@ -355,30 +355,30 @@ class RetrievalSpec(RankingSpec):
         if section.man_zero_init and fusion != "mean+man":
             raise ValueError(f"retrieval.man_zero_init applies to model.fusion mean+man only, not {fusion}")
 
-    def build_data(self, config: Mapping[str, Any]) -> TaskData:
-        parts = (*PARTS, SHUFFLED) if config["retrieval"]["shuffled_test"] else PARTS
+    def build_data(self, config: Mapping[str, Any]) -> TaskData[RetrievalData]:
+        parts = (*CORPUS_SPLITS, SHUFFLED) if config["retrieval"]["shuffled_test"] else CORPUS_SPLITS
         prepared, encoder = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=parts,
                                               display=run_display(config))
         data = ranking_data(config, prepared, _Batches(prepared))
         data.datamodule.text_encoder = encoder  # the encoder the module fine-tunes (text_lr)
         return data
 
-    def build_module(self, config: Mapping[str, Any], data: TaskData) -> RetrievalTask:
-        prepared: RetrievalPrepared = data.prepared
-        expert_dims = [e.dim for e in prepared.parts["train"].experts.values()]
+    def build_module(self, config: Mapping[str, Any], data: TaskData[RetrievalData]) -> RetrievalTask:
+        prepared: RetrievalData = data.prepared
+        expert_dims = [e.dim for e in prepared.splits["train"].experts.values()]
         model = _model(config, prepared.text_dim, expert_dims)
         return _task(config, model, getattr(data.datamodule, "text_encoder", None))
 
-    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:
-        prepared: RetrievalPrepared = data.prepared
-        train = prepared.parts["train"]
+    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData[RetrievalData]) -> dict[str, Any]:
+        prepared: RetrievalData = data.prepared
+        train = prepared.splits["train"]
         return {"config": dict(config), "modalities": list(train.experts),
                 "input_dims": [e.dim for e in train.experts.values()],
                 "label_info": {"text": config["retrieval"]["text"], "text_dim": prepared.text_dim,
                                "vocabulary": prepared.vocabulary},
                 "stats": {}}
 
-    def after_test(self, module: RetrievalTask, data: TaskData, run_dir: Path) -> dict[str, Any]:
+    def after_test(self, module: RetrievalTask, data: TaskData[RetrievalData], run_dir: Path) -> dict[str, Any]:
         out = super().after_test(module, data, run_dir)
         if data.prepared.references:
             out["references"] = data.prepared.references
@@ -393,7 +393,7 @@ class RetrievalSpec(RankingSpec):
             encoder = _encoder_of(section, info.get("vocabulary"), trainable=True)
         return _task(config, _model(config, int(info["text_dim"]), extras["input_dims"]), encoder)
 
-    def part_data(self, extras: Mapping[str, Any], part: str) -> TaskData:
+    def split_data(self, extras: Mapping[str, Any], part: str) -> TaskData[RetrievalData]:
         # fine-tuned (text_lr): the chunks carry the captions, which the module's own encoder reads
         config = extras["config"]
         prepared, _ = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=(part,))
@@ -405,16 +405,16 @@ class RetrievalSpec(RankingSpec):
         videos = torch.cat([o["videos"] for o in outputs if o["videos"] is not None])
         return texts @ videos.T, list(corpus.caption_video), list(corpus.video_ids)
 
-    def query_scores(self, module: RetrievalTask, extras: Mapping[str, Any], data: TaskData, text: str,
+    def query_scores(self, module: RetrievalTask, extras: Mapping[str, Any], data: TaskData[RetrievalData], text: str,
                      caption: int | None) -> Tensor:
-        vectors = data.prepared.vectors.get(data.split_part)
+        vectors = data.prepared.vectors.get(data.split)
         if caption is not None and vectors is not None:
             vector = vectors[caption : caption + 1]
         else:
             vector = self.sentence_vectors(module, extras, [text])
         from polyfuse.tasks.retrieval.figure import video_scores
 
-        return video_scores(module.model, data.prepared.parts[data.split_part], vector)
+        return video_scores(module.model, data.prepared.splits[data.split], vector)
 
     def sentence_vectors(self, module: RetrievalTask, extras: Mapping[str, Any], captions: Sequence[str]) -> Tensor:
         """(C, d_t) sentence vectors of free text, through the checkpoint's text encoder (its
@@ -437,7 +437,7 @@ class RetrievalSpec(RankingSpec):
             raise ValueError(f"the retrieval fusion {encoder.fusion_name} has no attention to plot; "
                              f"those with MAN ({', '.join(with_man)}) have")
         data = self.checkpoint_data(extras, split=split, source=source, modalities=modalities)
-        corpus = data.prepared.parts[data.split_part]
+        corpus = data.prepared.splits[data.split]
         if not 0 <= sample < len(corpus.video_ids):
             raise ValueError(f"sample {sample} outside the {len(corpus.video_ids)} videos of {split!r}")
         batch = _video_batch(corpus, torch.tensor([sample]))

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from polyfuse.atomic import write_csv
-from polyfuse.data import FeatureStats, PreparedData, load_source, prepare_data
+from polyfuse.data import FeatureStats, TabularData, load_source, prepare_data
 from polyfuse.data.datamodule import FusionDataModule
 from polyfuse.data.sources import is_synthetic, synthetic_modalities
 from polyfuse.metrics import (
@@ -142,7 +142,7 @@ def prepared_data(
     splits: Sequence[str] | None = None,
     require_labels: bool = True,
     base: str | Path | None = None,
-) -> PreparedData:
+) -> TabularData:
     """Load the data source (``source`` overrides ``data.source``) and prepare it."""
     data = dict(config["data"])
     data["source"] = source or data["source"]
@@ -171,7 +171,7 @@ def _stats_from_tensors(stored: Mapping[str, Mapping[str, Tensor]]) -> dict[str,
     return {name: FeatureStats(s["mean"].numpy(), s["std"].numpy()) for name, s in stored.items()}
 
 
-def _split_key(data: PreparedData, split: str) -> str:
+def _split_key(data: TabularData, split: str) -> str:
     if split not in data.splits:
         raise ValueError(f"no {split!r} split; have {', '.join(data.splits)}")
     if not len(data.splits[split]):
@@ -214,7 +214,7 @@ class TabularSpec(TaskSpec):
         }
         return self.task(build_backbone(config, input_dims, names), **options)
 
-    def build_data(self, config: Mapping[str, Any]) -> TaskData:
+    def build_data(self, config: Mapping[str, Any]) -> TaskData[TabularData]:
         data = prepared_data(config, self.label_kind)
         if not len(data.splits["val"]):
             raise ValueError("the validation split is empty")
@@ -225,11 +225,11 @@ class TabularSpec(TaskSpec):
         samples = {key: len(p) for key, p in data.splits.items()}
         return TaskData(datamodule, data, samples, -(-len(data.splits["train"]) // batch_size))
 
-    def build_module(self, config: Mapping[str, Any], data: TaskData) -> FusionTask:
+    def build_module(self, config: Mapping[str, Any], data: TaskData[TabularData]) -> FusionTask:
         prepared = data.prepared
         return self.module_for(config, prepared.input_dims, prepared.modalities, prepared.label_info)
 
-    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:
+    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData[TabularData]) -> dict[str, Any]:
         prepared = data.prepared
         return {
             "config": dict(config),
@@ -244,7 +244,7 @@ class TabularSpec(TaskSpec):
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | str | None = None, require_labels: bool = True,
-                        **options: Any) -> TaskData:
+                        **options: Any) -> TaskData[TabularData]:
         """The data a checkpoint is applied to. ``modalities``: the arrays of ``source`` that
         stand for the checkpoint's modalities, in its order (e.g. a checkpoint trained on
         ``synthetic:`` data applied to an npz file whose arrays have other names)."""
@@ -282,14 +282,14 @@ class TabularSpec(TaskSpec):
         datamodule = FusionDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
         return TaskData(datamodule, data, {key: len(p) for key, p in data.splits.items()})
 
-    def loaders(self, data: TaskData, split: str) -> dict[str, Any]:
+    def loaders(self, data: TaskData[TabularData], split: str) -> dict[str, Any]:
         key = _split_key(data.prepared, split)
         return {key: data.datamodule.loader(key)}
 
-    def bind(self, module: Any, data: TaskData, **options: Any) -> None:
+    def bind(self, module: Any, data: TaskData[TabularData], **options: Any) -> None:
         module.stage_metrics["test"].reset()
 
-    def row_record(self, record: dict[str, Any], prediction: np.ndarray, data: PreparedData, row: int,
+    def row_record(self, record: dict[str, Any], prediction: np.ndarray, data: TabularData, row: int,
                    info: Mapping[str, Any]) -> None:
         """Add a row's prediction (and label, when known) to its record."""
         raise NotImplementedError
@@ -303,7 +303,7 @@ class TabularSpec(TaskSpec):
         batch = data.datamodule.sample(_split_key(data.prepared, split), sample)
         return [tabular_attention_figure(module, batch, out, split=split, sample=sample)]
 
-    def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData, extras: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData[TabularData], extras: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``row``, ``id`` (when ``data.id`` names an array), the prediction and the label when known."""
         prepared = data.prepared
         batches = [batch for part in outputs.values() for batch in part]

@@ -274,7 +274,7 @@ class VQASpec(TaskSpec):
         if config.model.vqa is None:
             config.model.vqa = VQAModelConfig()
 
-    def build_data(self, config: Mapping[str, Any]) -> TaskData:
+    def build_data(self, config: Mapping[str, Any]) -> TaskData[VQAData]:
         data = build_vqa_data(config)
         for note in data.notes:
             print(note)
@@ -287,10 +287,10 @@ class VQASpec(TaskSpec):
         samples = {key: len(split) for key, split in data.splits.items()}
         return TaskData(datamodule, data, samples, -(-samples["train"] // config["data"]["batch_size"]))
 
-    def build_module(self, config: Mapping[str, Any], data: TaskData) -> VQATask:
+    def build_module(self, config: Mapping[str, Any], data: TaskData[VQAData]) -> VQATask:
         return build_vqa_task(config, _vocabulary(data.prepared), data.prepared.image_dim, data.prepared.word_vectors)
 
-    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData) -> dict[str, Any]:
+    def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData[VQAData]) -> dict[str, Any]:
         return {
             "config": dict(config),
             "modalities": ["image", "question"],
@@ -306,7 +306,7 @@ class VQASpec(TaskSpec):
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
-                        images: str | None = None, top_k: int = 1) -> TaskData:
+                        images: str | None = None, top_k: int = 1) -> TaskData[VQAData]:
         """A split of the checkpoint's data (``all``: train, val and test when predicting),
         encoded with its own vocabularies and PCA; or new questions: ``source`` a VQA
         questions file about the images of ``images`` (a folder, extracted as the run's
@@ -333,14 +333,14 @@ class VQASpec(TaskSpec):
         datamodule = VQADataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
         return TaskData(datamodule, data, {key: len(part) for key, part in data.splits.items()})
 
-    def loaders(self, data: TaskData, split: str) -> dict[str, Any]:
+    def loaders(self, data: TaskData[VQAData], split: str) -> dict[str, Any]:
         return {key: data.datamodule.loader(key) for key in data.prepared.splits}
 
-    def bind(self, module: Any, data: TaskData, *, images: str | None = None, top_k: int = 1) -> None:
+    def bind(self, module: Any, data: TaskData[VQAData], *, images: str | None = None, top_k: int = 1) -> None:
         module.stage_metrics["test"].reset()
         module.predict_top_k = top_k
 
-    def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData,
+    def records(self, module: Any, outputs: Mapping[str, Sequence[Any]], data: TaskData[VQAData],
                 extras: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One record per question: the :data:`PREDICTION_FIELDS`, i.e. the predicted
         ``answer`` and its sigmoid ``score``, its official VQA ``accuracy`` against the human
