@@ -13,6 +13,7 @@ difference in logits.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,8 @@ FILES = ["base_model.py", "attention.py", "bc.py", "fc.py", "counting.py", "lang
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--git", default="/work/.mirror/jnhwkim+ban-vqa/repo", help="git dir of a ban-vqa mirror")
+    parser.add_argument("--git", default=os.environ.get("POLYFUSE_BAN_VQA_GIT"), required="POLYFUSE_BAN_VQA_GIT" not in os.environ,
+                        help="git dir of a ban-vqa mirror (default: $POLYFUSE_BAN_VQA_GIT; docs/TESTING.md)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)

@@ -20,9 +20,9 @@ from polyfuse.data.formats.vqa import (
     question_answer,
     soft_score_of,
     soft_targets,
-    tokenize,
     word_vocabulary,
 )
+from polyfuse.text import tokenize_question
 
 
 def _write_vqa(tmp_path, answers_of_first=None):
@@ -50,7 +50,7 @@ def test_load_vocabularies_and_targets(tmp_path):
     questions = load_vqa(*_write_vqa(tmp_path))
     assert [q.question_id for q in questions] == [1, 2]
     assert questions[0].answer_type == "number" and len(questions[0].answers) == 10
-    assert tokenize("Is it the dog's ball?") == ["is", "it", "the", "dog", "'s", "ball"]
+    assert tokenize_question("Is it the dog's ball?") == ["is", "it", "the", "dog", "'s", "ball"]
     # normalised answers: "two" -> "2" (6 times), "3" (4 times), "yes" (10 times)
     assert answer_vocabulary(questions, min_count=5, count="all_answers") == ["yes", "2"]
     assert answer_vocabulary(questions, min_count=1, count="all_answers") == ["yes", "2", "3"]
@@ -63,9 +63,11 @@ def test_load_vocabularies_and_targets(tmp_path):
     tokens = encode_questions(questions, words, max_length=4)
     assert tokens.shape == (2, 4)
     assert tokens[0].tolist() == [words.index("how"), words.index("many"), words.index("dogs"), words.index("are")]
-    # a vocabulary without <unk> (a checkpoint written before it): unknown words are padding
-    unknown = encode_questions(questions, ["how"], max_length=7)
-    assert unknown[0].tolist() == [0, 1, 1, 1, 1, 1, 1]  # unknown words and padding: index 1 = V
+    # unknown words take <unk>'s index (V - 1 = 1), the padding V = 2; a vocabulary without <unk> is refused
+    unknown = encode_questions(questions, ["how", UNKNOWN_WORD], max_length=7)
+    assert unknown[0].tolist() == [0, 1, 1, 1, 1, 2, 2]  # "how many dogs are there": 5 words, then padding
+    with pytest.raises(ValueError, match="the word vocabulary has no <unk> entry"):
+        encode_questions(questions, ["how"], max_length=7)
 
 
 def test_unknown_words_share_a_trained_row_and_padding_stays_untrained(tmp_path):

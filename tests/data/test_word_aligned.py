@@ -255,6 +255,6 @@ def test_a_checkpoint_keeps_checking_its_ranges(tmp_path):
     with pytest.raises(ValueError, match=r"^f\.npz row 1: label reserved = 6 lies outside its range \[1, 5\] "
                                          r"\(the checkpoint's range\)"):
         encode_labels(raw, "scores", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=info)
-    old = {key: value for key, value in info.items() if key != "checked"}  # written before ranges were checked
-    labels, _ = encode_labels(raw, "scores", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=old)
+    unchecked = {**info, "checked": [False]}  # a range the training run did not check is not checked either
+    labels, _ = encode_labels(raw, "scores", np.arange(3), {"type": "traits"}, origin="f.npz", label_info=unchecked)
     np.testing.assert_array_equal(labels, raw)

@@ -315,7 +315,7 @@ def encode_labels(
         if max(columns) >= labels.shape[1]:
             raise ValueError(f"{origin}: the checkpoint reads label column {max(columns)}, the labels have {labels.shape[1]}")
         info = {"names": list(label_info["names"]), "ranges": [list(r) for r in label_info["ranges"]], "columns": columns}
-        checked = list(label_info.get("checked", [False] * len(columns)))  # older checkpoints: not checked
+        checked = list(label_info["checked"])
         info["checked"] = checked
         sources = ["the checkpoint's range" if c else None for c in checked]
         return _apply_ranges(labels[:, columns], info["ranges"], sources, info["names"], policy, where), info

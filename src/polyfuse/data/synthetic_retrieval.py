@@ -13,8 +13,8 @@ caption and retrieval recall is bounded accordingly.
 Text vectors are bags of words (one count per vocabulary word), so no text encoder is
 needed and nothing is downloaded.
 
-As a data source of ``polyfuse retrieval`` (``--data synthetic:videos=10000,...`` with
-``--text bow``) the videos are split 80 / 10 / 10 in order (train, validation, test), and
+As the source of a ``task.type: retrieval`` run (``retrieval.source:
+synthetic:videos=10000,...`` with ``retrieval.text: bow``) the videos are split 80 / 10 / 10 in order (train, validation, test), and
 :func:`recall_bounds` gives two reference levels for the test recalls besides chance:
 that of a model which ranks by the caption perfectly, and that of one which knows each
 expert's event but not the relation (what a fusion that pools every expert separately

@@ -20,7 +20,7 @@ def draw_ranking_frames(ranking: Sequence[Any], frames: Sequence[Any], query: st
     all when unknown.
 
     ``ranking``: objects with ``rank``, ``video_id``, ``score`` and ``correct`` (True,
-    False or None), such as :class:`polyfuse.tasks.retrieval.figure.RankedVideo`.
+    False or None), such as :class:`polyfuse.tasks.ranking.figure.RankedVideo`.
     """
     if not ranking:
         raise ValueError("draw_ranking_frames: the ranking is empty")

@@ -30,7 +30,7 @@ import numpy as np
 
 from polyfuse.data.arrays import NpzArrays, open_h5
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
-from polyfuse.text import ptb_tokenize  # moved to polyfuse.text; kept here for 0.3.x
+from polyfuse.text import ptb_tokenize
 
 __all__ = [
     "BEGIN",
@@ -42,7 +42,6 @@ __all__ = [
     "load_captions",
     "load_splits",
     "load_video_features",
-    "ptb_tokenize",
 ]
 
 PAD, BEGIN, END, UNKNOWN = "<pad>", "<bos>", "<eos>", "<unk>"

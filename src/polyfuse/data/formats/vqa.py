@@ -34,7 +34,6 @@ __all__ = [
     "question_answer",
     "soft_score_of",
     "soft_targets",
-    "tokenize",
     "word_vocabulary",
 ]
 
@@ -128,8 +127,6 @@ def load_vqa(
     return result
 
 
-tokenize = tokenize_question  # moved to polyfuse.text; kept for 0.3.x
-
 #: The word that stands for every word outside the vocabulary: the last entry of
 #: :func:`word_vocabulary`, index V - 1 of an embedding of V + 1 rows (V: padding), the
 #: index ban-vqa's ``Dictionary.tokenize`` gives unknown words (``padding_idx - 1``, its
@@ -191,12 +188,14 @@ def encode_questions(
     """Word indices, (Q, L) long: the first ``max_length`` words, padded at the end with
     ``len(words)`` (the padding index, as in ban-vqa's embedding of ``ntoken + 1`` rows).
 
-    A word outside ``words`` gets the index of :data:`UNKNOWN_WORD`; a vocabulary
-    without it (that of a checkpoint written before it existed) gives such words the
-    padding index, as that checkpoint was trained."""
+    A word outside ``words`` gets the index of :data:`UNKNOWN_WORD`, which every
+    vocabulary of :func:`word_vocabulary` ends with."""
     index = {w: i for i, w in enumerate(words)}
     padding = len(words)
-    unknown = index.get(UNKNOWN_WORD, padding)
+    if UNKNOWN_WORD not in index:
+        raise ValueError(f"the word vocabulary has no {UNKNOWN_WORD} entry (polyfuse.data.formats.vqa.word_vocabulary "
+                         "adds it)")
+    unknown = index[UNKNOWN_WORD]
     tokens = torch.full((len(questions), max_length), padding, dtype=torch.long)
     for row, q in enumerate(questions):
         ids = [index.get(w, unknown) for w in tokenize_question(q.question)][:max_length]
