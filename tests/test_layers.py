@@ -16,6 +16,8 @@ until the function runs). The rules:
     g  bench/ uses the engine's public API only: the names ``polyfuse.engine`` exports
        (``from polyfuse.engine import train``), never a module of engine/
     h  figures in one place: matplotlib is imported in figures/ only
+    i  a task type's folder (tasks/<type>/, one that registers a task type) imports no
+       other task type's folder; what two share is a shared module of tasks/ (tasks/ranking/)
 
 :data:`KNOWN_VIOLATIONS` lists the ``(file, rule)`` pairs that exist today and are
 being removed; the test allows them and fails once one of them is gone, so the list
@@ -95,6 +97,7 @@ RULES = {
     "f": "branch on a task's name outside tasks/",
     "g": "bench/ reaches below the engine's public API",
     "h": "matplotlib outside figures/",
+    "i": "one task type's folder imports another's",
 }
 
 # Task types that may not be compared against outside tasks/ (rule f); the names that
@@ -422,9 +425,33 @@ def _matplotlib() -> Iterator[Violation]:
                 yield Violation(_relpath(module), node.lineno, "h", "imports matplotlib; draw in polyfuse.figures")
 
 
+def _task_folder(module: str) -> str | None:
+    """``vqa`` for ``polyfuse.tasks.vqa.spec``; None outside the folders of tasks/."""
+    parts = module.split(".")
+    if len(parts) >= 4 and parts[1] == "tasks" and (PACKAGE / "tasks" / parts[2]).is_dir():
+        return parts[2]
+    return None
+
+
+def _task_type_folders() -> set[str]:
+    """The folders of tasks/ with a module that registers a task type."""
+    return {folder for module in MODULES if (folder := _task_folder(module))
+            and any(isinstance(node, ast.ClassDef) and any("register_task" in ast.unparse(d) for d in node.decorator_list)
+                    for node in _nodes(module, ast.ClassDef))}
+
+
+def _task_folders_apart() -> Iterator[Violation]:
+    """Rule i."""
+    owners = _task_type_folders()
+    for edge in EDGES:
+        source, target = _task_folder(edge.source), _task_folder(edge.target)
+        if source and target and source != target and target in owners:
+            yield Violation(_relpath(edge.source), edge.line, "i", f"{edge.source} imports {edge.target}")
+
+
 def _violations() -> list[Violation]:
     found = {*_cycles(), *_floors(), *_private_names(), *_pickles(), *_task_branches(), *_bench_on_public_engine(),
-             *_matplotlib()}
+             *_matplotlib(), *_task_folders_apart()}
     return sorted(found, key=lambda v: (v.file, v.line, v.rule, v.detail))
 
 
@@ -466,6 +493,12 @@ def test_checker_sees_function_local_and_relative_imports():
     edges = list(_edges("polyfuse.engine.learning_curves", ast.walk(tree)))
     assert sorted((e.target, e.line, e.names) for e in edges) == [
         ("", 4, ("x",)), ("polyfuse.cli.main", 3, ()), ("polyfuse.engine.run", 2, ("train",))]
+
+
+def test_task_type_folders_are_those_that_register_one():
+    owners = _task_type_folders()
+    assert {"tabular", "vqa", "captioning", "retrieval", "chimera"} <= owners and "ranking" not in owners
+    assert _task_folder("polyfuse.tasks.vqa.spec") == "vqa" and _task_folder("polyfuse.tasks.registry") is None
 
 
 def test_checker_sees_task_branches():

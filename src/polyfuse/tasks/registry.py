@@ -83,6 +83,9 @@ class TaskSpec:
         evaluate_options: the task's own options of ``polyfuse evaluate`` and their
             defaults (retrieval, Chimera: ``shuffle_words``), handed to
             :meth:`checkpoint_data`; another task refuses them.
+        fusions: the names ``model.fusion`` takes: None for any fusion module of
+            :mod:`polyfuse.nn` (the default), or the task type's own list (retrieval's video
+            fusions, some of which are not modules); the schema checks it with the task.
         figure_options: the task's own options of ``polyfuse plot attention`` (VQA:
             ``question_ids``, ``images``); another task refuses them.
         reads_own_files: True when a checkpoint reads the files of its configuration
