@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-__all__ = ["LOSSES", "OPTIMIZERS", "SCHEDULERS", "FusionTask", "ban_warmup_factor", "build_optimizer", "check_optimizer"]
+__all__ = ["LOSSES", "OPTIMIZERS", "SCHEDULERS", "FusionTask", "StagedEvaluation", "ban_warmup_factor", "build_optimizer", "check_optimizer"]
 
 OPTIMIZERS = ("adamw", "adamax")
 #: ``task.loss`` of the regression task types (sentiment, traits)
@@ -96,7 +96,34 @@ def log_attention_modes(task: L.LightningModule, stage: str, batch_size: int) ->
                  sync_dist=True)
 
 
-class FusionTask(L.LightningModule):
+class StagedEvaluation(L.LightningModule):
+    """Validation and test of a module whose ``stage_metrics`` holds a torchmetrics
+    Metric per stage (``val``, ``test``): ``_evaluation_step(stage, batch)`` logs the
+    loss and updates the stage's metric; the epoch's end logs what it computes."""
+
+    def _evaluation_step(self, stage: str, batch: Any) -> None:
+        raise NotImplementedError
+
+    def _evaluation_end(self, stage: str) -> None:
+        metric = self.stage_metrics[stage]
+        values = metric.compute()  # gathered over processes: the same on every rank
+        metric.reset()
+        self.log_dict({f"{stage}/{key}": value.float() for key, value in values.items()}, sync_dist=True)
+
+    def validation_step(self, batch: Any, batch_index: int) -> None:
+        self._evaluation_step("val", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._evaluation_end("val")
+
+    def test_step(self, batch: Any, batch_index: int) -> None:
+        self._evaluation_step("test", batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._evaluation_end("test")
+
+
+class FusionTask(StagedEvaluation):
     """Base class (see the module docstring).
 
     Args:
@@ -170,24 +197,6 @@ class FusionTask(L.LightningModule):
         self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["row"]), sync_dist=True)
         log_attention_modes(self, stage, len(batch["row"]))
         self.stage_metrics[stage].update(self.predictions(outputs), target)
-
-    def _evaluation_end(self, stage: str) -> None:
-        metric = self.stage_metrics[stage]
-        values = metric.compute()  # gathered over processes: the same on every rank
-        metric.reset()
-        self.log_dict({f"{stage}/{key}": value.float() for key, value in values.items()}, sync_dist=True)
-
-    def validation_step(self, batch: dict[str, Any], batch_index: int) -> None:
-        self._evaluation_step("val", batch)
-
-    def on_validation_epoch_end(self) -> None:
-        self._evaluation_end("val")
-
-    def test_step(self, batch: dict[str, Any], batch_index: int) -> None:
-        self._evaluation_step("test", batch)
-
-    def on_test_epoch_end(self) -> None:
-        self._evaluation_end("test")
 
     def predict_step(self, batch: dict[str, Any], batch_index: int) -> dict[str, Tensor]:
         result = {"row": batch["row"], "prediction": self.predictions(self(batch))}

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,7 +22,7 @@ from polyfuse.extract.images import feature_settings
 from polyfuse.metrics.vqa import VQAScore
 from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 from polyfuse.sizes import SizeInt
-from polyfuse.tasks.base import FusionTask, check_optimizer, log_attention_modes
+from polyfuse.tasks.base import FusionTask, StagedEvaluation, check_optimizer, log_attention_modes
 from polyfuse.tasks.building import fusion_options
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 from polyfuse.tasks.vqa.data import VQAData, VQADataModule, build_vqa_data
@@ -43,7 +42,7 @@ def vqa_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 
-class VQATask(L.LightningModule):
+class VQATask(StagedEvaluation):
     """A VQA model (:func:`polyfuse.nn.models.vqa.build_vqa_model`) trained with :func:`vqa_loss`; logs
     ``<stage>/loss``, ``<stage>/acc`` (official VQA accuracy) and ``<stage>/acc/<type>``.
 
@@ -90,24 +89,6 @@ class VQATask(L.LightningModule):
         self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["row"]), sync_dist=True)
         log_attention_modes(self, stage, len(batch["row"]))
         self.stage_metrics[stage].update(logits.argmax(dim=1), batch["answer_ids"], batch["answer_scores"], batch["answer_type"])
-
-    def _evaluation_end(self, stage: str) -> None:
-        metric = self.stage_metrics[stage]
-        values = metric.compute()
-        metric.reset()
-        self.log_dict({f"{stage}/{key}": value for key, value in values.items()}, sync_dist=True)
-
-    def validation_step(self, batch: Mapping[str, Tensor], batch_index: int) -> None:
-        self._evaluation_step("val", batch)
-
-    def on_validation_epoch_end(self) -> None:
-        self._evaluation_end("val")
-
-    def test_step(self, batch: Mapping[str, Tensor], batch_index: int) -> None:
-        self._evaluation_step("test", batch)
-
-    def on_test_epoch_end(self) -> None:
-        self._evaluation_end("test")
 
     def predict_step(self, batch: Mapping[str, Tensor], batch_index: int) -> dict[str, Tensor]:
         """The :attr:`predict_top_k` answers of each question, best first: ``answers``
