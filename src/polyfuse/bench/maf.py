@@ -1,152 +1,41 @@
-"""``polyfuse bench maf``: HOCA Eq. 19 as printed against the form that learns, measured.
+"""``polyfuse bench maf``: how concentrated MAF's Eq. 19 attention is in trained captioning runs.
 
-A small but real captioning experiment on the shared MSVD subset
-(``../shared/data/msvd``, 70 / 10 / 20 videos): the same model, seed and data are
-trained twice, once with MAF's literal Eq. 19 (``softmax(sum_k theta_k alpha_k)``)
-and once with the default form (``softmax(sum_k theta_k log alpha_k)``), and both
-are scored on the test videos.
+HOCA's Eq. 19 read literally, ``softmax(sum_k theta_k alpha_k)``, takes a softmax of a
+weighted sum of probabilities; polyfuse's default, ``softmax(sum_k theta_k log alpha_k)``,
+one of weighted logits (``decoder.combination: literal | log``, see
+:mod:`polyfuse.nn.maf`). Training and scoring the two forms is the engine's job:
+``polyfuse compare`` with ``configs/msvd/variants/maf_literal.yaml`` and
+``maf_log.yaml`` (or ``polyfuse train`` once per form). What those runs do not record
+is the attention itself, and this bench adds that measure.
 
-* Two modalities per video: appearance, the VGG frame features of
-  ``features_vgg.npz`` (every ``frame_stride``-th of the 80 rows), and a
-  frame-difference stream, ``vgg[t + 1] - vgg[t]`` between consecutive sampled
-  rows (one step shorter): a crude motion signal computed from the appearance
-  features, since the subset ships no motion features. To keep the run to a few
-  CPU minutes, the 4096-d rows are first projected on their ``pca_dim`` leading
-  principal directions, fitted on the training videos' appearance rows (the same
-  projection for both streams, so the difference stream is the difference of the
-  projected rows); each stream then goes through its own trainable
-  ``tanh(linear)`` encoder (``pca_dim`` -> ``feature_dim``).
-* Decoder: :class:`polyfuse.nn.decoding.CaptionDecoder` (LSTM, MAF conditioned on
-  h_t with unary and binary exact-HOCA attention, Eq. 22 output), teacher forcing,
-  Adam, a fixed number of epochs; greedy decoding of the test videos, which never
-  generates ``<unk>`` (as ``task.type: captioning`` with its default
-  ``captioning.allow_unknown: false``) unless ``allow_unknown``.
-* Measures: the mean entropy of each modality's Eq. 19 attention over the decoded
-  steps (nats, and divided by log T, where 1 means uniform), BLEU-4, CIDEr-D,
-  ROUGE-L and METEOR (:func:`polyfuse.metrics.captioning.caption_metrics`: pycocoevalcap,
-  PTB tokenisation; without Java its Python twin, and METEOR is left out with a
-  note), and the teacher-forced test cross-entropy. The vocabulary and the model
-  are those of ``task.type: captioning`` (:class:`~polyfuse.data.formats.captioning.Vocabulary`,
-  :class:`~polyfuse.nn.models.captioner.VideoCaptioner` with dropout 0).
+For every run directory it loads the best checkpoint through the engine's public API
+(:func:`polyfuse.engine.apply_checkpoint`), decodes the videos of a split greedily (the
+checkpoint's ``captioning.max_length`` and its rule on ``<unk>``) and, for each
+modality, averages the entropy ``-sum_t a_t log a_t`` (nats) of the Eq. 19 attention
+over every generated word of every video, the end token included. ``relative`` divides
+each word's entropy by ``log T`` of its video's real steps (1: uniform attention). The
+caption metrics and the teacher-forced test loss are those the run wrote in its
+``results.json`` (beam search, as at test time); the bench does not recompute them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from polyfuse.bench.results import result_header
-from polyfuse.data.formats.captioning import UNKNOWN, Vocabulary, ptb_tokenize
-from polyfuse.metrics.captioning import caption_metrics
-from polyfuse.nn.decoding import caption_cross_entropy
-from polyfuse.nn.models.captioner import VideoCaptioner
+from polyfuse.data.formats.jsonfile import read_json
 
-__all__ = ["FULL", "QUICK", "MAFBenchSettings", "attention_entropy", "run_maf_bench"]
+__all__ = ["METRICS", "attention_entropy", "checkpoint_entropy", "find_runs", "maf_table", "run_maf_bench",
+           "summarise_forms"]
 
-
-@dataclasses.dataclass(frozen=True)
-class MAFBenchSettings:
-    data_dir: Path = Path("../shared/data/msvd")
-    combinations: tuple[str, ...] = ("literal", "log")
-    seed: int = 0
-    frame_stride: int = 4  # 80 VGG rows -> 20 appearance steps, 19 difference steps
-    pca_dim: int = 256
-    feature_dim: int = 128
-    embed_dim: int = 128
-    hidden_dim: int = 256
-    attention_dim: int = 64
-    orders: str = "UB"
-    epochs: int = 15
-    batch_size: int = 64
-    learning_rate: float = 2e-3
-    max_words: int = 20
-    min_count: int = 2
-    max_decode_length: int = 20
-    train_videos: int | None = None  # None: the whole train split
-    meteor: bool = True  # METEOR starts a Java process that loads its paraphrase tables
-    allow_unknown: bool = False  # as captioning.allow_unknown: greedy decoding never emits <unk>
-
-
-FULL = MAFBenchSettings()
-#: Seconds: a smoke test of the pipeline, not a measurement.
-QUICK = dataclasses.replace(
-    FULL, epochs=1, pca_dim=32, feature_dim=16, embed_dim=16, hidden_dim=32, attention_dim=8, train_videos=8
-)
-
-
-# ---------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------
-
-
-def _load_msvd(data_dir: Path) -> tuple[list[str], np.ndarray, dict[str, list[str]], dict]:
-    data_dir = Path(data_dir)
-    needed = ["features_vgg.npz", "captions.json", "splits.json"]
-    missing = [name for name in needed if not (data_dir / name).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"bench maf: {data_dir} lacks {', '.join(missing)}; pass --data-dir pointing at the "
-            "shared MSVD folder (see its PROVENANCE.md)"
-        )
-    with np.load(data_dir / "features_vgg.npz") as archive:
-        ids = [str(v) for v in archive["video_ids"]]
-        vgg = archive["vgg"]
-    captions = json.loads((data_dir / "captions.json").read_text(encoding="utf-8"))
-    splits = json.loads((data_dir / "splits.json").read_text(encoding="utf-8"))
-    return ids, vgg, captions, splits
-
-
-def _streams(
-    vgg: np.ndarray, stride: int, pca_dim: int, fit_rows: Sequence[int]
-) -> tuple[Tensor, Tensor]:
-    """(N, T, p) projected appearance rows and (N, T - 1, p) differences of consecutive rows.
-
-    The projection is on the ``p = pca_dim`` leading principal directions of the
-    appearance rows of the videos ``fit_rows`` (the training videos), after
-    subtracting their mean.
-    """
-    appearance = torch.from_numpy(vgg[:, ::stride].astype(np.float32))  # (N, T, 4096)
-    if appearance.shape[1] < 2:
-        raise ValueError(f"bench maf: frame_stride {stride} leaves fewer than 2 frames")
-    fit = appearance[list(fit_rows)].reshape(-1, appearance.shape[-1])
-    mean = fit.mean(dim=0)
-    _, _, directions = torch.linalg.svd(fit - mean, full_matrices=False)  # rows: directions
-    projected = (appearance - mean) @ directions[:pca_dim].T  # (N, T, p)
-    return projected, projected[:, 1:] - projected[:, :-1]
-
-
-def _pad(sequences: list[list[int]]) -> Tensor:
-    length = max(len(s) for s in sequences)
-    return torch.tensor([s + [0] * (length - len(s)) for s in sequences], dtype=torch.long)
-
-
-# ---------------------------------------------------------------------------
-# Model
-# ---------------------------------------------------------------------------
-
-
-def _captioner(vocab_size: int, settings: MAFBenchSettings, combination: str,
-               lengths: Sequence[int], input_dim: int) -> VideoCaptioner:
-    """Two tanh(linear) stream encoders and the MAF caption decoder (no dropout)."""
-    return VideoCaptioner(
-        [input_dim] * 2, vocab_size, orders=settings.orders, low_rank=False, max_lengths=list(lengths),
-        feature_dim=settings.feature_dim, embed_dim=settings.embed_dim, hidden_dim=settings.hidden_dim,
-        attention_dim=settings.attention_dim, combination=combination, dropout=0.0,
-    )
-
-
-# ---------------------------------------------------------------------------
-# Measures
-# ---------------------------------------------------------------------------
+#: the caption metrics copied from each run's results.json, in table order
+METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "loss")
 
 
 def attention_entropy(attention: Tensor) -> Tensor:
@@ -155,159 +44,184 @@ def attention_entropy(attention: Tensor) -> Tensor:
     return -(attention * logs).sum(dim=-1)
 
 
-def _score_captions(
-    references: dict[str, list[str]], hypotheses: dict[str, str], meteor: bool = True
-) -> dict:
-    """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D (:func:`polyfuse.metrics.captioning.caption_metrics`)."""
-    scores = caption_metrics(references, hypotheses, meteor=meteor)
-    errors = scores.pop("errors")
-    if "METEOR" in errors:
-        scores["note"] = "METEOR not computed: " + errors["METEOR"]
-    return scores
+def find_runs(paths: Sequence[str | Path]) -> list[tuple[str, Path]]:
+    """``(label, run directory)`` of each path: a run directory (it has ``results.json``;
+    labelled by its name) or a ``polyfuse compare`` output (every ``<model>/seed<N>``
+    run below it, labelled ``<model>/seed<N>``)."""
+    runs: list[tuple[str, Path]] = []
+    for given in paths:
+        path = Path(given)
+        if (path / "results.json").is_file():
+            runs.append((path.resolve().name, path))
+            continue
+        found = sorted(p.parent for p in path.glob("*/seed*/results.json"))
+        if not found:
+            raise FileNotFoundError(
+                f"bench maf: {path} is neither a run directory (no results.json) nor a "
+                "polyfuse compare output (no <model>/seed<N>/results.json)"
+            )
+        runs.extend((f"{run.parent.name}/{run.name}", run) for run in found)
+    labels = [label for label, _ in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"bench maf: two runs have the same label: {labels}")
+    return runs
 
 
-# ---------------------------------------------------------------------------
-# One variant
-# ---------------------------------------------------------------------------
+def checkpoint_entropy(checkpoint: str | Path, *, split: str = "test") -> dict[str, Any]:
+    """Mean Eq. 19 attention entropy per modality of a captioning checkpoint over the
+    greedy captions of ``split`` (see the module docstring), with the checkpoint's
+    ``decoder`` settings."""
+    from polyfuse.engine import apply_checkpoint
 
-
-def _encode(model: VideoCaptioner, streams: Sequence[Tensor]) -> list[Tensor]:
-    return model.encode(streams, [torch.ones(x.shape[:2], dtype=torch.bool) for x in streams])
-
-
-def _generate(
-    model: VideoCaptioner, inputs: Sequence[Tensor], vocabulary: Vocabulary, settings: MAFBenchSettings
-) -> tuple[Tensor, list]:
-    """Greedy captions of encoded ``inputs``; ``<unk>`` is never generated unless
-    ``settings.allow_unknown`` (the rule of ``task.type: captioning``)."""
-    banned = [] if settings.allow_unknown else [vocabulary.index[UNKNOWN]]
-    return model.decoder.greedy(
-        inputs,
-        begin_index=vocabulary.begin,
-        end_index=vocabulary.end,
-        max_length=settings.max_decode_length,
-        banned_tokens=banned,
-    )
-
-
-def _train_and_score(
-    combination: str,
-    settings: MAFBenchSettings,
-    data: dict[str, Any],
-    progress: Callable[[str], None] | None,
-) -> dict[str, Any]:
-    torch.manual_seed(settings.seed)
-    generator = torch.Generator().manual_seed(settings.seed)
-    vocabulary: Vocabulary = data["vocabulary"]
-    streams: list[Tensor] = data["streams"]
-    model = _captioner(len(vocabulary.words), settings, combination,
-                       [x.shape[1] for x in streams], streams[0].shape[-1])
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
-    pairs = data["train_pairs"]  # (video row, token ids)
-    start = time.perf_counter()
-    losses = []
-    for epoch in range(settings.epochs):
-        model.train()
-        order = torch.randperm(len(pairs), generator=generator).tolist()
-        total, batches = 0.0, 0
-        for first in range(0, len(order), settings.batch_size):
-            chosen = [pairs[i] for i in order[first : first + settings.batch_size]]
-            rows = torch.tensor([row for row, _ in chosen])
-            captions = _pad([ids for _, ids in chosen])
-            inputs = _encode(model, [x[rows] for x in streams])
-            logits = model.decoder(captions, inputs)
-            loss = caption_cross_entropy(logits, captions[:, 1:])  # Eq. 24, per token
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            optimizer.step()
-            total, batches = total + float(loss.detach()), batches + 1
-        losses.append(total / batches)
-        if progress:
-            progress(f"[{combination}] epoch {epoch + 1}/{settings.epochs}: loss {losses[-1]:.3f}")
-    train_seconds = time.perf_counter() - start
-
-    model.eval()
-    test_rows = torch.tensor(data["test_rows"])
+    applied = apply_checkpoint(checkpoint, split=split)
+    config = applied.extras["config"]
+    task = applied.module
+    if not callable(getattr(getattr(getattr(task, "model", None), "decoder", None), "greedy", None)):
+        raise ValueError(f"bench maf: {checkpoint} (task.type {config['task']['type']}) has no caption decoder; "
+                         "it reads task.type captioning runs")
+    vocabulary = task.vocabulary
+    modalities = list(applied.extras["modalities"])
+    nats = [0.0] * len(modalities)
+    relative = [0.0] * len(modalities)
+    relative_words = [0] * len(modalities)
+    uniform = [0.0] * len(modalities)
+    words = videos = 0
+    (loader,) = applied.loaders().values()
     with torch.no_grad():
-        inputs = _encode(model, [x[test_rows] for x in streams])
-        tokens, steps = _generate(model, inputs, vocabulary, settings)
-        test_pairs = data["test_pairs"]
-        captions = _pad([ids for _, ids in test_pairs])
-        positions = torch.tensor([data["test_rows"].index(row) for row, _ in test_pairs])
-        test_loss = float(caption_cross_entropy(
-            model.decoder(captions, [x[positions] for x in inputs]), captions[:, 1:]
-        ))
-    # Entropy of each modality's Eq. 19 attention at every generated step up to the end token.
-    alive = tokens != vocabulary.pad  # (B, S): generated steps, end token included
-    entropy = {}
-    for modality, name in enumerate(("appearance", "difference")):
-        per_step = torch.stack([attention_entropy(s.attention[modality]) for s in steps], 1)
-        length = steps[0].attention[modality].shape[1]
-        mean = float(per_step[alive].mean())
-        entropy[name] = {"nats": mean, "relative": mean / math.log(length), "steps": length,
-                         "uniform_nats": math.log(length)}
-    ids = data["test_ids"]
-    hypotheses = {video: vocabulary.decode(row.tolist()) for video, row in zip(ids, tokens, strict=True)}
-    references = {video: data["captions"][video] for video in ids}
-    scores = _score_captions(references, hypotheses, settings.meteor)
-    theta = [p.detach().tolist() for p in model.decoder.maf.order_weights]
+        for batch in loader:
+            masks = batch["masks"]
+            videos += len(batch["videos"])
+            tokens, steps = task.model.decoder.greedy(
+                task.model.encode(batch["inputs"], masks), masks, begin_index=vocabulary.begin,
+                end_index=vocabulary.end, max_length=task.max_length, banned_tokens=task.banned_tokens,
+            )
+            generated = tokens != vocabulary.pad  # (B, S): the words, up to and with the end token
+            words += int(generated.sum())
+            for m, mask in enumerate(masks):
+                entropy = attention_entropy(torch.stack([step.attention[m] for step in steps], dim=1))  # (B, S)
+                log_length = mask.sum(dim=1).double().log()[:, None].expand_as(entropy)  # (B, S)
+                nats[m] += float(entropy[generated].double().sum())
+                uniform[m] += float(log_length[generated].sum())
+                spread = generated & (log_length > 0)  # a single step has no entropy to compare
+                relative[m] += float((entropy.double()[spread] / log_length[spread]).sum())
+                relative_words[m] += int(spread.sum())
+    if words == 0:
+        raise ValueError(f"bench maf: no video in the {split!r} split of {checkpoint}")
     return {
-        "combination": combination,
-        "train_loss_per_epoch": losses,
-        "test_cross_entropy": test_loss,
-        "attention_entropy": entropy,
-        "scores": scores,
-        "theta": theta,
-        "train_seconds": train_seconds,
-        "examples": {video: {"generated": hypotheses[video], "reference": references[video][0]}
-                     for video in ids[:5]},
-        "distinct_captions": len(set(hypotheses.values())),
-        "captions_with_unknown": sum(UNKNOWN in h.split() for h in hypotheses.values()),
+        "split": split,
+        "seed": config["seed"],
+        "videos": videos,
+        "words": words,
+        "combination": config["decoder"]["combination"],
+        "variant": config["decoder"]["variant"],
+        "modalities": {
+            name: {
+                "nats": nats[m] / words,
+                "relative": relative[m] / relative_words[m] if relative_words[m] else None,
+                "uniform_nats": uniform[m] / words,
+            }
+            for m, name in enumerate(modalities)
+        },
     }
+
+
+def _run_row(label: str, run_dir: Path, split: str) -> dict[str, Any]:
+    results = read_json(run_dir / "results.json")
+    if not isinstance(results, dict) or not isinstance(results.get("best_checkpoint"), str):
+        raise ValueError(f"bench maf: {run_dir / 'results.json'} names no best_checkpoint")
+    checkpoint = run_dir / results["best_checkpoint"]
+    measured = checkpoint_entropy(checkpoint, split=split)
+    test = results.get("test") or {}
+    return {
+        "label": label,
+        "run_dir": str(run_dir),
+        "checkpoint": str(checkpoint),
+        "best_epoch": results.get("best_epoch"),
+        "epochs": results.get("epochs"),
+        **measured,
+        "test": {key: test.get(key) for key in METRICS},
+    }
+
+
+def _numbers(row: dict[str, Any], modalities: Sequence[str]) -> dict[str, float | None]:
+    """The numbers of one run, by column: entropy and relative entropy per modality, the metrics."""
+    numbers: dict[str, float | None] = {}
+    for name in modalities:
+        entry = row["modalities"].get(name) or {}
+        numbers[f"nats {name}"] = entry.get("nats")
+        numbers[f"relative {name}"] = entry.get("relative")
+    return numbers | {key: row["test"][key] for key in METRICS}
+
+
+def summarise_forms(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per Eq. 19 form run with two seeds or more: the number of runs and the mean and
+    sample standard deviation of each number of the table."""
+    modalities = list(dict.fromkeys(name for row in rows for name in row["modalities"]))
+    summary: dict[str, dict[str, Any]] = {}
+    for form in dict.fromkeys(row["combination"] for row in rows):
+        group = [_numbers(row, modalities) for row in rows if row["combination"] == form]
+        if len(group) < 2:
+            continue
+        summary[form] = {"runs": len(group)}
+        for column in group[0]:
+            values = [numbers[column] for numbers in group if numbers[column] is not None]
+            mean = sum(values) / len(values) if values else None
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+            summary[form][column] = {"mean": mean, "std": std}
+    return summary
+
+
+def _cell(column: str, value: float | None, std: float | None = None) -> str:
+    if value is None:
+        return "n/a"
+    scale, digits = (1.0, 3) if column == "loss" or column.startswith(("nats ", "relative ")) else (100.0, 1)
+    text = f"{scale * value:.{digits}f}"
+    return text if std is None else f"{text} ± {scale * std:.{digits}f}"
+
+
+def maf_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table: one line per run (entropy per modality in nats, relative entropy
+    in brackets, the test metrics x 100 and the test loss), then, for a form run with
+    several seeds, its mean ± sample std."""
+    modalities = list(dict.fromkeys(name for row in rows for name in row["modalities"]))
+    header = ["run", "Eq. 19 form", "seed", *(f"entropy {name}, nats (relative)" for name in modalities),
+              *("test loss" if key == "loss" else key for key in METRICS)]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
+
+    def cells(first: list[str], numbers: dict[str, Any], spread: bool) -> str:
+        def pick(column: str) -> tuple[float | None, float | None]:
+            value = numbers[column]
+            return (value["mean"], value["std"]) if spread else (value, None)
+
+        out = list(first)
+        for name in modalities:
+            nats, relative = pick(f"nats {name}"), pick(f"relative {name}")
+            out.append(f"{_cell(f'nats {name}', *nats)} ({_cell(f'relative {name}', relative[0])})")
+        out.extend(_cell(key, *pick(key)) for key in METRICS)
+        return "| " + " | ".join(out) + " |"
+
+    forms = list(dict.fromkeys(row["combination"] for row in rows))
+    for row in sorted(rows, key=lambda row: forms.index(row["combination"])):  # stable: runs in given order
+        lines.append(cells([row["label"], row["combination"], str(row["seed"])], _numbers(row, modalities), False))
+    for form, numbers in summarise_forms(rows).items():
+        lines.append(cells([f"mean ± std ({numbers['runs']} runs)", form, ""], numbers, True))
+    return "\n".join(lines) + "\n"
 
 
 def run_maf_bench(
-    settings: MAFBenchSettings = FULL, *, progress: Callable[[str], None] | None = None
+    paths: Sequence[str | Path], *, split: str = "test", progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Train and score each Eq. 19 form in ``settings.combinations``; a JSON-ready dict."""
-    ids, vgg, captions, splits = _load_msvd(settings.data_dir)
-    row_of = {video: row for row, video in enumerate(ids)}
-    train_ids = list(splits["train"])[: settings.train_videos]
-    test_ids = list(splits["test"])
-    for video in [*train_ids, *test_ids]:
-        if video not in row_of or not captions.get(video):
-            raise ValueError(f"bench maf: video {video!r} has no features or no captions")
-    vocabulary = Vocabulary.build((c for v in train_ids for c in captions[v]), settings.min_count)
-    train_pairs = [
-        (row_of[v], vocabulary.encode(c, settings.max_words))
-        for v in train_ids for c in captions[v] if ptb_tokenize(c)
-    ]
-    test_pairs = [
-        (row_of[v], vocabulary.encode(c, settings.max_words))
-        for v in test_ids for c in captions[v] if ptb_tokenize(c)
-    ]
-    data = {
-        "vocabulary": vocabulary,
-        "streams": list(_streams(vgg, settings.frame_stride, settings.pca_dim,
-                                 [row_of[v] for v in train_ids])),
-        "train_pairs": train_pairs,
-        "test_ids": test_ids,
-        "test_rows": [row_of[v] for v in test_ids],
-        "test_pairs": test_pairs,
-        "captions": captions,
-    }
-    settings_json = {k: str(v) if isinstance(v, Path) else v
-                     for k, v in dataclasses.asdict(settings).items()}
-    payload = result_header("maf", settings_json)
-    payload["data"] = {
-        "train_videos": len(train_ids), "test_videos": len(test_ids),
-        "train_captions": len(train_pairs), "vocabulary": len(vocabulary.words),
-        "appearance_steps": data["streams"][0].shape[1],
-        "difference_steps": data["streams"][1].shape[1],
-    }
-    payload["variants"] = {
-        combination: _train_and_score(combination, settings, data, progress)
-        for combination in settings.combinations
-    }
+    """The entropy of every run of ``paths`` (:func:`find_runs`) and its test metrics; a JSON-ready dict."""
+    rows = []
+    for label, run_dir in find_runs(paths):
+        rows.append(_run_row(label, run_dir, split))
+        if progress is not None:
+            entropy = ", ".join(f"{name} {entry['nats']:.3f}" for name, entry in rows[-1]["modalities"].items())
+            progress(f"{label} ({rows[-1]['combination']}): entropy {entropy} nats over {rows[-1]['words']} words")
+    payload = result_header("maf", {"runs": [str(p) for p in paths], "split": split})
+    payload["rows"] = rows
+    payload["summary"] = summarise_forms(rows)
+    payload["table"] = maf_table(rows)
+    if any(math.isnan(entry["nats"]) for row in rows for entry in row["modalities"].values()):
+        raise ValueError("bench maf: an attention entropy is NaN (attention with NaN weights)")
     return payload

@@ -175,25 +175,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     maf = commands.add_parser(
         "maf",
-        help="HOCA Eq. 19 literal vs learnable: attention entropy and captioning metrics",
+        help="MAF's Eq. 19 attention entropy of trained captioning runs (literal vs log form)",
         description=(
-            "Trains the MAF caption decoder on the shared MSVD subset (VGG appearance and "
-            "frame-difference streams) once per form of Eq. 19 with a fixed seed, decodes "
-            "the test videos greedily (never <unk>, as task.type captioning, unless "
-            "--allow-unknown) and reports attention entropy, BLEU-4, CIDEr-D, "
-            "ROUGE-L and METEOR (pycocoevalcap). A few minutes of CPU."
+            "For each captioning run (a run directory, or a polyfuse compare output: every "
+            "<model>/seed<N> run below it), loads the best checkpoint, decodes the videos of "
+            "--split greedily and reports each modality's mean Eq. 19 attention entropy, beside "
+            "the test metrics of the run's results.json. Train the runs first, e.g. polyfuse "
+            "compare --models configs/msvd/variants/maf_literal.yaml,configs/msvd/variants/maf_log.yaml. "
+            "Writes maf.json and maf.md."
         ),
     )
-    maf.add_argument("--preset", choices=("full", "quick"), default="full",
-                     help="quick: a seconds-long smoke run, not a measurement")
-    maf.add_argument("--data-dir", type=Path, default=None,
-                     help="the MSVD folder (default ../shared/data/msvd)")
-    maf.add_argument("--combinations", type=_words, default=None, help="of: literal log")
-    maf.add_argument("--epochs", type=int, default=None)
-    maf.add_argument("--seed", type=int, default=None)
-    maf.add_argument("--no-meteor", action="store_true", help="skip METEOR (slow Java start)")
-    maf.add_argument("--allow-unknown", action="store_true",
-                     help="let greedy decoding generate <unk> (as captioning.allow_unknown: true)")
+    maf.add_argument("runs", nargs="+", type=Path, metavar="RUN",
+                     help="a run directory (with results.json) or a polyfuse compare output directory")
+    maf.add_argument("--split", default="test", help="the split decoded (default test)")
     common(maf)
 
     peers = commands.add_parser(
@@ -499,15 +493,11 @@ def _targets(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 def _maf(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from polyfuse.bench import maf
 
-    settings = maf.QUICK if args.preset == "quick" else maf.FULL
-    changes = {name: getattr(args, name) for name in ("data_dir", "combinations", "epochs", "seed")
-               if getattr(args, name) is not None}
-    if args.no_meteor:
-        changes["meteor"] = False
-    if args.allow_unknown:
-        changes["allow_unknown"] = True
-    return maf.run_maf_bench(dataclasses.replace(settings, **changes),
-                             progress=_progress(args)), None
+    payload = maf.run_maf_bench(args.runs, split=args.split, progress=_progress(args))
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "maf.md").write_text(payload["table"], encoding="utf-8")
+    print(payload["table"], end="")
+    return payload, None
 
 
 def _compile(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
