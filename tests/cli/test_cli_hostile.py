@@ -150,7 +150,7 @@ def test_two_images_with_one_id_are_refused_naming_both(tmp_path, capsys):
 
 
 def _vqa_folder(tmp_path):
-    from tests.cli.test_cli_vqa import write_vqa_folder
+    from tests.tiny.vqa import write_vqa_folder
 
     return write_vqa_folder(tmp_path, 8, 4)
 

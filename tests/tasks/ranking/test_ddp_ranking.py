@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,18 +27,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tests.helpers.ports import free_port
 from tests.tiny.chimera import chimera_config as _chimera
 from tests.tiny.retrieval import retrieval_config as _retrieval
 
 from polyfuse.engine import read_checkpoint, train
 
 TOLERANCE = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _epoch_losses(run_dir: Path) -> list[dict[str, float]]:
@@ -54,7 +48,7 @@ def _two_match_one(config: dict, tmp_path: Path) -> tuple[dict, dict]:
     path = tmp_path / "ddp.yaml"
     path.write_text(yaml.safe_dump(config))
     environment = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
-    environment.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    environment.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "polyfuse.cli.main", "train", "--config", str(path),
                "--out", str(tmp_path / "two"), "--devices", "2", "--strategy", "ddp"]
     finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
