@@ -140,14 +140,14 @@ class ChimeraConfig(RetrievalSourceConfig):
 def encode_tokens(encoder, captions: Sequence[str], batch_size: int = 128, bar: Any = None) -> tuple[Tensor, Tensor]:
     """(C, N, d) token states of a frozen encoder padded to the longest caption, (C, N) mask;
     ``bar`` (a :func:`polyfuse.progress.progress_bar`) advanced by each batch's captions."""
-    parts = []
+    split_names = []
     for s in range(0, len(captions), batch_size):
-        parts.append(encoder(list(captions[s : s + batch_size])))
+        split_names.append(encoder(list(captions[s : s + batch_size])))
         if bar is not None:
-            bar.update(len(parts[-1].tokens))
-    length = max(p.tokens.shape[1] for p in parts)
-    tokens = torch.cat([torch.nn.functional.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in parts])
-    mask = torch.cat([torch.nn.functional.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts])
+            bar.update(len(split_names[-1].tokens))
+    length = max(p.tokens.shape[1] for p in split_names)
+    tokens = torch.cat([torch.nn.functional.pad(p.tokens, (0, 0, 0, length - p.tokens.shape[1])) for p in split_names])
+    mask = torch.cat([torch.nn.functional.pad(p.mask, (0, length - p.mask.shape[1])) for p in split_names])
     return tokens, mask
 
 
@@ -354,8 +354,8 @@ class ChimeraTask(RankingTask):
 # ---- data -------------------------------------------------------------------------------------
 @dataclass
 class ChimeraData:
-    """The parts of the corpus, the expert read, and the captions as the encoder gives them:
-    per evaluation part (C, N, d) token states and (C, N) masks; for training, word-piece
+    """The splits of the corpus, the expert read, and the captions as the encoder gives them:
+    per evaluation split (C, N, d) token states and (C, N) masks; for training, word-piece
     ids and masks (masked and encoded every step) or, without masking, token states."""
 
     splits: dict[str, RetrievalCorpus]
@@ -371,13 +371,13 @@ class _Batches:
     def __init__(self, prepared: ChimeraData) -> None:
         self.prepared = prepared
 
-    def __call__(self, part: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
-        corpus = self.prepared.splits[part]
+    def __call__(self, split_name: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
+        corpus = self.prepared.splits[split_name]
         video = corpus.experts[self.prepared.expert]
         if isinstance(batch, list):  # training: the global batch's (video row, caption row) pairs
             return self._training(video, batch, shard)
         videos, captions = batch["video_rows"], batch["caption_rows"]
-        tokens, mask = self.prepared.tokens[part]
+        tokens, mask = self.prepared.tokens[split_name]
         row_of = {v: i for i, v in enumerate(corpus.video_ids)}
         caption_videos = [corpus.caption_video[i] for i in captions.tolist()]
         return {"steps": video.features[videos], "video_mask": video.mask[videos], "tokens": tokens[captions],
@@ -411,9 +411,9 @@ def _encoder(section: Mapping[str, Any]):
     return MiniLMEncoder(section.get("encoder_path"))
 
 
-def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
+def prepare_chimera(config: Mapping[str, Any], encoder, split_names: Sequence[str],
                     display: tuple[bool, bool] = (False, False)) -> ChimeraData:
-    """The ``parts`` of the configuration's corpus, their captions' token states encoded
+    """The splits ``split_names`` of the configuration's corpus, their captions' token states encoded
     once (the training captions only tokenised when they are masked afresh each epoch).
     ``display``: a progress bar of the captions encoded (on a terminal) and a final line
     on stderr (:func:`polyfuse.progress.run_display`)."""
@@ -422,13 +422,13 @@ def prepare_chimera(config: Mapping[str, Any], encoder, parts: Sequence[str],
     expert = section["expert"] or next(iter(corpus.experts))
     if expert not in corpus.experts:
         raise ValueError(f"chimera.expert: unknown expert {expert!r}; the corpus has {', '.join(corpus.experts)}")
-    selected = select_splits(corpus, split, parts)
+    selected = select_splits(corpus, split, split_names)
     masked_training = "train" in selected and section["mask_rate"] > 0
-    encoded = {name: part for name, part in selected.items() if not (name == "train" and masked_training)}
+    encoded = {name: split_name for name, split_name in selected.items() if not (name == "train" and masked_training)}
     show_bar, show_line = display
-    watch, total = Stopwatch(), sum(len(part.captions) for part in encoded.values())
+    watch, total = Stopwatch(), sum(len(split_name.captions) for split_name in encoded.values())
     with progress_bar(total=total, show=show_bar, desc="encode captions", unit="caption") as bar:
-        tokens = {name: encode_tokens(encoder, part.captions, bar=bar) for name, part in encoded.items()}
+        tokens = {name: encode_tokens(encoder, split_name.captions, bar=bar) for name, split_name in encoded.items()}
     if show_line and total:
         say(f"chimera: {total} captions of {', '.join(encoded)} encoded by {type(encoder).__name__} in {watch}")
     train_ids = tokenized(encoder, selected["train"].captions) if masked_training else None
@@ -469,8 +469,8 @@ class ChimeraSpec(RankingSpec):
 
     def build_data(self, config: Mapping[str, Any]) -> TaskData[ChimeraData]:
         encoder = _encoder(config["chimera"])
-        parts = (*CORPUS_SPLITS, SHUFFLED) if config["chimera"]["shuffled_test"] else CORPUS_SPLITS
-        prepared = prepare_chimera(config, encoder, parts, run_display(config))
+        split_names = (*CORPUS_SPLITS, SHUFFLED) if config["chimera"]["shuffled_test"] else CORPUS_SPLITS
+        prepared = prepare_chimera(config, encoder, split_names, run_display(config))
         data = ranking_data(config, prepared, _Batches(prepared), whole_videos=True)  # a cross-encoder
         data.datamodule.text_encoder = encoder
         return data
@@ -487,12 +487,12 @@ class ChimeraSpec(RankingSpec):
         section = config["chimera"]
         if not (section["mask_rate"] > 0 and section["num_topics"] > 0):
             return {}
-        parts = data.prepared.splits
-        head, report = lm_head_for(module.encoder, parts["train"].captions, parts["val"].captions,
+        split_names = data.prepared.splits
+        head, report = lm_head_for(module.encoder, split_names["train"].captions, split_names["val"].captions,
                                    cache_dir_of(config), display=run_display(config))
         object.__setattr__(module, "lm_head", head)
         if module.model.use_topics:  # L_T on fixed masked validation captions, logged every epoch
-            module.held_out = held_out_masked_captions(module.encoder, parts["val"].captions, section["mask_rate"])
+            module.held_out = held_out_masked_captions(module.encoder, split_names["val"].captions, section["mask_rate"])
         return {"lm_head": {k: v for k, v in report.items() if k != "history"}}
 
     def checkpoint_extras(self, config: Mapping[str, Any], data: TaskData[ChimeraData]) -> dict[str, Any]:
@@ -510,10 +510,10 @@ class ChimeraSpec(RankingSpec):
         return _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0}},
                        int(extras["label_info"]["text_dim"]), int(extras["input_dims"][0]), None)
 
-    def split_data(self, extras: Mapping[str, Any], part: str, encoder=None) -> TaskData[ChimeraData]:
-        """The data of one part; ``encoder``: MiniLM when the caller holds it already."""
+    def split_data(self, extras: Mapping[str, Any], split_name: str, encoder=None) -> TaskData[ChimeraData]:
+        """The data of one split; ``encoder``: MiniLM when the caller holds it already."""
         config = extras["config"]
-        prepared = prepare_chimera(config, encoder or _encoder(config["chimera"]), (part,))
+        prepared = prepare_chimera(config, encoder or _encoder(config["chimera"]), (split_name,))
         return ranking_data(config, prepared, _Batches(prepared), whole_videos=True)
 
     def split_scores(self, module: ChimeraTask, outputs: Sequence[Any],
@@ -539,8 +539,8 @@ class ChimeraSpec(RankingSpec):
         its video (:mod:`polyfuse.tasks.chimera.figure`)."""
         from polyfuse.tasks.chimera.figure import plot_pair_attention
 
-        part = self.checkpoint_split(split, source=source, modalities=modalities)
+        split_name = self.checkpoint_split(split, source=source, modalities=modalities)
         encoder = _encoder(extras["config"]["chimera"])  # its states and its word pieces
-        data = self.split_data(extras, part, encoder)
-        data.split = part
+        data = self.split_data(extras, split_name, encoder)
+        data.split = split_name
         return [plot_pair_attention(module, encoder, data, out, split=split, sample=sample)]

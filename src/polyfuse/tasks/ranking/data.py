@@ -21,7 +21,7 @@ Shared by the task types ``retrieval`` (:mod:`polyfuse.tasks.retrieval.spec`) an
   need (:mod:`polyfuse.tasks.ranking.gather`).
 
 A training batch is what the task's collate makes of the (video row, caption row) pairs
-of the process's share (``collate(part, pairs, shard)``). An evaluation chunk holds
+of the process's share (``collate(split_name, pairs, shard)``). An evaluation chunk holds
 ``video_rows`` and ``caption_rows`` (either may be empty).
 """
 
@@ -187,13 +187,13 @@ def encode_captions(encoder, captions: Sequence[str], *, batch_size: int = 128, 
         vectors = _read_cache(cache, len(captions))
         if vectors is not None:
             return vectors
-    parts = []
+    split_names = []
     with torch.no_grad():
         for start in range(0, len(captions), batch_size):
-            parts.append(encoder(list(captions[start : start + batch_size])).sentence)
+            split_names.append(encoder(list(captions[start : start + batch_size])).sentence)
             if bar is not None:
-                bar.update(len(parts[-1]))
-    vectors = torch.cat(parts)
+                bar.update(len(split_names[-1]))
+    vectors = torch.cat(split_names)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         with atomic_temp_path(cache) as partial:
@@ -317,10 +317,10 @@ class SplitChunks(Dataset):
 
 
 class RetrievalDataModule(L.LightningDataModule):
-    """Loaders over the parts of a retrieval corpus.
+    """Loaders over the splits of a retrieval corpus.
 
-    ``collate(part, batch, shard)`` turns a global training batch (video and caption rows
-    of ``part``) and the process's :class:`Shard`, or an evaluation chunk, into tensors;
+    ``collate(split_name, batch, shard)`` turns a global training batch (video and caption rows
+    of that split) and the process's :class:`Shard`, or an evaluation chunk, into tensors;
     it is the task's (what a batch carries differs between ``retrieval`` and ``chimera``),
     the sampling is this module's. Under DDP the validation and test loaders give each
     process its share of the captions, and of the videos unless ``whole_videos`` (each
@@ -349,14 +349,14 @@ class RetrievalDataModule(L.LightningDataModule):
         return DataLoader(_Pairs(), batch_sampler=self.sampler,
                           collate_fn=lambda pairs: self.collate("train", pairs, shard))
 
-    def loader(self, part: str, shard: Shard = ONE_PROCESS) -> DataLoader:
-        """The evaluation chunks of one part (``train``, ``val``, ``test``, or another part
+    def loader(self, split_name: str, shard: Shard = ONE_PROCESS) -> DataLoader:
+        """The evaluation chunks of one split (``train``, ``val``, ``test``, or another split
         the task added, e.g. the test split with shuffled words); with a ``shard``, that
         process's share."""
-        corpus = self.splits[part]
+        corpus = self.splits[split_name]
         chunks = SplitChunks(len(corpus.video_ids), len(corpus.captions), self.eval_batch_size, shard,
                              whole_videos=self.whole_videos)
-        return DataLoader(chunks, batch_size=None, collate_fn=lambda chunk: self.collate(part, chunk))
+        return DataLoader(chunks, batch_size=None, collate_fn=lambda chunk: self.collate(split_name, chunk))
 
     def val_dataloader(self) -> DataLoader:
         return self.loader("val", self._shard())

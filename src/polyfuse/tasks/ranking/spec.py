@@ -1,11 +1,11 @@
-"""The spec the ranking task types (``retrieval``, ``chimera``) share: a corpus split into
-parts (the test split with shuffled words one more), evaluation and prediction over one
+"""The spec the ranking task types (``retrieval``, ``chimera``) share: a corpus in splits
+(and the test split with its words shuffled), evaluation and prediction over one
 whole split, per-caption records, the shuffled-words evaluation (``polyfuse evaluate
 --shuffle-words``), the ranking figure (``polyfuse plot ranking``) and the EX1 / EX2
 tables of a comparison (``polyfuse compare``).
 
 A subclass names its configuration section (:attr:`RankingSpec.section`) and gives the
-data of one part of a checkpoint's corpus (:meth:`RankingSpec.split_data`), the scores of
+data of one split of a checkpoint's corpus (:meth:`RankingSpec.split_data`), the scores of
 a split's caption x video pairs from the prediction outputs (:meth:`RankingSpec.split_scores`)
 and of one text against the split's videos (:meth:`RankingSpec.query_scores`).
 """
@@ -29,17 +29,17 @@ from polyfuse.tasks.registry import TaskData, TaskSpec
 __all__ = ["SHUFFLED", "SPLITS", "EvalOnly", "RankingSpec", "cache_dir_of", "rank_records", "ranking_data",
            "select_splits"]
 
-#: The splits an evaluation may name, engine name -> part of the corpus (``all``: every video).
-SPLITS = {"train": "train", "val": "val", "test": "test", "all": "all"}
-#: The part holding the test split with each caption's words shuffled (Chimera's EX2, seed 0).
+#: The splits an evaluation may name (``all``: every video).
+SPLITS = ("train", "val", "test", "all")
+#: The test split with each caption's words shuffled (Chimera's EX2, seed 0).
 SHUFFLED = "test_shuffled"
 
 
-def select_splits(corpus: RetrievalCorpus, split: Mapping[str, list[str]], parts: Sequence[str]) -> dict[str, RetrievalCorpus]:
-    """The ``parts`` of a corpus: ``train``, ``val``, ``test`` (by ``split``), ``all`` (the
-    whole corpus) and :data:`SHUFFLED`."""
+def select_splits(corpus: RetrievalCorpus, split: Mapping[str, list[str]], names: Sequence[str]) -> dict[str, RetrievalCorpus]:
+    """The splits ``names`` of a corpus: ``train``, ``val``, ``test`` (by ``split``), ``all``
+    (the whole corpus) and :data:`SHUFFLED`."""
     selected: dict[str, RetrievalCorpus] = {}
-    for name in parts:
+    for name in names:
         if name == "all":
             selected[name] = corpus
         elif name == SHUFFLED:
@@ -57,7 +57,7 @@ def cache_dir_of(config: Mapping[str, Any]) -> Path:
 
 
 class EvalOnly(RetrievalDataModule):
-    """The loaders of a checkpoint's evaluation: no training part."""
+    """The loaders of a checkpoint's evaluation: no training split."""
 
     def __init__(self, splits: dict[str, RetrievalCorpus], collate, eval_batch_size: int, *,
                  whole_videos: bool = False) -> None:
@@ -68,19 +68,19 @@ class EvalOnly(RetrievalDataModule):
 
 
 def ranking_data(config: Mapping[str, Any], prepared: Any, collate, *, whole_videos: bool = False) -> TaskData:
-    """The :class:`TaskData` of ``prepared`` (whose ``parts`` are corpora): a training data
-    module when there is a ``train`` part, the evaluation loaders alone otherwise.
+    """The :class:`TaskData` of ``prepared`` (whose ``splits`` are corpora): a training data
+    module when there is a ``train`` split, the evaluation loaders alone otherwise.
     ``whole_videos``: each process holds every video at evaluation (a cross-encoder)."""
-    parts = prepared.splits
-    if "train" in parts:
-        datamodule = RetrievalDataModule(parts, collate, batch_size=config["data"]["batch_size"],
+    splits = prepared.splits
+    if "train" in splits:
+        datamodule = RetrievalDataModule(splits, collate, batch_size=config["data"]["batch_size"],
                                          eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"],
                                          whole_videos=whole_videos)
         steps = len(datamodule.sampler)
     else:
-        datamodule = EvalOnly(parts, collate, config["data"]["eval_batch_size"], whole_videos=whole_videos)
+        datamodule = EvalOnly(splits, collate, config["data"]["eval_batch_size"], whole_videos=whole_videos)
         steps = 1
-    return TaskData(datamodule, prepared, {name: len(part.captions) for name, part in parts.items()}, steps)
+    return TaskData(datamodule, prepared, {name: len(corpus.captions) for name, corpus in splits.items()}, steps)
 
 
 def rank_records(captions: Sequence[str], caption_videos: Sequence[str], video_ids: Sequence[str],
@@ -104,9 +104,9 @@ class RankingSpec(TaskSpec):
     evaluate_options: ClassVar[dict[str, Any]] = {"shuffle_words": False}
 
     # -- what a ranking task type gives --------------------------------------------
-    def split_data(self, extras: Mapping[str, Any], part: str) -> TaskData:
-        """The data of one part of a checkpoint's corpus (a key of :data:`SPLITS`'s values
-        or :data:`SHUFFLED`)."""
+    def split_data(self, extras: Mapping[str, Any], split: str) -> TaskData:
+        """The data of one split of a checkpoint's corpus (one of :data:`SPLITS` or
+        :data:`SHUFFLED`)."""
         raise NotImplementedError
 
     def split_scores(self, module: L.LightningModule, outputs: Sequence[Any],
@@ -134,26 +134,26 @@ class RankingSpec(TaskSpec):
 
     def checkpoint_split(self, split: str, *, source: str | None = None, modalities: Sequence[str] | None = None,
                         shuffle_words: bool = False) -> str:
-        """The part of the corpus a checkpoint is applied to (``split``, its words shuffled)."""
+        """The split of the corpus a checkpoint is applied to: ``split``, or :data:`SHUFFLED`."""
         if source is not None or modalities:
             raise ValueError(f"{self.name} evaluates on its configuration's corpus: --data and --modalities do not apply")
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        if shuffle_words and SPLITS[split] != "test":
+        if shuffle_words and split != "test":
             raise ValueError(f"--shuffle-words: the shuffled captions are drawn for the test split only, not {split!r}")
-        return SHUFFLED if shuffle_words else SPLITS[split]
+        return SHUFFLED if shuffle_words else split
 
     def checkpoint_data(self, extras: Mapping[str, Any], *, split: str, source: str | None = None,
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
                         shuffle_words: bool = False) -> TaskData:
-        part = self.checkpoint_split(split, source=source, modalities=modalities, shuffle_words=shuffle_words)
-        data = self.split_data(extras, part)
-        data.split = part
+        name = self.checkpoint_split(split, source=source, modalities=modalities, shuffle_words=shuffle_words)
+        data = self.split_data(extras, name)
+        data.split = name
         return data
 
     def loaders(self, data: TaskData, split: str) -> dict[str, DataLoader]:
-        part = data.split or SPLITS.get(split, split)
-        return {part: data.datamodule.loader(part)}
+        name = data.split or split
+        return {name: data.datamodule.loader(name)}
 
     def loader(self, data: TaskData, split: str) -> DataLoader:
         """The one evaluation loader of ``split``."""
@@ -171,8 +171,8 @@ class RankingSpec(TaskSpec):
                 extras: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One record per caption of the split: the caption, its video, the rank of that
         video among the split's and the top five videos."""
-        ((part_name, chunks),) = outputs.items()
-        corpus = data.prepared.splits[part_name]
+        ((name, chunks),) = outputs.items()
+        corpus = data.prepared.splits[name]
         scores, caption_videos, video_ids = self.split_scores(module, chunks, corpus)
         return rank_records(corpus.captions, caption_videos, video_ids, scores)
 

@@ -219,7 +219,7 @@ class RetrievalTask(RankingTask):
 # ---- data ----------------------------------------------------------------------------------
 @dataclass
 class RetrievalData:
-    """A retrieval run's data: the corpus's parts, their caption vectors (None where the
+    """A retrieval run's data: the corpus's splits, their caption vectors (None where the
     encoder is fine-tuned: batches then carry the captions), the text settings."""
 
     splits: dict[str, RetrievalCorpus]
@@ -243,30 +243,30 @@ class _Batches:
         self.prepared = prepared
         self._rows: dict[str, Tensor] = {}
 
-    def _captions(self, part: str, rows: list[int]) -> dict[str, Any]:
-        corpus, vectors = self.prepared.splits[part], self.prepared.vectors.get(part)
+    def _captions(self, split_name: str, rows: list[int]) -> dict[str, Any]:
+        corpus, vectors = self.prepared.splits[split_name], self.prepared.vectors.get(split_name)
         return {"text": vectors[rows] if vectors is not None else None,
                 "captions": [corpus.captions[i] for i in rows]}
 
-    def __call__(self, part: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
-        corpus = self.prepared.splits[part]
+    def __call__(self, split_name: str, batch, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
+        corpus = self.prepared.splits[split_name]
         if isinstance(batch, list):  # training: the global batch's (video row, caption row) pairs
             start, stop = shard.bounds(len(batch))
             pairs = batch[start:stop]  # this process's share
             rows = torch.tensor([v for v, _ in pairs])
-            return {**_video_batch(corpus, rows), **self._captions(part, [c for _, c in pairs]),
+            return {**_video_batch(corpus, rows), **self._captions(split_name, [c for _, c in pairs]),
                     "shard_sizes": shard.sizes(len(batch))}
         videos, captions = batch["video_rows"], batch["caption_rows"]
-        return {**_video_batch(corpus, videos), **self._captions(part, captions.tolist()), "video_rows": videos,
-                "caption_rows": captions, "caption_video": self._video_row(part)[captions]}
+        return {**_video_batch(corpus, videos), **self._captions(split_name, captions.tolist()), "video_rows": videos,
+                "caption_rows": captions, "caption_video": self._video_row(split_name)[captions]}
 
-    def _video_row(self, part: str) -> Tensor:
-        """(C,) the row of each caption's video in ``part``."""
-        if part not in self._rows:
-            corpus = self.prepared.splits[part]
+    def _video_row(self, split_name: str) -> Tensor:
+        """(C,) the row of each caption's video in ``split_name``."""
+        if split_name not in self._rows:
+            corpus = self.prepared.splits[split_name]
             row_of = {video: i for i, video in enumerate(corpus.video_ids)}
-            self._rows[part] = torch.tensor([row_of[v] for v in corpus.caption_video], dtype=torch.long)
-        return self._rows[part]
+            self._rows[split_name] = torch.tensor([row_of[v] for v in corpus.caption_video], dtype=torch.long)
+        return self._rows[split_name]
 
 
 def _encoder_of(section: Mapping[str, Any], vocabulary: list[str] | None, *, trainable: bool):
@@ -274,9 +274,9 @@ def _encoder_of(section: Mapping[str, Any], vocabulary: list[str] | None, *, tra
 
 
 def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, encoder=None,
-                      parts: Sequence[str] = (*CORPUS_SPLITS, SHUFFLED),
+                      split_names: Sequence[str] = (*CORPUS_SPLITS, SHUFFLED),
                       display: tuple[bool, bool] = (False, False)) -> tuple[RetrievalData, Any]:
-    """The parts of the configuration's corpus and their caption vectors (cached by
+    """The splits ``split_names`` of the configuration's corpus and their caption vectors (cached by
     content under ``cache_dir``); ``test_shuffled``: the test split with each caption's
     words shuffled (seed 0). Returns the prepared data and the text encoder.
 
@@ -284,7 +284,7 @@ def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, enco
     on stderr saying how many and in how long (:func:`polyfuse.progress.run_display`)."""
     section = config["retrieval"]
     corpus, split = load_corpus(section)
-    selected = select_splits(corpus, split, parts)
+    selected = select_splits(corpus, split, split_names)
     vocabulary = corpus_vocabulary(corpus) if section["text"] == "bow" else None
     fine_tune = section["text_lr"] is not None
     loading, loaded = Stopwatch(), ""
@@ -296,10 +296,10 @@ def prepare_retrieval(config: Mapping[str, Any], *, cache_dir: Path | None, enco
         text_dim = int(encoder.hidden_size)
     else:
         show_bar, show_line = display
-        encoding, total = Stopwatch(), sum(len(part.captions) for part in selected.values())
+        encoding, total = Stopwatch(), sum(len(split_name.captions) for split_name in selected.values())
         with progress_bar(total=total, show=show_bar, desc="encode captions", unit="caption") as bar:
-            vectors = {name: encode_captions(encoder, part.captions, cache_dir=cache_dir, bar=bar)
-                       for name, part in selected.items()}
+            vectors = {name: encode_captions(encoder, split_name.captions, cache_dir=cache_dir, bar=bar)
+                       for name, split_name in selected.items()}
         if show_line and bar.n:  # nothing to say when every vector came from the cache
             cached = f", {total - bar.n} read from the cache" if bar.n < total else ""
             say(f"retrieval: {bar.n} captions of {', '.join(selected)} encoded by {type(encoder).__name__} "
@@ -356,8 +356,8 @@ class RetrievalSpec(RankingSpec):
             raise ValueError(f"retrieval.man_zero_init applies to model.fusion mean+man only, not {fusion}")
 
     def build_data(self, config: Mapping[str, Any]) -> TaskData[RetrievalData]:
-        parts = (*CORPUS_SPLITS, SHUFFLED) if config["retrieval"]["shuffled_test"] else CORPUS_SPLITS
-        prepared, encoder = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=parts,
+        split_names = (*CORPUS_SPLITS, SHUFFLED) if config["retrieval"]["shuffled_test"] else CORPUS_SPLITS
+        prepared, encoder = prepare_retrieval(config, cache_dir=cache_dir_of(config), split_names=split_names,
                                               display=run_display(config))
         data = ranking_data(config, prepared, _Batches(prepared))
         data.datamodule.text_encoder = encoder  # the encoder the module fine-tunes (text_lr)
@@ -393,10 +393,10 @@ class RetrievalSpec(RankingSpec):
             encoder = _encoder_of(section, info.get("vocabulary"), trainable=True)
         return _task(config, _model(config, int(info["text_dim"]), extras["input_dims"]), encoder)
 
-    def split_data(self, extras: Mapping[str, Any], part: str) -> TaskData[RetrievalData]:
+    def split_data(self, extras: Mapping[str, Any], split_name: str) -> TaskData[RetrievalData]:
         # fine-tuned (text_lr): the chunks carry the captions, which the module's own encoder reads
         config = extras["config"]
-        prepared, _ = prepare_retrieval(config, cache_dir=cache_dir_of(config), parts=(part,))
+        prepared, _ = prepare_retrieval(config, cache_dir=cache_dir_of(config), split_names=(split_name,))
         return ranking_data(config, prepared, _Batches(prepared))
 
     def split_scores(self, module: RetrievalTask, outputs: Sequence[Any],
