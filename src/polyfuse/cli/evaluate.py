@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 __all__ = ["add_parser", "run"]
 
@@ -32,36 +31,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _evaluate_with(checkpoint: str, split: str, source: str | None, modalities: str | None,
-                   options: dict[str, Any]) -> dict[str, float]:
-    """The metrics of a checkpoint with the task's own evaluation options
-    (:attr:`~polyfuse.tasks.registry.TaskSpec.evaluate_options`); another task refuses them."""
-    from polyfuse.engine.run import AppliedCheckpoint, evaluate_applied, load_model
-    from polyfuse.tasks.registry import task_spec
-
-    module, extras = load_model(checkpoint)
-    spec = task_spec(extras["config"]["task"]["type"])
-    foreign = [name for name in options if name not in spec.evaluate_options]
-    if foreign:
-        flags = " and ".join("--" + name.replace("_", "-") for name in foreign)
-        raise ValueError(f"{flags} do(es) not apply to a {spec.name} checkpoint")
-    if spec.reads_own_files and (source is not None or modalities is not None):
-        raise ValueError(f"a {spec.name} checkpoint reads the files of its configuration: drop --data / --modalities")
-    data = spec.checkpoint_data(extras, split=split, source=source, modalities=modalities, **options)
-    return evaluate_applied(AppliedCheckpoint(spec, module, extras, data, split))
-
-
 def run(args: argparse.Namespace) -> int:
     from polyfuse.engine.build import quiet_lightning
     from polyfuse.engine.run import evaluate
     from polyfuse.engine.rundir import atomic_write_text
 
     quiet_lightning()
-    options = {name: value for name, value in (("shuffle_words", args.shuffle_words),) if value is not None}
-    if options:
-        metrics = _evaluate_with(args.checkpoint, args.split, args.data, args.modalities, options)
-    else:
-        metrics = evaluate(args.checkpoint, split=args.split, source=args.data, modalities=args.modalities)
+    metrics = evaluate(args.checkpoint, split=args.split, source=args.data, modalities=args.modalities,
+                       shuffle_words=args.shuffle_words)
     width = max(len(k) for k in metrics)
     for key, value in metrics.items():
         print(f"{key:<{width}}  {value:.4f}")

@@ -377,14 +377,16 @@ class AppliedCheckpoint:
 
 def apply_checkpoint(
     checkpoint: str | Path, *, split: str = "test", source: str | None = None,
-    modalities: Sequence[str] | None = None, require_labels: bool = True, **options: Any,
+    modalities: Sequence[str] | None = None, require_labels: bool = True, evaluating: bool = False, **options: Any,
 ) -> AppliedCheckpoint:
     """Load a checkpoint and the data of ``split`` it is applied to (``source`` and
-    ``modalities`` as ``--data`` / ``--modalities``; ``options`` the task's own
-    prediction options), as :func:`evaluate` and :func:`predict` do."""
+    ``modalities`` as ``--data`` / ``--modalities``; ``options`` the task's own options
+    of prediction, or of evaluation when ``evaluating``), as :func:`evaluate` and
+    :func:`predict` do."""
     module, extras = load_model(checkpoint)
     spec = task_spec(extras["config"]["task"]["type"])
-    unknown = [name for name, value in options.items() if name not in spec.predict_options and value is not None]
+    accepted = spec.evaluate_options if evaluating else spec.predict_options
+    unknown = [name for name, value in options.items() if name not in accepted and value is not None]
     if unknown:
         flags = " and ".join("--" + name.replace("_", "-") for name in unknown)
         raise ValueError(f"{flags} do(es) not apply to a {spec.name} checkpoint")
@@ -393,7 +395,7 @@ def apply_checkpoint(
             f"a {spec.name} checkpoint reads the files of its configuration: drop --data / --modalities"
         )
     chosen = {name: options.get(name) if options.get(name) is not None else default
-              for name, default in spec.predict_options.items()}
+              for name, default in accepted.items()}
     data = spec.checkpoint_data(
         extras, split=split, source=source, modalities=modalities, require_labels=require_labels, **chosen
     )
@@ -402,11 +404,15 @@ def apply_checkpoint(
 
 
 def evaluate(
-    checkpoint: str | Path, *, split: str = "test", source: str | None = None, modalities: Sequence[str] | None = None
+    checkpoint: str | Path, *, split: str = "test", source: str | None = None, modalities: Sequence[str] | None = None,
+    **options: Any,
 ) -> dict[str, float]:
     """Metrics of a checkpoint on one split (``train``, ``val``, ``test``; ``all``
-    for every row of a file without a split)."""
-    return evaluate_applied(apply_checkpoint(checkpoint, split=split, source=source, modalities=modalities))
+    for every row of a file without a split); ``options`` the task's own evaluation
+    options (:attr:`~polyfuse.tasks.registry.TaskSpec.evaluate_options`: retrieval's and
+    Chimera's ``shuffle_words``)."""
+    return evaluate_applied(apply_checkpoint(checkpoint, split=split, source=source, modalities=modalities,
+                                             evaluating=True, **options))
 
 
 def evaluate_applied(applied: AppliedCheckpoint) -> dict[str, float]:
