@@ -140,6 +140,10 @@ def test_vqa_model_defaults_are_the_papers():
     assert (model.ban.dropout, model.ban.attention_dropout, model.classifier[2].p) == (0.1, 0.3, 0.4)
     assert model.question.embedding.embedding_dim == 7 and model.question.hidden_dim == 8
     assert model.counter.objects == 3 and model.attention_bias.shape == (2,)
+    # BAN's attention rank and joint pooling pass through (model.options.ban of a VQA config)
+    ranked = BanVQA(6, 4, 5, hidden_dim=8, glimpses=1, counter_objects=None, k=2, joint_pool=2)
+    assert (ranked.ban.attention_rank, ranked.ban.joint_pool) == (16, 2)
+    assert BanVQA(6, 4, 5, hidden_dim=8, glimpses=1, counter_objects=None, attention_rank=5).ban.attention_rank == 5
     assert [tuple(p.weight.shape) for p in model.count_projections] == [(8, 4), (8, 4)]
     assert model.classifier[3].weight.shape == (4, 16)
 
