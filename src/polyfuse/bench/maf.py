@@ -21,6 +21,7 @@ caption metrics and the teacher-forced test loss are those the run wrote in its
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,9 +166,8 @@ def summarise_forms(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]
         summary[form] = {"runs": len(group)}
         for column in group[0]:
             values = [numbers[column] for numbers in group if numbers[column] is not None]
-            mean = sum(values) / len(values) if values else None
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
-            summary[form][column] = {"mean": mean, "std": std}
+            summary[form][column] = {"mean": statistics.mean(values) if values else None,
+                                     "std": statistics.stdev(values) if len(values) > 1 else None}
     return summary
 
 

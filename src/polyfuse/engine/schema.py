@@ -42,6 +42,7 @@ SEED_MAX = 2**32 - 1  # numpy's seeding range
 MAX_BATCH = 1 << 20
 PRECISIONS = ("32-true", "32", "64-true", "64", "bf16-mixed", "bf16-true", "bf16", "16-mixed", "16-true", "16")
 
+
 def version_of(text: Any) -> Version:
     """A ``polyfuse_version`` as a version number (``0.4.0``, ``0.10.1rc1``); a ValueError if it is none."""
     try:
@@ -126,9 +127,9 @@ class _DataConfigBase(_Section):
         "auto", description="left (CMU / MFN: zeros first) | right | auto (word-aligned directories: detected; "
         ".npz / .h5: real steps first, lengths arrays); left / right find the real steps from the zero padding"
     )
-    split: str | None = Field(None, description="split array name (values train / valid / test)")
+    split: str | None = Field(None, description="split array name (values train / val / test; valid, validation, dev read as val)")
     split_values: dict[Literal["train", "val", "test"], list[str | int]] | None = Field(
-        None, description="which split values mean train / valid / test"
+        None, description="which split values mean train / val / test"
     )
     group: str | None = Field(None, description="group array for carving held-out parts (default: context.group_by)")
     id: str | None = Field(None, description="id array written next to predictions")
