@@ -320,6 +320,6 @@ def test_adaptive_lengths_and_values_are_checked(tmp_path):
     _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5]])
     with h5py.File(h5, "a") as handle:
         handle["image_features"][3, 1] = np.nan
-    with pytest.raises(ValueError, match=r"'image_features' holds NaN or Inf at 1 box\(s\), the first image id 200 "
-                                         r"\(box row 3\)"):
+    with pytest.raises(ValueError, match=r"train.hdf5: dataset 'image_features' holds NaN or Inf at 1 image\(s\), "
+                                         r"the first image id 200 \(row 1\)"):
         load_bottom_up_features(h5, index)

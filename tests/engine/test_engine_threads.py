@@ -45,7 +45,7 @@ def test_explicit_threads_are_kept_and_warned_about():
     assert "WARNING: 3 busy threads on 2 cores" in plan.describe()
     quiet = plan_threads(1, cores=8)
     assert not quiet.oversubscribed and "WARNING" not in quiet.describe()
-    assert thread_plan_for({"num_threads": None, "devices": 2}).processes == 2
+    assert thread_plan_for({"trainer": {"num_threads": None, "devices": 2}, "data": {}}).processes == 2
     with pytest.raises(ValueError, match="num_threads must be >= 1"):
         plan_threads(0, cores=2)
 
@@ -77,3 +77,19 @@ def test_an_oversubscribing_run_warns(tiny_config, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     with pytest.warns(UserWarning, match="2 busy threads on 1 cores oversubscribe"):
         train(tiny_config(trainer={"max_epochs": 1, "num_threads": 1}), run_dir=tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("cores", "processes", "workers", "intra"),
+    # workers = min(4, max(0, cores // processes - 2) // 2), by hand; intra = the rest less 1 inter-op
+    [(1, 1, 0, 1), (2, 1, 0, 1), (3, 1, 0, 2), (4, 1, 1, 2), (8, 1, 3, 4), (16, 1, 4, 11), (16, 2, 3, 4), (64, 1, 4, 59)],
+)
+def test_loader_workers_come_from_the_free_cores_unless_set(monkeypatch, cores, processes, workers, intra):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    config = {"trainer": {"num_threads": None, "devices": processes}, "data": {"loader_workers": None}}
+    plan = thread_plan_for(config)
+    assert (plan.loader_workers, plan.intra_op) == (workers, intra)
+    if cores >= 2 * processes:
+        assert not plan.oversubscribed
+    config["data"]["loader_workers"] = 2
+    assert thread_plan_for(config).loader_workers == 2

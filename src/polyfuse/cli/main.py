@@ -131,7 +131,12 @@ def one_line_warnings(command: str) -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from polyfuse.engine.errors import DivergenceError, RunInterrupted
+    from polyfuse.engine.errors import (
+        DivergenceError,
+        LoaderWorkerDied,
+        RunInterrupted,
+        original_message,
+    )
 
     def fail(message: str, code: int) -> int:
         print(f"polyfuse {args.command}: error: {message}", file=sys.stderr)
@@ -143,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.run(args) or 0)
     except RunInterrupted as error:
         return fail(str(error), EXIT_INTERRUPTED)
+    except LoaderWorkerDied as error:
+        return fail(str(error), EXIT_SYSTEM)
     except KeyboardInterrupt:
         return fail("interrupted", EXIT_INTERRUPTED)
     except DivergenceError as error:
@@ -152,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         return fail(_system_message(error), EXIT_SYSTEM)
     except ValueError as error:
-        return fail(str(error), EXIT_INPUT)
+        return fail(original_message(error), EXIT_INPUT)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if not is_worker():
         print(f"run directory: {shown_path(result.run_dir)}")
         print(f"best checkpoint: {shown_path(result.best_checkpoint)} ({epoch_words(result)}, {result.train_seconds:.1f} s)")
-        print(thread_plan_for(result.config["trainer"]).describe())
+        print(thread_plan_for(result.config).describe())
         print(format_metrics("validation", result.validation))
         if result.test:
             print(format_metrics("test", result.test))

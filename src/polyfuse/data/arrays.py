@@ -144,9 +144,12 @@ def refuse_h5_links(handle: Any, path: Path | str) -> None:
     visit(handle, "")
 
 
-def check_h5_dataset(dataset: Any, path: Path | str, name: str, limit: int | None = None) -> None:
+def check_h5_dataset(dataset: Any, path: Path | str, name: str, limit: int | None = None, *, whole: bool = True) -> None:
     """Refuse an HDF5 dataset that keeps its data in other files (external storage, a
-    virtual dataset) or would inflate beyond the bounds of :func:`check_array_size`."""
+    virtual dataset) or would inflate beyond the bounds of :func:`check_array_size`.
+
+    ``whole=False``: the dataset is read in rows, never whole (:mod:`polyfuse.data.rows`),
+    so its size is not bounded, only one chunk's and the inflation ratio."""
     if dataset.external:
         raise ValueError(
             f"{path}: dataset {name!r} keeps its data in external file(s) "
@@ -155,15 +158,20 @@ def check_h5_dataset(dataset: Any, path: Path | str, name: str, limit: int | Non
     if dataset.is_virtual:
         raise ValueError(f"{path}: dataset {name!r} is a virtual dataset (data in other files); refused")
     chunked = dataset.chunks is not None  # only chunked datasets can be compressed
-    check_array_size(path, name, dataset.shape or (), dataset.dtype.itemsize, limit=limit,
-                     stored=dataset.id.get_storage_size() if chunked else None)
+    stored = dataset.id.get_storage_size() if chunked else None
+    if not whole:
+        if chunked:
+            check_array_size(path, f"{name} (one chunk)", dataset.chunks, dataset.dtype.itemsize, limit=limit)
+        limit = 1 << 62  # the ratio still refuses a bomb
+    check_array_size(path, name, dataset.shape or (), dataset.dtype.itemsize, limit=limit, stored=stored)
 
 
 @contextlib.contextmanager
-def open_h5(path: Path | str) -> Iterator[Any]:
+def open_h5(path: Path | str, *, whole: bool = True) -> Iterator[Any]:
     """An HDF5 file opened for reading, every dataset in it checked first: no external
-    links, no external storage or virtual datasets, none beyond the size bounds. The one
-    door through which polyfuse reads HDF5 feature files."""
+    links, no external storage or virtual datasets, none beyond the size bounds
+    (``whole=False``: for a file read in rows, the bounds of one chunk and the inflation
+    ratio). The one door through which polyfuse reads HDF5 feature files."""
     import h5py
 
     try:
@@ -175,7 +183,7 @@ def open_h5(path: Path | str) -> Iterator[Any]:
         datasets: list[tuple[str, Any]] = []
         handle.visititems(lambda name, node: datasets.append((name, node)) if isinstance(node, h5py.Dataset) else None)
         for name, dataset in datasets:
-            check_h5_dataset(dataset, path, name)
+            check_h5_dataset(dataset, path, name, whole=whole)
         yield handle
 
 
@@ -231,6 +239,9 @@ class NpzArrays(Mapping[str, np.ndarray]):
                 raise ValueError(f"{self.path}: array {name!r} does not match its header")
             self._cache[name] = array
         return self._cache[name]
+
+    def __contains__(self, name: object) -> bool:  # never reads the array (Mapping's would)
+        return name in self._headers
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._headers)
@@ -293,6 +304,9 @@ class H5Arrays(Mapping[str, np.ndarray]):
             except OSError as error:
                 raise ValueError(f"{self.path}: cannot read dataset {name!r} (corrupt?): {error}") from None
         return self._cache[name]
+
+    def __contains__(self, name: object) -> bool:  # never reads the dataset (Mapping's would)
+        return name in self._names
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

@@ -90,7 +90,7 @@ def build_trainer(
         quiet_lightning()
     _drop_lightning_noise()
     _filter_warnings()
-    apply_thread_plan(thread_plan_for(trainer_config))  # never more threads than free cores by default
+    apply_thread_plan(thread_plan_for(config))  # never more threads than free cores by default
     all_callbacks: list[Callback] = [ReseedEachEpoch(int(config["seed"]))]
     if for_training:
         all_callbacks.append(DivergenceGuard())

@@ -53,12 +53,18 @@ from polyfuse.engine.config import (
     resolve_config,
 )
 from polyfuse.engine.divergence import divergence_message
-from polyfuse.engine.errors import DivergenceError, RunInterrupted
+from polyfuse.engine.errors import (
+    DivergenceError,
+    LoaderWorkerDied,
+    RunInterrupted,
+    original_message,
+)
 from polyfuse.engine.rundir import (
     RunDirLock,
     atomic_write_text,
     check_data_hashes,
     claim_run_dir,
+    record_bad_input,
     record_data_hashes,
     safe_run_name,
 )
@@ -265,7 +271,8 @@ def _train_in(
     spec = task_spec(config["task"]["type"])
     if not is_worker():  # the data of a resumed run must be the data it started on
         if resume_checkpoint is not None:
-            check_data_hashes(run_dir)
+            for note in check_data_hashes(run_dir):
+                print(note)
         else:
             record_data_hashes(run_dir, data_files(config))
     seed_everything(int(config["seed"]))
@@ -279,7 +286,7 @@ def _train_in(
     trainer, checkpoint = build_trainer(
         config, run_dir, callbacks=[CheckpointExtras(extras), *callbacks], steps_per_epoch=data.steps_per_epoch
     )
-    threads = thread_plan_for(config["trainer"])  # the CLI prints it; results.json records it
+    threads = thread_plan_for(config)  # the CLI prints it; results.json records it
     if threads.oversubscribed and not is_worker():
         warnings.warn(threads.describe(), stacklevel=2)
     if not is_worker():
@@ -296,10 +303,19 @@ def _train_in(
             raise RunInterrupted(run_dir) from None
         raise
     except ValueError as error:
-        # The data were checked finite before training: NaN / Inf met inside the model
-        # after some steps comes from the weights, i.e. the optimisation diverged.
+        # Bad input is refused where it is read, naming the file: NaN / Inf met inside
+        # the model after some steps comes from the weights, i.e. the optimisation diverged.
+        if isinstance(error, DivergenceError):
+            raise
         if trainer.global_step > 0 and re.search(r"contains (NaN|Inf)", str(error)):
             raise DivergenceError(divergence_message(int(trainer.global_step), "the activations")) from error
+        message = original_message(error)  # as a loader worker raised it
+        if not is_worker():
+            record_bad_input(run_dir, message)  # --resume accepts the file repaired
+        raise ValueError(message) from None
+    except RuntimeError as error:
+        if "DataLoader worker" in str(error):
+            raise LoaderWorkerDied(run_dir, str(error)) from error
         raise
     finally:
         signal.signal(signal.SIGINT, handler)  # Lightning ignores SIGINT after a Ctrl-C

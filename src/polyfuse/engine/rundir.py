@@ -23,14 +23,26 @@ from pathlib import Path
 from polyfuse.atomic import atomic_temp_path, atomic_write_text, write_bytes
 
 __all__ = [
-    "DATA_HASHES_NAME", "LOCK_NAME", "RunDirLock", "atomic_temp_path", "atomic_write_text", "best_checkpoint",
+    "BAD_INPUT_NAME",
+    "DATA_HASHES_NAME",
+    "LOCK_NAME",
+    "RunDirLock",
+    "atomic_temp_path",
+    "atomic_write_text",
+    "best_checkpoint",
     "check_data_hashes",
-    "claim_run_dir", "file_digest", "record_data_hashes", "safe_run_name", "write_bytes",
+    "claim_run_dir",
+    "file_digest",
+    "record_bad_input",
+    "record_data_hashes",
+    "safe_run_name",
+    "write_bytes",
 ]
 
 LOCK_NAME = "run.lock"
 #: the content hashes of the data files a run read, written when it starts
 DATA_HASHES_NAME = "data_hashes.json"
+BAD_INPUT_NAME = "bad_input.json"  # the data files a run stopped on as bad input (check_data_hashes)
 _MAX_NUMBERED = 10_000
 
 
@@ -147,23 +159,51 @@ def record_data_hashes(run_dir: Path, files: Mapping[str, Path]) -> None:
     atomic_write_text(run_dir / DATA_HASHES_NAME, json.dumps(content, indent=1))
 
 
-def check_data_hashes(run_dir: Path) -> None:
+def record_bad_input(run_dir: Path, message: str) -> None:
+    """Remember that the run stopped on bad input in the data files its message names
+    (``bad_input.json``), so that ``--resume`` accepts them repaired."""
+    recorded = _recorded_hashes(run_dir)
+    named = sorted(key for key, entry in recorded.items() if str(entry["path"]) in message)
+    if named:
+        atomic_write_text(run_dir / BAD_INPUT_NAME, json.dumps({"files": named, "error": message}, indent=1))
+
+
+def check_data_hashes(run_dir: Path) -> list[str]:
     """Refuse to resume a run whose data files changed since it started (``data_hashes.json``;
-    a run written before polyfuse recorded them is not checked)."""
-    recorded_path = run_dir / DATA_HASHES_NAME
-    if not recorded_path.is_file():
-        return
-    try:
-        recorded = json.loads(recorded_path.read_text(encoding="utf-8"))
-        entries = [(key, Path(entry["path"]), str(entry["sha256"])) for key, entry in recorded.items()]
-    except (ValueError, TypeError, KeyError, AttributeError):
-        raise ValueError(f"{recorded_path}: broken (not the JSON polyfuse writes); the run's data cannot be checked") from None
-    for key, path, sha256 in entries:
+    a run written before polyfuse recorded them is not checked). A file the run stopped on
+    as bad input (:func:`record_bad_input`) may have changed: it was repaired; its new hash
+    is recorded. Returns a line for each such file."""
+    recorded = _recorded_hashes(run_dir)
+    repaired_path = run_dir / BAD_INPUT_NAME
+    repaired = set(json.loads(repaired_path.read_text(encoding="utf-8")).get("files", [])) if repaired_path.is_file() else set()
+    notes = []
+    for key, entry in recorded.items():
+        path, sha256 = Path(entry["path"]), str(entry["sha256"])
         if not path.exists():
             raise FileNotFoundError(f"cannot resume {run_dir}: its data file {path} ({key}) is gone")
         now = file_digest(path)
-        if now != sha256:
+        if now != sha256 and key in repaired:
+            entry["sha256"] = now
+            notes.append(f"{path} ({key}) changed since the run stopped on bad input in it: resuming with the repaired file")
+        elif now != sha256:
             raise ValueError(
                 f"cannot resume {run_dir}: {path} ({key}) changed since the run started (sha256 {sha256[:12]}..., "
                 f"now {now[:12]}...); resume with the original file or start a new run"
             )
+    if repaired:
+        atomic_write_text(run_dir / DATA_HASHES_NAME, json.dumps(recorded, indent=1))
+        repaired_path.unlink()
+    return notes
+
+
+def _recorded_hashes(run_dir: Path) -> dict[str, dict[str, str]]:
+    recorded_path = run_dir / DATA_HASHES_NAME
+    if not recorded_path.is_file():
+        return {}
+    try:
+        recorded = json.loads(recorded_path.read_text(encoding="utf-8"))
+        if not all(isinstance(e.get("path"), str) and isinstance(e.get("sha256"), str) for e in recorded.values()):
+            raise ValueError("not the fields a run writes")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ValueError(f"{recorded_path}: broken (not the JSON polyfuse writes); the run's data cannot be checked") from None
+    return recorded

@@ -141,6 +141,9 @@ class _DataConfigBase(_Section):
     nonfinite: Literal["error", "zero", "mean"] = Field("error", description="what to do with NaN / Inf features")
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(32, description="global training batch (all processes)")
     eval_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = Field(256, description="evaluation batch")
+    loader_workers: Annotated[int, Field(ge=0, le=64)] | None = Field(
+        None, description="data loader worker processes per process (null: chosen from the free cores, polyfuse.data.loading)"
+    )
 
     @field_validator("modalities", mode="before")
     @classmethod

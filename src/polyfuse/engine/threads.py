@@ -3,7 +3,8 @@
 A run has ``processes`` processes (``trainer.devices``: DDP starts one per device),
 each with torch's intra-op pool (the threads one operator uses), its inter-op pool
 (operators run concurrently) and ``loader_workers`` data loader processes (one thread
-each: PyTorch sets their torch threads to 1). On a shared machine a pool larger than
+each: PyTorch sets their torch threads to 1), chosen by
+:func:`polyfuse.data.loading.default_loader_workers` unless ``data.loader_workers`` is set. On a shared machine a pool larger than
 the free cores does not run faster but much slower: threads that wait for each other
 at every operator are descheduled in turn (measured: 15 to 30 times slower
 training with 2 threads than with 1 on a loaded 2-core machine).
@@ -25,23 +26,14 @@ oversubscribes.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["LOADER_WORKERS", "ThreadPlan", "apply_thread_plan", "free_cores", "plan_threads", "thread_plan_for"]
+from polyfuse.data.loading import free_cores, loader_workers_of
 
-LOADER_WORKERS = 0  # the data module loads in the main process (polyfuse.data.datamodule)
-
-
-def free_cores() -> int:
-    """The number of cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+__all__ = ["ThreadPlan", "apply_thread_plan", "free_cores", "plan_threads", "thread_plan_for"]
 
 
 @dataclass(frozen=True)
@@ -102,10 +94,11 @@ def plan_threads(
     return ThreadPlan(intra_op, inter_op, processes, loader_workers, cores, chosen_by)
 
 
-def thread_plan_for(trainer_config: Any) -> ThreadPlan:
-    """The plan of a run from its ``trainer`` section (``num_threads``, ``devices``)."""
-    return plan_threads(trainer_config["num_threads"], processes=int(trainer_config["devices"]),
-                        loader_workers=LOADER_WORKERS)
+def thread_plan_for(config: Any) -> ThreadPlan:
+    """The plan of a run from its configuration (``trainer.num_threads``,
+    ``trainer.devices``, ``data.loader_workers``)."""
+    trainer = config["trainer"]
+    return plan_threads(trainer["num_threads"], processes=int(trainer["devices"]), loader_workers=loader_workers_of(config))
 
 
 def apply_thread_plan(plan: ThreadPlan) -> dict[str, int]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import yaml
 from tests.tiny.vqa import VOCABULARY, random_questions, write_vqa_folder
 
+from polyfuse.data.formats.features import ImageFeatures
 from polyfuse.data.formats.vqa import UNKNOWN_WORD, VQAQuestion
 from polyfuse.engine.config import resolve_config
 from polyfuse.tasks.vqa.data import (
@@ -114,7 +115,8 @@ def test_pca_matches_covariance_eigenvectors():
         [5.0, 3.0, 1.0, 0.5, 0.2, 0.1], dtype=torch.float64
     )
     features[0, 2] = 0.0  # a padding row: left out of the fit, stays zero
-    mean, directions = fit_pca(features, 2)
+    images = ImageFeatures(features, torch.zeros(50, 3, 4), {i: i for i in range(50)}, "test")
+    mean, directions = fit_pca(images, range(50), 2, chunk=7)
     rows = features.reshape(-1, 6).numpy()
     rows = rows[np.abs(rows).sum(axis=1) != 0]
     values, vectors = np.linalg.eigh(np.cov(rows, rowvar=False))
@@ -126,19 +128,43 @@ def test_pca_matches_covariance_eigenvectors():
     np.testing.assert_allclose(real.var(dim=0).numpy(), values[::-1][:2], rtol=1e-8)
 
 
+def test_pca_draws_the_rows_one_array_would(tmp_path):
+    # more real rows than max_rows: the streamed fit keeps the rows a randperm over one
+    # array of all real rows keeps, in the draw's order (the rule before streaming)
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(40, 5, 4, generator=generator)
+    features[3, 1:] = 0.0  # padding rows
+    features[17, 4] = 0.0
+    images = ImageFeatures(features, torch.zeros(40, 5, 4), {i: i for i in range(40)}, "test")
+    rows = [2, 3, 5, 17, 20, 33]
+    real = features[rows].reshape(-1, 4)
+    real = real[real.abs().sum(dim=1) != 0]
+    drawn = real[torch.randperm(len(real), generator=torch.Generator().manual_seed(9))[:11]]
+    mean, directions = fit_pca(images, rows, 2, max_rows=11, seed=9, chunk=4)
+    assert torch.equal(mean, drawn.mean(dim=0))
+    _, vectors = torch.linalg.eigh((drawn - drawn.mean(dim=0)).double().T @ (drawn - drawn.mean(dim=0)).double())
+    assert torch.equal(directions, vectors[:, -2:].flip(1).float())
+    with pytest.raises(ValueError, match=r"feature_dim must lie in \[1, 4\], got 5"):
+        fit_pca(images, rows, 5)
+
+
+def _all_targets(split):
+    return split.targets(torch.arange(len(split)))
+
+
 def test_data_vqa_options_reach_the_vocabulary_and_targets(tmp_path):
     # every question: its answer given by 9 humans, "green" by 1 (the multiple-choice
     # answer of no question)
     config = yaml.safe_load((write_vqa_folder(tmp_path, 8, 4) / "vqa.yaml").read_text())
     data = build_vqa_data(resolve_config(config), splits=("train",))
     assert "green" not in data.answers and data.words[-1] == UNKNOWN_WORD
-    assert sorted(set(data.splits["train"].targets.flatten().tolist())) == [0.0, 1.0]
+    assert sorted(set(_all_targets(data.splits["train"]).flatten().tolist())) == [0.0, 1.0]
     config["data"]["vqa"].update(answer_count="all_answers", soft_score="min_third")
     data = build_vqa_data(resolve_config(config), splits=("train",))
-    green = data.splits["train"].targets[:, data.answers.index("green")]
+    green = _all_targets(data.splits["train"])[:, data.answers.index("green")]
     assert torch.equal(green, torch.full_like(green, 1 / 3))
     config["data"]["vqa"]["soft_score"] = "ban_vqa"
-    green = build_vqa_data(resolve_config(config), splits=("train",)).splits["train"].targets[:, -1]
+    green = _all_targets(build_vqa_data(resolve_config(config), splits=("train",)).splits["train"])[:, -1]
     assert data.answers[-1] == "green" and torch.equal(green, torch.full_like(green, 0.3))
 
 

@@ -26,78 +26,192 @@ pickle.load(open(sys.argv[1], 'rb')).items()}, open(sys.argv[2], 'w'))" in.pkl o
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 from torch import Tensor
 
 from polyfuse.data.arrays import open_h5
 from polyfuse.data.formats.jsonfile import read_json
+from polyfuse.data.rows import H5File
 
-__all__ = ["BOX_DATASETS", "ImageFeatures", "is_bottom_up", "load_bottom_up_features", "load_image_features"]
+__all__ = [
+    "BOX_DATASETS", "ImageFeatures", "RegionFeatures", "check_image_ids", "is_bottom_up", "load_bottom_up_features",
+    "load_image_features",
+]
 
 
 @dataclass
 class ImageFeatures:
-    """Features and boxes of a set of images, with the row of each image id."""
+    """Features and boxes of a set of images in memory, with the row of each image id
+    (:meth:`RegionFeatures.load`: small files, tests and checks)."""
 
     features: Tensor  # (N, O, d) float32
     boxes: Tensor  # (N, O, 4) float32
     rows: dict[int, int]
     source: str
 
+    @property
+    def dim(self) -> int:
+        return int(self.features.shape[-1])
+
+    def check_ids(self, image_ids: Iterable[int], what: str = "questions") -> None:
+        check_image_ids(self.rows, image_ids, self.source, what)
+
+    def read(self, rows: Sequence[int] | np.ndarray, *, pad_to: int | None = None) -> tuple[Tensor, Tensor]:
+        """(features, boxes) of rows ``rows``, as :meth:`RegionFeatures.read`."""
+        index = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+        features, boxes = self.features[index], self.boxes[index]
+        if pad_to is not None and pad_to > features.shape[1]:
+            features = torch.nn.functional.pad(features, (0, 0, 0, pad_to - features.shape[1]))
+            boxes = torch.nn.functional.pad(boxes, (0, 0, 0, pad_to - boxes.shape[1]))
+        return features, boxes
+
     def select(self, image_ids: Sequence[int], *, what: str = "questions") -> tuple[Tensor, Tensor]:
         """(features, boxes) of ``image_ids`` in order; an id without features is an error."""
-        missing = sorted({i for i in image_ids if i not in self.rows})
-        if missing:
-            raise ValueError(
-                f"{self.source}: no features for image id(s) {missing[:10]}"
-                f"{' ...' if len(missing) > 10 else ''} ({len(missing)} missing) used by the {what}"
-            )
-        index = torch.tensor([self.rows[i] for i in image_ids], dtype=torch.long)
-        return self.features[index], self.boxes[index]
+        self.check_ids(image_ids, what)
+        return self.read([self.rows[i] for i in image_ids])
 
 
-def _dataset(handle: h5py.File, name: str, path: Path) -> np.ndarray:
-    if name not in handle:
-        raise ValueError(f"{path}: no dataset {name!r} (found {sorted(handle)})")
-    return handle[name][:]
-
-
-def _check_finite(values: np.ndarray, name: str, path: Path, row_id, unit: str = "image") -> None:
-    """Refuse NaN or Inf features (bad input, not a divergence), naming the first image
-    (``unit``: what a row of ``values`` is, an image or a box of the adaptive layout)."""
-    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        where = f"(row {row})" if unit == "image" else f"({unit} row {row})"
+def check_image_ids(rows: Mapping[int, int], image_ids: Iterable[int], source: str, what: str) -> None:
+    """Refuse image ids without a row, listing them."""
+    missing = sorted({i for i in image_ids if i not in rows})
+    if missing:
         raise ValueError(
-            f"{path}: dataset {name!r} holds NaN or Inf at {int(bad.sum())} {unit}(s), the first image id "
-            f"{row_id(row)} {where}; re-extract the features or drop those images"
+            f"{source}: no features for image id(s) {missing[:10]}"
+            f"{' ...' if len(missing) > 10 else ''} ({len(missing)} missing) used by the {what}"
         )
 
 
+class RegionFeatures:
+    """The features and boxes of the images of one HDF5 file (any layout of the module
+    docstring), read when a batch asks for them: memory does not grow with the file.
+
+    What can be checked without reading the features is checked when it is made:
+    datasets present, the shapes of the layout, the index inside the images,
+    ``pos_boxes`` spans (inside the stacked boxes, not empty, in order). NaN or Inf are
+    refused when a batch reads them, naming the file, the dataset and the image id.
+    """
+
+    def __init__(self, path: str | Path, index_path: str | Path | None = None) -> None:
+        path = Path(path)
+        self.file, self.source = H5File(path), str(path)
+        self.spans: np.ndarray | None = None  # adaptive: (images, 2), [start, end) of each row's boxes
+        if index_path is None:
+            self.feature_name, self.box_name = "features", "boxes"
+            features, boxes = self.file.shape(self.feature_name), self.file.shape(self.box_name)
+            ids = self.file.whole("image_ids")
+            if not (features[0] == boxes[0] == len(ids)):
+                raise ValueError(f"{path}: features, boxes and image_ids have {features[0]}, {boxes[0]}, {len(ids)} rows")
+            self.rows = {int(image_id): row for row, image_id in enumerate(ids.tolist())}  # the last row of an id wins
+            self.images = len(ids)
+        else:
+            index_path = Path(index_path)
+            if not index_path.is_file():
+                raise FileNotFoundError(f"{index_path} does not exist")
+            self.rows = _read_index(index_path)
+            self.feature_name = "image_features"
+            self.box_name = next((n for n in BOX_DATASETS if n in self.file), BOX_DATASETS[0])
+            features, boxes = self.file.shape(self.feature_name), self.file.shape(self.box_name)
+            adaptive = "pos_boxes" in self.file
+            layout, wanted = ("adaptive", 2) if adaptive else ("fixed", 3)
+            if len(features) != wanted or len(boxes) != wanted or boxes[:-1] != features[:-1] or boxes[-1] < 4:
+                expected = "(R, d) and (R, 4 or 6), R boxes" if adaptive else "(N, O, d) and (N, O, 4 or 6)"
+                raise ValueError(
+                    f"{path}: image_features {features} and {self.box_name} {boxes} do not match the "
+                    f"{layout} layout: expected {expected}"
+                )
+            pos_boxes = self.file.whole("pos_boxes") if adaptive else None
+            self.images = len(pos_boxes) if adaptive else features[0]
+            bad = [k for k, v in self.rows.items() if not 0 <= v < self.images]
+            if bad:
+                what = "rows of pos_boxes" if adaptive else "images"
+                raise ValueError(
+                    f"{index_path}: rows of image ids {bad[:10]} lie outside [0, {self.images}), the {what} of {path}"
+                )
+            if adaptive:
+                self.spans = np.zeros((self.images, 2), dtype=np.int64)  # rows the index does not use: no boxes
+                for row, span in _image_boxes(pos_boxes, self.rows, features[0], path).items():
+                    self.spans[row] = span
+        if len(features) != (2 if self.spans is not None else 3):
+            raise ValueError(f"{path}: {self.feature_name} has shape {features}, expected (images, boxes, d)")
+        self.dim = int(features[-1])
+        self._id_of_row = {row: image_id for image_id, row in sorted(self.rows.items(), reverse=True)}
+        counts = None if self.spans is None else self.spans[:, 1] - self.spans[:, 0]
+        self.max_boxes = int(features[1]) if counts is None else int(counts.max(initial=0))
+
+    def image_id(self, row: int) -> int | str:
+        """The image id of file row ``row`` (for messages)."""
+        return self._id_of_row.get(int(row), "(none)")
+
+    def check_ids(self, image_ids: Iterable[int], what: str = "questions") -> None:
+        check_image_ids(self.rows, image_ids, self.source, what)
+
+    def read(self, rows: Sequence[int] | np.ndarray, *, pad_to: int | None = None) -> tuple[Tensor, Tensor]:
+        """(features (B, O, d), boxes (B, O, 4)) float32 of file rows ``rows``; an
+        adaptive file's images padded with zeros to the most boxes among them (or
+        ``pad_to``), which the VQA models mask."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.spans is None:
+            features = self.file.read(self.feature_name, rows)
+            boxes = self.file.read(self.box_name, rows)[..., :4]
+            self._check_finite(features, boxes, rows)
+            if pad_to is not None and pad_to > features.shape[1]:
+                features, boxes = _pad_boxes(features, pad_to), _pad_boxes(boxes, pad_to)
+            return (torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)),
+                    torch.from_numpy(np.ascontiguousarray(boxes, dtype=np.float32)))
+        spans = self.spans[rows].tolist()
+        most = max([end - start for start, end in spans] + [pad_to or 0])
+        features = np.zeros((len(rows), most, self.dim), dtype=np.float32)
+        boxes = np.zeros((len(rows), most, 4), dtype=np.float32)
+        with self.file.opened() as handle:
+            feature_set, box_set = handle[self.feature_name], handle[self.box_name]
+            for i, (start, end) in enumerate(spans):
+                if end > start:
+                    try:
+                        features[i, : end - start] = feature_set[start:end]
+                        boxes[i, : end - start] = box_set[start:end, :4]
+                    except OSError as error:  # a truncated or damaged file, found where it is damaged
+                        raise ValueError(
+                            f"{self.source}: cannot read the boxes of image id {self.image_id(rows[i])} "
+                            f"(truncated or corrupt?): {error}"
+                        ) from None
+        self._check_finite(features, boxes, rows)
+        return torch.from_numpy(features), torch.from_numpy(boxes)
+
+    def _check_finite(self, features: np.ndarray, boxes: np.ndarray, rows: np.ndarray) -> None:
+        """Refuse NaN or Inf (bad input, not a divergence), naming the first image."""
+        for name, values in ((self.feature_name, features), (self.box_name, boxes)):
+            bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+            if bad.any():
+                first = int(rows[int(np.flatnonzero(bad)[0])])
+                raise ValueError(
+                    f"{self.source}: dataset {name!r} holds NaN or Inf at {len(set(rows[bad].tolist()))} image(s), the first image "
+                    f"id {self.image_id(first)} (row {first}); re-extract the features or drop those images"
+                )
+
+    def load(self) -> ImageFeatures:
+        """Every image in memory, padded to the file's most boxes."""
+        parts = [self.read(np.arange(start, min(start + 1024, self.images)), pad_to=self.max_boxes)
+                 for start in range(0, self.images, 1024)]
+        if not parts:
+            return ImageFeatures(torch.zeros(0, self.max_boxes, self.dim), torch.zeros(0, self.max_boxes, 4),
+                                 self.rows, self.source)
+        return ImageFeatures(torch.cat([f for f, _ in parts]), torch.cat([b for _, b in parts]), self.rows, self.source)
+
+
+def _pad_boxes(values: np.ndarray, boxes: int) -> np.ndarray:
+    padded = np.zeros((values.shape[0], boxes, values.shape[2]), dtype=values.dtype)
+    padded[:, : values.shape[1]] = values
+    return padded
+
+
 def load_image_features(path: str | Path) -> ImageFeatures:
-    """Read a file written by ``polyfuse extract images``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"feature file {path} does not exist")
-    with open_h5(path) as handle:  # no external storage or links, sizes bounded
-        features = _dataset(handle, "features", path)
-        boxes = _dataset(handle, "boxes", path)
-        ids = _dataset(handle, "image_ids", path)
-    if not (len(features) == len(boxes) == len(ids)):
-        raise ValueError(f"{path}: features, boxes and image_ids have {len(features)}, {len(boxes)}, {len(ids)} rows")
-    for name, values in (("features", features), ("boxes", boxes)):
-        _check_finite(values, name, path, lambda row: int(ids[row]))
-    rows = {int(image_id): row for row, image_id in enumerate(ids.tolist())}
-    return ImageFeatures(
-        torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(path)
-    )
+    """A file written by ``polyfuse extract images``, in memory."""
+    return RegionFeatures(path).load()
 
 
 def is_bottom_up(path: str | Path) -> bool:
@@ -161,67 +275,13 @@ def _image_boxes(pos_boxes: np.ndarray, rows: dict[int, int], total: int, h5_pat
     return spans
 
 
-def _pad_images(
-    features: np.ndarray, boxes: np.ndarray, spans: dict[int, tuple[int, int]], images: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(images, O, d) features and (images, O, 4) boxes from the stacked rows, O the
-    largest box count; missing boxes and unused rows are zero (masked by the models)."""
-    most = max(end - start for start, end in spans.values())
-    padded_features = np.zeros((images, most, features.shape[1]), dtype=np.float32)
-    padded_boxes = np.zeros((images, most, 4), dtype=np.float32)
-    for row, (start, end) in spans.items():
-        padded_features[row, : end - start] = features[start:end]
-        padded_boxes[row, : end - start] = boxes[start:end]
-    return padded_features, padded_boxes
-
-
 def load_bottom_up_features(h5_path: str | Path, index_path: str | Path) -> ImageFeatures:
     """Bottom-up region features in either ban-vqa layout (module docstring) with an id
-    index as JSON/CSV.
+    index as JSON/CSV, in memory (:class:`RegionFeatures` read whole).
 
     Boxes come from the first of :data:`BOX_DATASETS` in the file: the normalised
     ``spatial_features`` / ``spatials`` (first four columns) or, if neither is present,
     the pixel boxes ``image_bb`` as stored. With ``pos_boxes`` (the adaptive layout)
     each image's boxes are padded with zeros to the largest count in the file.
-
-    Raises:
-        ValueError: a missing dataset, shapes that do not match, an index row outside
-            the images, ``pos_boxes`` spans outside the stacked boxes, empty, overlapping
-            or out of order, NaN or Inf in the features or boxes.
     """
-    h5_path, index_path = Path(h5_path), Path(index_path)
-    for path in (h5_path, index_path):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist")
-    rows = _read_index(index_path)
-    with open_h5(h5_path) as handle:
-        features = _dataset(handle, "image_features", h5_path)
-        name = next((n for n in BOX_DATASETS if n in handle), BOX_DATASETS[0])
-        boxes = _dataset(handle, name, h5_path)
-        pos_boxes = _dataset(handle, "pos_boxes", h5_path) if "pos_boxes" in handle else None
-    layout, wanted = ("adaptive", 2) if pos_boxes is not None else ("fixed", 3)
-    if features.ndim != wanted or boxes.ndim != wanted or boxes.shape[:-1] != features.shape[:-1] or boxes.shape[-1] < 4:
-        expected = "(R, d) and (R, 4 or 6), R boxes" if pos_boxes is not None else "(N, O, d) and (N, O, 4 or 6)"
-        raise ValueError(
-            f"{h5_path}: image_features {features.shape} and {name} {boxes.shape} do not match the {layout} "
-            f"layout: expected {expected}"
-        )
-    images = len(pos_boxes) if pos_boxes is not None else len(features)
-    bad = [k for k, v in rows.items() if not 0 <= v < images]
-    if bad:
-        what = "rows of pos_boxes" if pos_boxes is not None else "images"
-        raise ValueError(f"{index_path}: rows of image ids {bad[:10]} lie outside [0, {images}), the {what} of {h5_path}")
-    boxes = boxes[..., :4]
-    id_of_row = {v: k for k, v in rows.items()}
-    row_id = lambda row: id_of_row.get(row, "(none)")  # noqa: E731
-    if pos_boxes is not None:
-        spans = _image_boxes(pos_boxes, rows, len(features), h5_path)
-        # a box row's image: the span holding it (only asked when a value is bad)
-        row_id = lambda box: next((id_of_row[r] for r, (a, b) in spans.items() if a <= box < b), "(none)")  # noqa: E731
-    for dataset, values in (("image_features", features), (name, boxes)):
-        _check_finite(values, dataset, h5_path, row_id, "image" if pos_boxes is None else "box")
-    if pos_boxes is not None:
-        features, boxes = _pad_images(features, boxes, spans, images)
-    return ImageFeatures(
-        torch.from_numpy(features.astype(np.float32)), torch.from_numpy(boxes.astype(np.float32)), rows, str(h5_path)
-    )
+    return RegionFeatures(h5_path, index_path).load()

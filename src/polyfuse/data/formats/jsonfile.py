@@ -10,22 +10,20 @@ field that is missing or of the wrong type.
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_JSON_BYTES", "entry_field", "json_list", "read_json"]
+__all__ = ["MAX_JSON_BYTES", "entry_field", "iter_json_list", "json_list", "read_json"]
 
 #: the largest JSON file read (VQA 2.0's training annotations take 330 MB)
 MAX_JSON_BYTES = 2 << 30
 
 
-def read_json(path: str | Path) -> Any:
-    """The content of a JSON file; any problem is a ValueError (FileNotFoundError when
-    absent) naming the file."""
-    path = Path(path)
+def _check_file(path: Path) -> None:
     if not path.is_file():
         if path.is_dir():
             raise ValueError(f"{path} is a directory, not a JSON file")
@@ -33,6 +31,13 @@ def read_json(path: str | Path) -> Any:
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise ValueError(f"{path}: {size} bytes, over the limit of {MAX_JSON_BYTES} bytes for a JSON file")
+
+
+def read_json(path: str | Path) -> Any:
+    """The content of a JSON file; any problem is a ValueError (FileNotFoundError when
+    absent) naming the file."""
+    path = Path(path)
+    _check_file(path)
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -48,6 +53,54 @@ def read_json(path: str | Path) -> Any:
         ) from None
     except RecursionError:  # json's C decoder stops at Python's recursion limit, cleanly
         raise ValueError(f"{path}: JSON nested too deeply (over {sys.getrecursionlimit()} levels)") from None
+
+
+def iter_json_list(path: str | Path, key: str) -> Iterator[Any]:
+    """The entries of the list under ``key`` of the JSON object in ``path``, parsed one
+    at a time, with the messages of :func:`read_json` and :func:`json_list`."""
+    import ijson
+
+    path = Path(path)
+    _check_file(path)
+    if _bracket_depth(path) > _STREAMED_DEPTH:
+        # ijson builds a prefix string per level (quadratic memory for a hostile nesting);
+        # the standard parser refuses deep nesting cleanly, and reads the rare real file
+        # whose strings are full of brackets
+        yield from json_list(read_json(path), path, key)
+        return
+    count = 0
+    with path.open("rb") as handle:
+        if handle.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
+            handle.seek(0)
+        try:
+            for entry in ijson.items(handle, f"{key}.item", use_float=True):
+                count += 1
+                yield entry
+        except ijson.JSONError as error:  # the standard parser names the byte, line and column
+            read_json(path)
+            raise ValueError(f"{path}: not valid JSON: {str(error).splitlines()[0]}") from None
+    if not count:  # an empty list, or no list under the key: tell them apart
+        json_list(read_json(path), path, key)
+
+
+#: the deepest bracket nesting parsed one entry at a time (VQA's files: 4)
+_STREAMED_DEPTH = 64
+
+
+def _bracket_depth(path: Path, chunk: int = 16 << 20) -> int:
+    """The deepest nesting of ``[`` / ``{`` in the file, counting brackets inside strings
+    too (an upper bound on the JSON's nesting for files without stray brackets), in
+    one pass of ``chunk`` bytes at a time."""
+    import numpy as np
+
+    step = np.zeros(256, dtype=np.int32)
+    step[[ord("["), ord("{")]], step[[ord("]"), ord("}")]] = 1, -1
+    depth = deepest = 0
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            running = np.cumsum(step[np.frombuffer(block, dtype=np.uint8)]) + depth
+            deepest, depth = max(deepest, int(running.max())), int(running[-1])
+    return deepest
 
 
 def json_list(content: Any, path: str | Path, key: str) -> list:

@@ -13,14 +13,16 @@ Legend for shapes: ``Q`` questions, ``L`` words per question (``max_length``),
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from sys import intern
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
+from polyfuse.data.formats.jsonfile import entry_field, iter_json_list
 from polyfuse.text import normalize_answer, tokenize_question
 
 __all__ = [
@@ -51,10 +53,11 @@ class VQAQuestion:
     multiple_choice_answer: str | None = None  # as annotated; None: the file has none
 
 
-def _read_json(path: Path, key: str) -> list:
+def _read_json(path: Path, key: str) -> Iterator[Any]:
+    """The entries of the file's list, one at a time (bounded memory for VQA 2.0's files)."""
     if not path.is_file() and not path.is_dir():
         raise FileNotFoundError(f"VQA file {path} does not exist")
-    return json_list(read_json(path), path, key)
+    return iter_json_list(path, key)
 
 
 def load_vqa(
@@ -77,14 +80,15 @@ def load_vqa(
                 f"{annotations_path}: entry {index} (question_id {question_id}) has {len(answers)} "
                 f"answers, expected {answers_per_question}"
             )
+        # answers and types repeat across questions: one string object each (intern)
         texts = tuple(
-            entry_field(answer, "answer", annotations_path, index, str)
+            intern(entry_field(answer, "answer", annotations_path, index, str))
             if isinstance(answer, Mapping)
-            else entry_field({"answer": answer}, "answer", annotations_path, index, str)
+            else intern(entry_field({"answer": answer}, "answer", annotations_path, index, str))
             for answer in answers
         )
         choice = (
-            entry_field(entry, "multiple_choice_answer", annotations_path, index, str)
+            intern(entry_field(entry, "multiple_choice_answer", annotations_path, index, str))
             if "multiple_choice_answer" in entry
             else None
         )
@@ -93,8 +97,8 @@ def load_vqa(
             entry_field(entry, "image_id", annotations_path, index, int),
             "",
             texts,
-            str(entry.get("answer_type", "other")),
-            str(entry.get("question_type", "")),
+            intern(str(entry.get("answer_type", "other"))),
+            intern(str(entry.get("question_type", ""))),
             choice,
         )
     result = []

@@ -15,8 +15,9 @@ question's position in its split.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from polyfuse.data.datamodule import ShardedShuffleSampler
-from polyfuse.data.formats.features import (
-    ImageFeatures,
-    is_bottom_up,
-    load_bottom_up_features,
-    load_image_features,
-)
+from polyfuse.data.formats.features import ImageFeatures, RegionFeatures, is_bottom_up
 from polyfuse.data.formats.vqa import (
     VQAQuestion,
     answer_vocabulary,
@@ -40,6 +36,7 @@ from polyfuse.data.formats.vqa import (
     soft_targets,
     word_vocabulary,
 )
+from polyfuse.data.loading import epoch_to_draw, loader_options
 from polyfuse.text import normalize_answer, vqa_accuracy
 
 __all__ = [
@@ -57,35 +54,71 @@ __all__ = [
 ]
 
 
+#: questions whose soft targets are made at once (bounds the dense (chunk, A) block)
+_TARGET_CHUNK = 4096
+
+
 @dataclass
 class VQASplit:
-    """Tensors of one split; ``image_rows`` index ``features`` / ``boxes`` per question."""
+    """One split: the questions as tensors, their images read from ``features`` when a
+    batch asks for them (``image_rows``: each question's row there), projected with
+    ``pca``. The soft targets are kept sparse (the answers some human gave) and made
+    dense per batch: a dense (Q, A) table of VQA 2.0 would take 5.5 GB."""
 
     questions: list[VQAQuestion]
     tokens: Tensor  # (Q, L) long
-    targets: Tensor  # (Q, A) soft scores
+    target_ids: Tensor  # (Q, K') long, answers with a non-zero soft score, -1 padding
+    target_scores: Tensor  # (Q, K')
+    answers: int  # A
     answer_ids: Tensor  # (Q, K) long, -1 padding
     answer_scores: Tensor  # (Q, K)
     types: Tensor  # (Q,) long
     image_rows: Tensor  # (Q,) long
-    features: Tensor  # (N, O, d_v)
-    boxes: Tensor  # (N, O, 4)
+    features: RegionFeatures | ImageFeatures
+    pca: tuple[Tensor, Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.questions)
 
+    def targets(self, index: Tensor) -> Tensor:
+        """(B, A) soft scores of questions ``index``."""
+        ids = self.target_ids[index]
+        real = ids >= 0
+        dense = torch.zeros(len(ids), self.answers)
+        return dense.scatter_add_(1, ids.clamp_min(0), self.target_scores[index] * real)
+
     def batch(self, index: Tensor) -> dict[str, Tensor]:
-        rows = self.image_rows[index]
+        image, boxes = self.features.read(self.image_rows[index].numpy())
+        if self.pca is not None:
+            image = project_features(image, *self.pca)
         return {
             "tokens": self.tokens[index],
-            "image": self.features[rows],
-            "boxes": self.boxes[rows],
-            "target": self.targets[index],
+            "image": image,
+            "boxes": boxes,
+            "target": self.targets(index),
             "answer_ids": self.answer_ids[index],
             "answer_scores": self.answer_scores[index],
             "answer_type": self.types[index],
             "row": index,
         }
+
+
+def sparse_targets(questions: Sequence[VQAQuestion], answers: Sequence[str], soft_score: str) -> tuple[Tensor, Tensor]:
+    """:func:`~polyfuse.data.formats.vqa.soft_targets` as (Q, K') answer ids (-1
+    padding) and their scores, made in chunks of questions."""
+    ids, scores = [], []
+    for start in range(0, max(1, len(questions)), _TARGET_CHUNK):
+        dense = soft_targets(questions[start : start + _TARGET_CHUNK], answers, soft_score=soft_score)
+        for row in dense:
+            (nonzero,) = torch.nonzero(row, as_tuple=True)
+            ids.append(nonzero)
+            scores.append(row[nonzero])
+    width = max(1, max((len(i) for i in ids), default=1))
+    target_ids = torch.full((len(questions), width), -1, dtype=torch.long)
+    target_scores = torch.zeros(len(questions), width)
+    for row, (i, v) in enumerate(zip(ids, scores, strict=False)):
+        target_ids[row, : len(i)], target_scores[row, : len(v)] = i, v
+    return target_ids, target_scores
 
 
 @dataclass
@@ -120,22 +153,50 @@ def answer_table(questions: Sequence[VQAQuestion], answers: Sequence[str]) -> tu
     return ids, scores
 
 
-def fit_pca(features: Tensor, dim: int, *, max_rows: int = 20000, seed: int = 0) -> tuple[Tensor, Tensor]:
+def _real_rows(features: RegionFeatures | ImageFeatures, rows: Sequence[int], chunk: int) -> Iterator[Tensor]:
+    """The real (not all-zero) box rows (n, d_v) of images ``rows`` in order, ``chunk`` images at a time."""
+    for start in range(0, len(rows), chunk):
+        image, _ = features.read(rows[start : start + chunk])
+        flat = image.reshape(-1, image.shape[-1])
+        yield flat[flat.abs().sum(dim=1) != 0]
+
+
+def fit_pca(features: RegionFeatures | ImageFeatures, rows: Sequence[int], dim: int, *, max_rows: int = 20000,
+            seed: int = 0, chunk: int = 256) -> tuple[Tensor, Tensor]:
     """Mean (d_v,) and the top ``dim`` principal directions (d_v, dim) of the real
-    (not all-zero) feature rows of ``features`` (N, O, d_v), fitted on at most
-    ``max_rows`` rows drawn with ``seed``. Apply with :func:`project_features`."""
-    rows = features.reshape(-1, features.shape[-1])
-    rows = rows[rows.abs().sum(dim=1) != 0]
-    if not 1 <= dim <= min(rows.shape):
-        raise ValueError(f"data.vqa.feature_dim must lie in [1, {min(rows.shape)}], got {dim}")
-    if len(rows) > max_rows:
-        rows = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:max_rows]]
+    (not all-zero) box rows of images ``rows`` of ``features``, fitted on at most
+    ``max_rows`` of them drawn with ``seed``. Apply with :func:`project_features`.
+
+    Two streaming passes in bounded memory: one counts the real rows, the other keeps
+    the drawn ones (the same rows, in the same order, as one array of them all)."""
+    total = sum(len(part) for part in _real_rows(features, rows, chunk))
+    if not 1 <= dim <= min(total, features.dim):
+        raise ValueError(f"data.vqa.feature_dim must lie in [1, {min(total, features.dim)}], got {dim}")
+    wanted = None
+    if total > max_rows:
+        wanted = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:max_rows]
+        position = torch.full((total,), -1, dtype=torch.long)
+        position[wanted] = torch.arange(max_rows)
+    kept, slots, seen = [], [], 0
+    for part in _real_rows(features, rows, chunk):
+        if wanted is None:
+            kept.append(part)
+        else:
+            slot = position[seen : seen + len(part)]
+            kept.append(part[slot >= 0])
+            slots.append(slot[slot >= 0])
+        seen += len(part)
+    rows = torch.cat(kept)
+    if wanted is not None:  # in the order of the draw
+        drawn = torch.empty_like(rows)
+        drawn[torch.cat(slots)] = rows
+        rows = drawn
     mean = rows.mean(dim=0)
     centred = (rows - mean).double()
     # Eigenvectors of the (d_v, d_v) scatter matrix: the right singular vectors of the
     # centred rows, at a fraction of an SVD's cost when rows >> d_v.
     _, vectors = torch.linalg.eigh(centred.T @ centred)  # ascending eigenvalues
-    return mean, vectors[:, -dim:].flip(1).to(features.dtype).contiguous()
+    return mean, vectors[:, -dim:].flip(1).to(rows.dtype).contiguous()
 
 
 def project_features(features: Tensor, mean: Tensor, directions: Tensor) -> Tensor:
@@ -153,23 +214,23 @@ def read_vqa_questions(section: Mapping[str, Any], split: str) -> list[VQAQuesti
     return load_vqa(section[f"{split}_questions"], section[f"{split}_annotations"])
 
 
-def read_split_features(section: Mapping[str, Any], split: str) -> ImageFeatures:
-    """The image features of ``split`` (train / test) named by a ``data.vqa`` section:
-    a file of ``polyfuse extract images``, or with ``<split>_features_index`` a bottom-up
-    file in either ban-vqa layout (:func:`~polyfuse.data.formats.features.load_bottom_up_features`:
-    an adaptive file's images padded to its largest box count, bad ``pos_boxes`` refused
-    naming the row and the image id). A bottom-up file without its index is an error
-    naming the key to set."""
+def read_split_features(section: Mapping[str, Any], split: str) -> RegionFeatures:
+    """The image features of ``split`` (train / test) named by a ``data.vqa`` section,
+    read per batch (:class:`~polyfuse.data.formats.features.RegionFeatures`): a file of
+    ``polyfuse extract images``, or with ``<split>_features_index`` a bottom-up file in
+    either ban-vqa layout (an adaptive file's images padded per batch to the batch's
+    most boxes, bad ``pos_boxes`` refused naming the row and the image id). A bottom-up
+    file without its index is an error naming the key to set."""
     path, index = section[f"{split}_features"], section.get(f"{split}_features_index")
     if index is not None:
-        return load_bottom_up_features(path, index)
+        return RegionFeatures(path, index)
     if is_bottom_up(path):
         raise ValueError(
             f"data.vqa.{split}_features {path} is a bottom-up features file of ban-vqa (dataset image_features); "
             f"set data.vqa.{split}_features_index to its image-id index, as JSON {{\"<image id>\": row}} or CSV "
             "image_id,row (docs/VQA.md, Image features)"
         )
-    return load_image_features(path)
+    return RegionFeatures(path)
 
 
 def split_by_image(
@@ -190,27 +251,32 @@ def _type_of(question: VQAQuestion, breakdown: str) -> str:
 
 
 def encode_split(
-    questions: Sequence[VQAQuestion], features: ImageFeatures, data: VQAData, section: Mapping[str, Any], what: str
+    questions: Sequence[VQAQuestion],
+    features: RegionFeatures | ImageFeatures,
+    data: VQAData,
+    section: Mapping[str, Any],
+    what: str,
 ) -> VQASplit:
     """The :class:`VQASplit` of ``questions`` about the images of ``features``, encoded
-    with ``data``'s word and answer vocabularies and type names and the ``data.vqa``
-    ``section``'s ``max_length``, ``soft_score`` and ``breakdown``. ``what`` names the
-    questions in the error listing image ids without features."""
+    with ``data``'s word and answer vocabularies, type names and PCA and the
+    ``data.vqa`` ``section``'s ``max_length``, ``soft_score`` and ``breakdown``.
+    ``what`` names the questions in the error listing image ids without features."""
     max_length, breakdown = int(section["max_length"]), section["breakdown"]
     image_ids = [q.image_id for q in questions]
-    features.select(image_ids, what=what)  # names every image id without features
+    features.check_ids(image_ids, what)  # names every image id without features
     ids, scores = answer_table(questions, data.answers)
     type_index = {name: i for i, name in enumerate(data.type_names)}
     return VQASplit(
         list(questions),
         encode_questions(questions, data.words, max_length=max_length),
-        soft_targets(questions, data.answers, soft_score=section["soft_score"]),
+        *sparse_targets(questions, data.answers, section["soft_score"]),
+        len(data.answers),
         ids,
         scores,
         torch.tensor([type_index.get(_type_of(q, breakdown), -1) for q in questions], dtype=torch.long),
         torch.tensor([features.rows[i] for i in image_ids], dtype=torch.long),
-        features.features,
-        features.boxes,
+        features,
+        data.pca,
     )
 
 
@@ -249,16 +315,15 @@ def build_vqa_data(
         type_names = sorted({_type_of(q, breakdown) for q in train_questions})
         pca = None
         if section["feature_dim"]:
-            train_images, _ = train_features.select(sorted({q.image_id for q in train_questions}), what="training questions")
-            pca = fit_pca(train_images, int(section["feature_dim"]), seed=int(config["data"]["split_seed"]))
+            train_images = sorted({q.image_id for q in train_questions})
+            train_features.check_ids(train_images, "training questions")
+            pca = fit_pca(train_features, [train_features.rows[i] for i in train_images], int(section["feature_dim"]),
+                          seed=int(config["data"]["split_seed"]))
     else:
         words, answers, type_names = list(vocabulary["words"]), list(vocabulary["answers"]), list(vocabulary["type_names"])
         pca = (vocabulary["pca_mean"], vocabulary["pca_directions"]) if "pca_mean" in vocabulary else None
-    for features in (train_features, test_features):
-        if features is not None and pca is not None:
-            features.features = project_features(features.features, *pca)
     read = train_features if train_features is not None else test_features
-    data = VQAData({}, words, answers, type_names, int(read.features.shape[-1]), pca)
+    data = VQAData({}, words, answers, type_names, int(pca[1].shape[1]) if pca is not None else read.dim, pca)
     sources = {
         "train": (train_questions, train_features, "training questions"),
         "val": (valid_questions, train_features, "validation questions"),
@@ -276,17 +341,23 @@ def build_vqa_data(
     return data
 
 
+def _collate(split: VQASplit, indices: list[int]) -> dict[str, Tensor]:
+    return split.batch(torch.as_tensor(indices, dtype=torch.long))
+
+
 class VQADataModule(L.LightningDataModule):
     """Serves the splits of a :class:`VQAData` as batches of the module docstring;
     training batches in a fresh order per epoch drawn from ``seed`` and the epoch
     (:class:`~polyfuse.data.datamodule.ShardedShuffleSampler`)."""
 
-    def __init__(self, data: VQAData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0) -> None:
+    def __init__(self, data: VQAData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0,
+                 loader: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.data = data
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size)
         self.seed = int(seed)
+        self.options = dict(loader or loader_options(None))  # DataLoader's workers, pinning, prefetching
 
     def loader(self, key: str, *, train: bool = False) -> DataLoader:
         if key not in self.data.splits:
@@ -296,14 +367,16 @@ class VQADataModule(L.LightningDataModule):
         if train and self.batch_size % world:
             raise ValueError(f"data.batch_size {self.batch_size} must be divisible by the {world} processes")
         sampler = ShardedShuffleSampler(len(split), seed=self.seed, rank=rank, world=world, shuffle=train)
+        sampler.set_epoch(epoch_to_draw(self.trainer))  # workers draw on creation
         return DataLoader(
             list(range(len(split))),
             batch_size=self.batch_size // world if train else self.eval_batch_size,
             sampler=sampler,
-            collate_fn=lambda indices: split.batch(torch.as_tensor(indices, dtype=torch.long)),
+            collate_fn=partial(_collate, split),  # reads the images: in the workers
             # A loader without a generator draws its base seed from the global RNG, which
             # would shift dropout after a resume; this one never touches it.
             generator=torch.Generator().manual_seed(self.seed),
+            **self.options,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
 from polyfuse.atomic import write_csv
+from polyfuse.data.loading import loader_options
 from polyfuse.extract.images import feature_settings
 from polyfuse.metrics.vqa import VQAScore
 from polyfuse.nn.models.vqa import BanVQA, FusionVQA
@@ -263,7 +264,7 @@ class VQASpec(TaskSpec):
             raise ValueError("the validation split is empty")
         datamodule = VQADataModule(
             data, batch_size=config["data"]["batch_size"], eval_batch_size=config["data"]["eval_batch_size"],
-            seed=int(config["seed"]),
+            seed=int(config["seed"]), loader=loader_options(config),
         )  # fmt: skip
         samples = {key: len(split) for key, split in data.splits.items()}
         return TaskData(datamodule, data, samples, -(-samples["train"] // config["data"]["batch_size"]))
@@ -311,7 +312,8 @@ class VQASpec(TaskSpec):
                 raise ValueError(f"a VQA checkpoint is applied to the split train, val, test or all, not {split!r}")
             keys = ["train", "val", "test"] if split == "all" else [split]
             data = build_vqa_data(extras["config"], vocabulary=extras["label_info"], splits=keys)
-        datamodule = VQADataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
+        datamodule = VQADataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"],
+                                   loader=loader_options(extras["config"]))
         return TaskData(datamodule, data, {key: len(part) for key, part in data.splits.items()})
 
     def loaders(self, data: TaskData[VQAData], split: str) -> dict[str, Any]:
