@@ -12,6 +12,11 @@ Feature files (one per modality; ``PATH#KEY`` picks a group or an array):
   ``KEY`` (``polyfuse extract video`` writes ``appearance``, ``motion``, ``audio``
   groups: ``features.h5#motion``), or ``video_ids`` + ``KEY`` arrays as for npz.
 
+A (d,) array (or an (N, d) array beside ``video_ids``) is one step. The files are read
+lazily (:mod:`polyfuse.data.sequences`): the ids, lengths and sizes are checked when a
+file is opened, the features are read a batch at a time (stored npz arrays as memory
+maps), so that memory does not grow with the data set.
+
 Captions: JSON ``{video_id: [caption, ...]}``; JSON ``[{"id": ..., "caption": [...]}]``
 (the course MSVD files); MSR-VTT's ``{"sentences": [{"video_id", "caption"}]}``; or
 CSV with the columns ``video_id`` and ``caption`` (one line per caption).
@@ -22,14 +27,13 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from polyfuse.data.arrays import NpzArrays, open_h5
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
+from polyfuse.data.sequences import SequenceFile, open_sequences
 from polyfuse.text import ptb_tokenize
 
 __all__ = [
@@ -42,30 +46,102 @@ __all__ = [
     "load_captions",
     "load_splits",
     "load_video_features",
+    "open_video_features",
 ]
 
 PAD, BEGIN, END, UNKNOWN = "<pad>", "<bos>", "<eos>", "<unk>"
+
+#: bytes of float32 features read at a time by a pass over many videos
+CHUNK_BYTES = 64 << 20
 
 # ---------------------------------------------------------------------------
 # Features
 # ---------------------------------------------------------------------------
 
 
-@dataclass
 class VideoFeatures:
-    """One modality: a (T, d) float32 array per video id."""
+    """One modality: a (T, d) float32 array per video id, read from its file when asked
+    for (:class:`polyfuse.data.sequences.SequenceFile`), every ``stride``-th step kept.
+    NaN and Inf are refused per video as it is read, naming the file and the video."""
 
-    name: str
-    arrays: dict[str, np.ndarray]
-    source: str
+    def __init__(self, name: str, file: SequenceFile, stride: int = 1) -> None:
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        self.name, self.file, self.stride = name, file, int(stride)
+
+    @property
+    def source(self) -> str:
+        """``path#key`` of the file, for messages."""
+        return self.file.where
 
     @property
     def dim(self) -> int:
-        return next(iter(self.arrays.values())).shape[1]
+        return self.file.dim
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(N,) steps of each video of the file (in file order) after the stride."""
+        return -(-self.file.lengths // self.stride)
 
     @property
     def max_length(self) -> int:
-        return max(a.shape[0] for a in self.arrays.values())
+        return int(self.lengths.max())
+
+    def __contains__(self, video: object) -> bool:
+        return video in self.file
+
+    def length(self, video: str) -> int:
+        """The steps of ``video`` after the stride."""
+        return int(self.lengths[self.file.row_of(video)])
+
+    def read(self, videos: Sequence[str]) -> list[np.ndarray]:
+        """The (T_i, d) float32 features of ``videos`` (in that order), strided; a video
+        with NaN or Inf features is refused."""
+        arrays = self.file.read([self.file.row_of(video) for video in videos])
+        for video, array in zip(videos, arrays, strict=True):
+            if not np.isfinite(array).all():
+                raise ValueError(f"{self.source}: video {video!r} has NaN or Inf features")
+        return arrays if self.stride == 1 else [np.ascontiguousarray(a[:: self.stride]) for a in arrays]
+
+    def chunks(self, videos: Sequence[str], max_bytes: int = CHUNK_BYTES) -> Iterator[list[str]]:
+        """``videos`` in consecutive groups read in at most ``max_bytes`` (or one video)."""
+        group: list[str] = []
+        size = 0
+        for video in videos:
+            steps = int(self.file.lengths[self.file.row_of(video)])
+            if group and size + steps * self.dim * 4 > max_bytes:
+                yield group
+                group, size = [], 0
+            group.append(video)
+            size += steps * self.dim * 4
+        if group:
+            yield group
+
+    def check_values(self) -> None:
+        """Read every video once, a chunk at a time, refusing NaN and Inf."""
+        for group in self.chunks(self.file.ids):
+            self.read(group)
+
+    @property
+    def arrays(self) -> Mapping[str, np.ndarray]:
+        """``{video id: (T, d) array}``, each read when asked for."""
+        return _Arrays(self)
+
+
+class _Arrays(Mapping[str, np.ndarray]):
+    def __init__(self, features: VideoFeatures) -> None:
+        self.features = features
+
+    def __getitem__(self, video: str) -> np.ndarray:
+        if video not in self.features:
+            raise KeyError(video)
+        return self.features.read([video])[0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.features.file.ids)
+
+    def __len__(self) -> int:
+        return len(self.features.file.ids)
 
 
 def _split_spec(spec: str | Path, base: str | Path | None) -> tuple[Path, str | None]:
@@ -79,46 +155,10 @@ def _split_spec(spec: str | Path, base: str | Path | None) -> tuple[Path, str | 
     return path, key or None
 
 
-def _from_id_arrays(ids: np.ndarray, values: np.ndarray, lengths: np.ndarray | None, where: str) -> dict[str, np.ndarray]:
-    if values.ndim != 3:
-        raise ValueError(f"{where}: expected an (N, T, d) array beside video_ids, got shape {values.shape}")
-    if len(ids) != len(values):
-        raise ValueError(f"{where}: video_ids has {len(ids)} entries but the features have {len(values)} rows")
-    if lengths is not None:
-        lengths = np.asarray(lengths)
-        if lengths.shape != (len(ids),):
-            raise ValueError(f"{where}: lengths has shape {lengths.shape}, expected ({len(ids)},)")
-        bad = [(str(i), int(n)) for i, n in zip(ids, lengths, strict=True) if not 1 <= n <= values.shape[1]]
-        if bad:
-            raise ValueError(
-                f"{where}: lengths disagree with the features (T = {values.shape[1]}) for video "
-                f"{bad[0][0]!r} (length {bad[0][1]}; {len(bad)} such videos)"
-            )
-    out = {}
-    for row, video in enumerate(ids):
-        steps = values.shape[1] if lengths is None else int(lengths[row])
-        out[str(video)] = np.asarray(values[row, :steps], dtype=np.float32)
-    return out
-
-
-def _check_arrays(arrays: Mapping[str, np.ndarray], where: str) -> None:
-    if not arrays:
-        raise ValueError(f"{where}: no video features found")
-    dims = {}
-    for video, array in arrays.items():
-        if array.ndim != 2 or array.shape[0] < 1:
-            raise ValueError(f"{where}: video {video!r} has features of shape {array.shape}; expected (T >= 1, d)")
-        dims.setdefault(array.shape[1], video)
-        if not np.isfinite(array).all():
-            raise ValueError(f"{where}: video {video!r} has NaN or Inf features")
-    if len(dims) > 1:
-        (d1, v1), (d2, v2) = list(dims.items())[:2]
-        raise ValueError(f"{where}: feature sizes disagree: video {v1!r} has d = {d1}, video {v2!r} has d = {d2}")
-
-
-def load_video_features(spec: str | Path, name: str | None = None, *, base: str | Path | None = None,
+def open_video_features(spec: str | Path, name: str | None = None, *, base: str | Path | None = None,
                         stride: int = 1) -> VideoFeatures:
-    """One modality's features from ``PATH`` or ``PATH#KEY`` (see the module docstring).
+    """One modality's features from ``PATH`` or ``PATH#KEY`` (see the module docstring),
+    the metadata checked, nothing read: values are read (and NaN refused) per batch.
 
     Args:
         spec: the file (relative paths are taken from ``base``), ``#KEY`` a group or array.
@@ -128,47 +168,16 @@ def load_video_features(spec: str | Path, name: str | None = None, *, base: str 
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
     path, key = _split_spec(spec, base)
-    where = f"{path}{'#' + key if key else ''}"
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
-        archive = NpzArrays(path)  # each array's size checked from its header before it is read
-        names = list(archive)
-        if "video_ids" in names:
-            value_key = key or next((n for n in names if n not in ("video_ids", "lengths")), None)
-            if value_key not in names:
-                raise ValueError(f"{path}: no array {value_key!r}; it has {', '.join(names)}")
-            lengths = archive["lengths"] if "lengths" in names else None
-            arrays = _from_id_arrays(archive["video_ids"], archive[value_key], lengths, where)
-        else:
-            if key:
-                raise ValueError(f"{path}: '#{key}' names an array, but this npz is keyed by video id")
-            arrays = {video: np.asarray(archive[video], dtype=np.float32) for video in names}
-    elif suffix in (".h5", ".hdf5"):
-        import h5py
+    return VideoFeatures(name or key or path.stem, open_sequences(path, key), stride)
 
-        with open_h5(path) as handle:  # no external storage or links, sizes bounded
-            group = handle
-            if key:
-                if key not in handle:
-                    raise ValueError(f"{path}: no group or array {key!r}; it has {', '.join(handle.keys())}")
-                group = handle[key]
-            if isinstance(group, h5py.Dataset) or "video_ids" in group:
-                ids_node = handle["video_ids"] if isinstance(group, h5py.Dataset) else group["video_ids"]
-                values = group[()] if isinstance(group, h5py.Dataset) else group[next(n for n in group if n not in ("video_ids", "lengths"))][()]
-                ids = np.array([i.decode() if isinstance(i, bytes) else str(i) for i in ids_node[()]])
-                lengths_node = group.get("lengths") if isinstance(group, h5py.Group) else handle.get("lengths")
-                arrays = _from_id_arrays(ids, values, None if lengths_node is None else lengths_node[()], where)
-            else:
-                arrays = {
-                    str(video): np.asarray(node[()], dtype=np.float32)
-                    for video, node in group.items() if isinstance(node, h5py.Dataset)
-                }
-    else:
-        raise ValueError(f"{path}: unsupported feature file type {suffix!r} (use .npz, .h5 or .hdf5)")
-    _check_arrays(arrays, where)
-    if stride > 1:
-        arrays = {video: array[::stride] for video, array in arrays.items()}
-    return VideoFeatures(name or key or path.stem, arrays, where)
+
+def load_video_features(spec: str | Path, name: str | None = None, *, base: str | Path | None = None,
+                        stride: int = 1) -> VideoFeatures:
+    """As :func:`open_video_features`, every value read once (a chunk at a time) and a
+    video with NaN or Inf features refused up front."""
+    features = open_video_features(spec, name, base=base, stride=stride)
+    features.check_values()
+    return features
 
 
 # ---------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from polyfuse.data.formats.word_vectors import (
     caption_word_vectors,
     initial_word_embedding,
 )
+from polyfuse.data.loading import loader_options
 from polyfuse.metrics.captioning import CaptionMetrics
 from polyfuse.nn.beam_search import Generated, beam_search
 from polyfuse.nn.decoding import caption_cross_entropy
@@ -418,6 +419,7 @@ class CaptioningSpec(TaskSpec):
         batch_size = config["data"]["batch_size"]
         datamodule = CaptioningDataModule(
             data, batch_size=batch_size, eval_batch_size=config["data"]["eval_batch_size"], seed=int(config["seed"]),
+            loader=loader_options(config),
         )
         samples = {split: len(videos) for split, videos in data.splits.items()}
         return TaskData(datamodule, data, samples, -(-len(data.pairs("train")) // batch_size))
@@ -460,7 +462,8 @@ class CaptioningSpec(TaskSpec):
                         modalities: Sequence[str] | None = None, require_labels: bool = True,
                         **options: Any) -> TaskData[CaptioningData]:
         data = checkpoint_captioning_data(extras)
-        module = CaptioningDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"])
+        module = CaptioningDataModule(data, batch_size=1, eval_batch_size=extras["config"]["data"]["eval_batch_size"],
+                                      loader=loader_options(extras["config"]))
         module.loader(split)  # an unknown split is refused before anything runs
         return TaskData(module, data, {split: len(videos) for split, videos in data.splits.items()})
 
