@@ -19,6 +19,7 @@ import contextlib
 import os
 import zipfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from polyfuse.data.arrays import check_array_size, open_h5
 
-__all__ = ["MAX_COMPRESSED_BYTES", "H5File", "npz_member", "read_rows"]
+__all__ = ["MAX_COMPRESSED_BYTES", "H5File", "NpzMember", "npy_header", "npz_member", "npz_members", "read_rows"]
 
 #: the largest compressed ``.npz`` array read whole (``POLYFUSE_MAX_COMPRESSED_NPZ_BYTES``)
 MAX_COMPRESSED_BYTES = int(os.environ.get("POLYFUSE_MAX_COMPRESSED_NPZ_BYTES", str(256 << 20)))
@@ -109,48 +110,81 @@ def read_rows(dataset: Any, rows: Sequence[int] | np.ndarray) -> np.ndarray:
     return block[inverse]
 
 
+@dataclass(frozen=True)
+class NpzMember:
+    """Where one array of an ``.npz`` lies: ``offset`` of its data in the file when stored
+    uncompressed, None when compressed."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran: bool
+    offset: int | None
+    compressed_size: int
+
+
+def npz_members(path: str | Path) -> dict[str, NpzMember]:
+    """Every array of an ``.npz`` with the place of its data, from one pass over the headers
+    (pickled arrays and data past the end of the file refused)."""
+    path = Path(path)
+    members = {}
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as archive, path.open("rb") as handle:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                name = info.filename[: -len(".npy")]
+                if info.compress_type != zipfile.ZIP_STORED:
+                    with archive.open(info) as stream:
+                        shape, dtype, fortran = npy_header(stream, path, name)
+                    members[name] = NpzMember(shape, dtype, fortran, None, info.compress_size)
+                    continue
+                handle.seek(info.header_offset)
+                local = handle.read(30)
+                if local[:4] != b"PK\x03\x04":
+                    raise ValueError(f"bad local header of {info.filename!r}")
+                names = int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+                handle.seek(info.header_offset + 30 + names)
+                shape, dtype, fortran = npy_header(handle, path, name)
+                offset = handle.tell()
+                if offset + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize > size:
+                    raise ValueError(f"{path}: array {name!r} runs past the end of the file (truncated?)")
+                members[name] = NpzMember(shape, dtype, fortran, offset, info.compress_size)
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise ValueError(f"{path}: cannot read as .npz (corrupt?): {error}") from None
+    return members
+
+
 def npz_member(path: str | Path, name: str) -> np.ndarray:
     """Array ``name`` of the ``.npz`` file ``path``: a read-only memory map when stored
     uncompressed, else read whole up to :data:`MAX_COMPRESSED_BYTES`."""
     path = Path(path)
-    member = f"{name}.npy"
-    try:
-        with zipfile.ZipFile(path) as archive:
-            info = archive.getinfo(member)
-            if info.compress_type != zipfile.ZIP_STORED:
-                with archive.open(info) as stream:
-                    shape, dtype = _npy_header(stream, path, name)
-                size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-                if size > MAX_COMPRESSED_BYTES:
-                    raise ValueError(
-                        f"{path}: array {name!r} is compressed and takes {size} bytes, over the "
-                        f"{MAX_COMPRESSED_BYTES} bytes read whole (POLYFUSE_MAX_COMPRESSED_NPZ_BYTES); rewrite the file "
-                        "uncompressed so that it is read in rows: python -c \"import numpy as np, sys; "
-                        "np.savez(sys.argv[2], **np.load(sys.argv[1]))\" IN.npz OUT.npz"
-                    )
-                check_array_size(path, name, shape, dtype.itemsize, stored=info.compress_size)
-                with archive.open(info) as stream:
-                    return np.lib.format.read_array(stream, allow_pickle=False)
-        with path.open("rb") as handle:
-            handle.seek(info.header_offset)
-            local = handle.read(30)
-            if local[:4] != b"PK\x03\x04":
-                raise ValueError("bad local header")
-            handle.seek(info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little"))
-            shape, dtype, fortran = _npy_header(handle, path, name, order=True)
-            offset = handle.tell()
-    except KeyError:
-        raise ValueError(f"{path}: no array {name!r}") from None
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise ValueError(f"{path}: cannot read array {name!r} (corrupt?): {error}") from None
-    if offset + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize > path.stat().st_size:
-        raise ValueError(f"{path}: array {name!r} runs past the end of the file (truncated?)")
-    if not shape or 0 in shape:
-        return np.zeros(shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+    member = npz_members(path).get(name)
+    if member is None:
+        raise ValueError(f"{path}: no array {name!r}")
+    if member.offset is None:
+        size = int(np.prod(member.shape, dtype=np.float64)) * member.dtype.itemsize
+        if size > MAX_COMPRESSED_BYTES:
+            raise ValueError(
+                f"{path}: array {name!r} is compressed and takes {size} bytes, over the "
+                f"{MAX_COMPRESSED_BYTES} bytes read whole (POLYFUSE_MAX_COMPRESSED_NPZ_BYTES); rewrite the file "
+                "uncompressed so that it is read in rows: python -c \"import numpy as np, sys; "
+                "np.savez(sys.argv[2], **np.load(sys.argv[1]))\" IN.npz OUT.npz"
+            )
+        check_array_size(path, name, member.shape, member.dtype.itemsize, stored=member.compressed_size)
+        try:
+            with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as stream:
+                return np.lib.format.read_array(stream, allow_pickle=False)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+            raise ValueError(f"{path}: cannot read array {name!r} (corrupt?): {error}") from None
+    if 0 in member.shape or not member.shape:
+        return np.zeros(member.shape, dtype=member.dtype)
+    return np.memmap(path, dtype=member.dtype, mode="r", offset=member.offset, shape=member.shape,
+                     order="F" if member.fortran else "C")
 
 
-def _npy_header(stream: Any, path: Path, name: str, *, order: bool = False) -> Any:
+def npy_header(stream: Any, path: Path, name: str) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """(shape, dtype, Fortran order) of the ``.npy`` header at ``stream``; pickles refused."""
     try:
         version = np.lib.format.read_magic(stream)
         read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
@@ -161,4 +195,4 @@ def _npy_header(stream: Any, path: Path, name: str, *, order: bool = False) -> A
         raise ValueError(f"{path}: array {name!r} has a broken header: {error}") from None
     if dtype.hasobject:
         raise ValueError(f"{path}: array {name!r} holds objects (pickles), which are never loaded")
-    return (shape, dtype, fortran) if order else (shape, dtype)
+    return tuple(shape), dtype, bool(fortran)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ import numpy as np
 
 from polyfuse.data import rows as _rows
 from polyfuse.data.arrays import NpzArrays
-from polyfuse.data.rows import H5File, npz_member
+from polyfuse.data.rows import H5File, NpzMember, npz_member, npz_members
 
 __all__ = ["SequenceFile", "open_sequences"]
 
@@ -210,7 +209,7 @@ def _open_npz(path: Path, key: str | None, where: str) -> SequenceFile:
         )
     if key:
         raise ValueError(f"{path}: '#{key}' names an array, but this npz is keyed by video id")
-    members = _npz_members(path)
+    members = npz_members(path)
     ids = _checked_ids(list(members), where)
     for video, member in members.items():
         _check_numeric(member.dtype, where, f"video {video!r}")
@@ -224,72 +223,6 @@ def _open_npz(path: Path, key: str | None, where: str) -> SequenceFile:
             )  # refuses it, with the command that rewrites the file uncompressed
     lengths, dim = _member_lengths({video: m.shape for video, m in members.items()}, where)
     return SequenceFile(where, ids, lengths, dim, _NpzMembers(path, members))
-
-
-@dataclass(frozen=True)
-class _Member:
-    """Where one array of an npz lies: ``offset`` of its data when stored, None when compressed."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    fortran: bool
-    offset: int | None
-
-
-def _npz_members(path: Path) -> dict[str, _Member]:
-    """Every array of an npz with the place of its data, from one pass over the headers."""
-    members = {}
-    size = path.stat().st_size
-    try:
-        with zipfile.ZipFile(path) as archive, path.open("rb") as handle:
-            for info in archive.infolist():
-                if not info.filename.endswith(".npy"):
-                    continue
-                name = info.filename[: -len(".npy")]
-                if info.compress_type != zipfile.ZIP_STORED:
-                    with archive.open(info) as stream:
-                        shape, dtype, fortran = _npy_header(stream, path, name)
-                    members[name] = _Member(tuple(shape), dtype, fortran, None)
-                    continue
-                handle.seek(info.header_offset)
-                local = handle.read(30)
-                if local[:4] != b"PK\x03\x04":
-                    raise ValueError(f"bad local header of {info.filename!r}")
-                handle.seek(
-                    info.header_offset
-                    + 30
-                    + int.from_bytes(local[26:28], "little")
-                    + int.from_bytes(local[28:30], "little")
-                )
-                shape, dtype, fortran = _npy_header(handle, path, name)
-                offset = handle.tell()
-                if offset + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize > size:
-                    raise ValueError(
-                        f"{path}: array {name!r} runs past the end of the file (truncated?)"
-                    )
-                members[name] = _Member(tuple(shape), dtype, fortran, offset)
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise ValueError(f"{path}: cannot read as .npz (corrupt?): {error}") from None
-    return members
-
-
-def _npy_header(stream: Any, path: Path, name: str) -> tuple[tuple[int, ...], np.dtype, bool]:
-    """(shape, dtype, Fortran order) of the ``.npy`` header at ``stream``; pickles refused."""
-    try:
-        version = np.lib.format.read_magic(stream)
-        if version not in ((1, 0), (2, 0)):
-            raise ValueError(f"npy format version {version} is not supported (1.0 and 2.0 are)")
-        read = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, fortran, dtype = read(stream)
-    except ValueError as error:
-        raise ValueError(f"{path}: array {name!r} has a broken header: {error}") from None
-    if dtype.hasobject:
-        raise ValueError(f"{path}: array {name!r} holds objects (pickles), which are never loaded")
-    return tuple(shape), dtype, bool(fortran)
 
 
 class _NpzStacked:
@@ -314,7 +247,7 @@ class _NpzMembers:
     """One npz array per id: views of one memory map of the file for stored arrays,
     decompressed on demand otherwise."""
 
-    def __init__(self, path: Path, members: dict[str, _Member]) -> None:
+    def __init__(self, path: Path, members: dict[str, NpzMember]) -> None:
         self.path, self.names = path, list(members)
         self.members = list(members.values())
         self._map: np.memmap | None = None
