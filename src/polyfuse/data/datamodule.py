@@ -15,11 +15,16 @@ result of a padding-invariant model. Training batches come from
 :class:`ShardedShuffleSampler`: one permutation per epoch, drawn from the seed
 and the epoch, split over the processes, so that N processes each given
 ``batch_size / N`` samples see exactly the batches of one process.
+
+The collate reads its rows from the prepared :class:`~polyfuse.data.prepare.Features`
+(from disk for ``.npz`` / ``.h5`` sources), so it runs in the loader's workers
+(``loader_options``, :func:`polyfuse.data.loading.loader_options`) and memory does not
+grow with the data; the batches are the same with any number of workers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -28,7 +33,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from polyfuse.data.prepare import Split, TabularData
+from polyfuse.data.loading import epoch_to_draw
+from polyfuse.data.prepare import Features, Split, TabularData
 
 __all__ = ["FusionDataModule", "ShardedShuffleSampler", "SplitDataset", "collate_rows"]
 
@@ -46,16 +52,22 @@ class SplitDataset(Dataset):
         return index
 
 
-class _Tensors:
-    """The prepared arrays as tensors, shared by every split's collate."""
+class _Prepared:
+    """What every split's collate reads: the features (rows read per batch), the
+    lengths and targets as tensors."""
 
     def __init__(self, data: TabularData) -> None:
-        self.features = [torch.from_numpy(x) for x in data.features]
+        self.features: list[Features] = list(data.features)
         self.lengths = [torch.from_numpy(n) for n in data.lengths]
         self.targets = None if data.targets is None else torch.from_numpy(data.targets)
 
 
-def collate_rows(tensors: _Tensors, split: Split, indices: list[int]) -> dict[str, Any]:
+def _read(features: Features, rows: Tensor) -> Tensor:
+    """(len(rows), T, d) float tensor of the prepared rows ``rows``."""
+    return torch.from_numpy(features.rows(rows.numpy()))
+
+
+def collate_rows(tensors: _Prepared, split: Split, indices: list[int]) -> dict[str, Any]:
     """The batch of samples ``indices`` of ``split`` (see the module docstring)."""
     index = torch.as_tensor(indices, dtype=torch.long)
     rows = torch.from_numpy(split.rows)[index]
@@ -65,7 +77,7 @@ def collate_rows(tensors: _Tensors, split: Split, indices: list[int]) -> dict[st
         for features, lengths in zip(tensors.features, tensors.lengths, strict=True):
             length = lengths[rows]
             steps = max(1, int(length.max()))  # a batch may lack a modality entirely
-            inputs.append(features[rows, :steps])
+            inputs.append(_read(features, rows)[:, :steps].contiguous())
             masks.append(torch.arange(steps) < length[:, None])
     else:
         windows = torch.from_numpy(split.windows)[index]  # (B, W)
@@ -73,7 +85,8 @@ def collate_rows(tensors: _Tensors, split: Split, indices: list[int]) -> dict[st
         steps = int(real.sum(dim=1).max())
         windows, real = windows[:, :steps], real[:, :steps]
         for features in tensors.features:
-            gathered = features[windows.clamp_min(0), 0]  # (B, W, d)
+            unique, inverse = torch.unique(windows.clamp_min(0), return_inverse=True)  # windows overlap: read once
+            gathered = _read(features, unique)[inverse, 0]  # (B, W, d)
             inputs.append(gathered * real.unsqueeze(-1))
             masks.append(real)
         batch["centre"] = torch.from_numpy(split.centre)[index]
@@ -130,9 +143,13 @@ class FusionDataModule(L.LightningDataModule):
             ``batch_size / N`` (which must be a whole number).
         eval_batch_size: per-process batch for validation, test and prediction.
         seed: seed of the training shuffle.
+        loader_options: further keyword arguments of every
+            :class:`~torch.utils.data.DataLoader` (workers, pinned memory:
+            :func:`polyfuse.data.loading.loader_options`); default none (no workers).
     """
 
-    def __init__(self, data: TabularData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0) -> None:
+    def __init__(self, data: TabularData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0,
+                 loader_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         if batch_size < 1 or eval_batch_size < 1:
             raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {eval_batch_size}")
@@ -140,7 +157,8 @@ class FusionDataModule(L.LightningDataModule):
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size)
         self.seed = int(seed)
-        self._tensors = _Tensors(data)
+        self.loader_options = dict(loader_options or {})
+        self._tensors = _Prepared(data)
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -163,14 +181,15 @@ class FusionDataModule(L.LightningDataModule):
         else:
             batch_size = self.eval_batch_size
         sampler = ShardedShuffleSampler(len(split), seed=self.seed, rank=rank, world=world, shuffle=train)
+        sampler.set_epoch(epoch_to_draw(self.trainer))  # workers draw on creation
         tensors = self._tensors
         return DataLoader(
             SplitDataset(split),
             batch_size=batch_size,
             sampler=sampler,
             collate_fn=partial(collate_rows, tensors, split),
-            num_workers=0,
             generator=torch.Generator().manual_seed(self.seed),  # never draws from the global RNG
+            **self.loader_options,
         )
 
     def train_dataloader(self) -> DataLoader:

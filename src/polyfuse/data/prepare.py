@@ -6,6 +6,16 @@ shape, handles non-finite values, encodes the labels for the task, resolves the
 train / valid / test splits, standardises with training statistics and, in
 contextual mode, builds the windows.
 
+The features are not held in memory: each modality is a :class:`Features` that reads a
+batch of rows (``.npz``: a memory map of the file, ``.h5``: rows of the dataset; other
+sources: their arrays in memory) and applies the preparation to them. One pass over the
+rows, a block at a time (:data:`BLOCK_BYTES`), finds the lengths of zero-padded rows,
+refuses (or imputes) non-finite values, and computes the training statistics: over one
+array as :func:`~polyfuse.data.standardize.fit_stats` always has when the training rows
+take at most :data:`EXACT_STATS_BYTES` (so that earlier results are reproduced to the
+bit), streamed in float64 above. Memory does not grow with the number of rows beyond
+one value per row (lengths, labels, splits).
+
 Shapes: ``N`` rows, ``T_j`` steps and ``d_j`` features of modality j, ``k`` targets,
 ``W`` window length.
 """
@@ -13,20 +23,26 @@ Shapes: ``N`` rows, ``T_j`` steps and ``d_j`` features of modality j, ``k`` targ
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from polyfuse.data.arrays import ArrayTable
+from polyfuse.data.arrays import ArrayTable, H5Arrays, NpzArrays
 from polyfuse.data.context import context_windows
 from polyfuse.data.formats.word_aligned import move_real_steps_to_front, zero_padding_real_steps
+from polyfuse.data.rows import H5File, npz_member
 from polyfuse.data.splits import resolve_splits
-from polyfuse.data.standardize import FeatureStats, fit_stats, real_steps
+from polyfuse.data.standardize import FeatureStats, StreamingStats, fit_stats, real_steps
 
-__all__ = ["LABEL_KINDS", "OUT_OF_RANGE_POLICIES", "Split", "TabularData", "encode_labels", "prepare_data", "trait_key"]
+__all__ = [
+    "EXACT_STATS_BYTES", "LABEL_KINDS", "OUT_OF_RANGE_POLICIES", "Features", "Split", "TabularData", "encode_labels",
+    "prepare_data", "trait_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +74,8 @@ class Split:
 class TabularData:
     """Standardised features, encoded targets and splits (see the module docstring).
 
-    features[j]: (N, T_j, d_j) float32 (contextual mode: T_j = 1), padded steps 0.
+    features[j]: :class:`Features` (N, T_j, d_j) float32 (contextual mode: T_j = 1),
+    padded steps 0, read a batch of rows at a time (``features[j].rows(rows)``).
     lengths[j]: (N,) int64 real steps. targets: (N,) float32 (sentiment), (N, k)
     float32 (traits), (N,) int64 class indices (classification), or None without
     labels. stats: the training statistics per modality (applied when
@@ -67,7 +84,7 @@ class TabularData:
 
     origin: str
     modalities: list[str]
-    features: list[np.ndarray]
+    features: list[Features]
     lengths: list[np.ndarray]
     targets: np.ndarray | None
     splits: dict[str, Split]
@@ -84,75 +101,236 @@ class TabularData:
         return any(p.windows is not None for p in self.splits.values())
 
 
-def _modality(table: ArrayTable, name: str, padding: str = "auto") -> tuple[np.ndarray, np.ndarray]:
-    """(N, T, d) float array and (N,) lengths of one modality.
+#: Training rows up to this many bytes (float32) are gathered into one array and their
+#: statistics computed by :func:`~polyfuse.data.standardize.fit_stats` over it, exactly as
+#: when whole arrays were prepared (the same numbers to the bit); larger ones are streamed
+#: a block at a time in float64 (:class:`~polyfuse.data.standardize.StreamingStats`), the
+#: same up to rounding. ``POLYFUSE_EXACT_STATS_BYTES`` sets it.
+EXACT_STATS_BYTES = int(os.environ.get("POLYFUSE_EXACT_STATS_BYTES", str(256 << 20)))
+#: the preparation pass reads rows in blocks of about this many bytes (float32)
+BLOCK_BYTES = 64 << 20
+
+
+class ArrayRows:
+    """Rows of an array held in memory or memory-mapped: ``shape``, ``dtype``, ``read(rows)``."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array, self.shape, self.dtype = array, array.shape, array.dtype
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self.array[rows])
+
+
+class NpzRows(ArrayRows):
+    """Rows of an ``.npz`` array, memory-mapped when stored uncompressed
+    (:func:`~polyfuse.data.rows.npz_member`); pickled as its path and name."""
+
+    def __init__(self, path: str | Path, name: str) -> None:
+        self.path, self.name = Path(path), name
+        super().__init__(npz_member(self.path, name))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["name"])
+
+
+class H5Rows:
+    """Rows of a dataset of an HDF5 file (:class:`~polyfuse.data.rows.H5File`)."""
+
+    def __init__(self, file: H5File, name: str) -> None:
+        self.file, self.name, self.shape = file, name, file.shape(name)
+        with file.opened() as handle:
+            self.dtype = handle[name].dtype
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        return self.file.read(self.name, rows)
+
+
+def _rows_of(table: ArrayTable, name: str) -> ArrayRows | H5Rows:
+    """Modality ``name`` read in rows: npz and HDF5 files from disk, other tables' arrays from memory."""
+    if name not in table:
+        table.get(name, "a modality")  # refused, naming the arrays there are
+    if isinstance(table.arrays, NpzArrays):
+        return NpzRows(table.arrays.path, name)
+    if isinstance(table.arrays, H5Arrays):
+        return H5Rows(H5File(table.arrays.path), name)
+    return ArrayRows(np.asarray(table.arrays[name]))
+
+
+class Features:
+    """One modality as prepared, read a batch of rows at a time (see :meth:`rows`).
+
+    ``shape`` is (N, T, d); ``lengths`` (N,) the real steps of each row. The settings
+    (``used``, ``nonfinite``, ``stats``, ``standardize``) are set by :func:`prepare_data`.
+    ``np.asarray(features)`` and indexing read the rows they need (all of them for
+    anything but rows as the first index): for small data and tests.
+    """
+
+    def __init__(self, origin: str, name: str, source: ArrayRows | H5Rows, lengths: np.ndarray, padding: str) -> None:
+        self.origin, self.name, self.source, self.lengths, self.padding = origin, name, source, lengths, padding
+        count, *rest = source.shape
+        self.shape: tuple[int, int, int] = (count, *rest) if len(rest) == 2 else (count, 1, *rest)  # type: ignore[assignment]
+        self.used = np.ones(count, dtype=bool)
+        self.nonfinite = "error"
+        self.stats: FeatureStats | None = None
+        self.standardize = True
+
+    dtype = np.dtype(np.float32)
+    ndim = 3
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def clean(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows before standardisation: (B, T, d) float32 with real steps first, their (B,)
+        lengths, and (B, T, d) bool where a real step of a used row is not finite."""
+        raw = self.source.read(rows)
+        if raw.ndim == 2:
+            raw = raw[:, None, :]
+        if self.padding == "auto":
+            block, lengths = raw.astype(np.float32), self.lengths[rows]
+        else:
+            moved, lengths = move_real_steps_to_front(raw, zero_padding_real_steps(raw), self.padding)
+            block = moved.astype(np.float32)
+        bad = ~np.isfinite(block) & real_steps(lengths, self.shape[1])[:, :, None] & self.used[rows][:, None, None]
+        return block, lengths, bad
+
+    def impute(self, block: np.ndarray, bad: np.ndarray) -> None:
+        """Impute the ``bad`` values of ``block`` in place (``nonfinite`` zero: 0; mean:
+        NaN, filled with the training mean by :meth:`rows`)."""
+        if self.nonfinite != "error" and bad.any():
+            block[bad] = 0.0 if self.nonfinite == "zero" else np.nan
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """(B, T, d) float32: rows ``rows``, imputed, standardised (``data.standardize``),
+        padded steps 0; a non-finite value is refused naming the file, array and row."""
+        rows = np.asarray(rows, dtype=np.int64)
+        block, lengths, bad = self.clean(rows)
+        if self.nonfinite == "error" and bad.any():
+            raise _nonfinite_error(self, _first_nonfinite(block, bad, rows), int(bad.sum()))
+        self.impute(block, bad)
+        assert self.stats is not None, "prepare_data sets the statistics"
+        if self.standardize:
+            block = self.stats.apply(block)
+            fill = np.zeros(self.shape[-1], dtype=np.float32)
+        else:
+            fill = self.stats.mean
+        block = np.where(np.isnan(block), fill, block)  # the 'mean' imputation
+        return np.where(real_steps(lengths, self.shape[1])[:, :, None], block, 0.0).astype(np.float32)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = self.rows(np.arange(self.shape[0]))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        if isinstance(first, slice) or np.ndim(first) == 1 or isinstance(first, (int, np.integer)):
+            picked = np.arange(self.shape[0])[first]
+            if picked.ndim == 0:
+                return self.rows(picked[None])[(0, *rest)]
+            return self.rows(picked)[(slice(None), *rest)]
+        return np.asarray(self)[key]
+
+
+def _first_nonfinite(block: np.ndarray, bad: np.ndarray, rows: np.ndarray) -> tuple[int, int, int, str]:
+    """Row, step, feature and kind (NaN / Inf) of the first ``bad`` value of ``block``."""
+    index, step, feature = (int(v) for v in np.argwhere(bad)[0])
+    return int(rows[index]), step, feature, "NaN" if np.isnan(block[index, step, feature]) else "Inf"
+
+
+def _nonfinite_error(features: Features, first: tuple[int, int, int, str], count: int) -> ValueError:
+    row, step, feature, kind = first
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return ValueError(
+        f"{features.origin}: modality {features.name!r} has {kind} at row {row} (step {step}, feature {feature})"
+        f"{more}; fix the file or set data.nonfinite to 'zero' or 'mean' to impute"
+    )
+
+
+def _modality(table: ArrayTable, name: str, padding: str = "auto") -> Features:
+    """One modality, (N, T, d) (or (N, d), read as T = 1) read in rows, and its lengths.
 
     ``padding``: ``auto`` reads the generic layout (real steps first, lengths from
     ``<name>_lengths`` or all steps); ``left`` / ``right`` find each sample's real steps
     from its zero padding (zeros first / last) and move them to the front, as the
-    word-aligned importer does; they exclude a lengths array."""
-    array = table.get(name, "a modality")
-    if array.dtype.kind not in "fiub":
-        raise ValueError(f"{table.origin}: modality {name!r} has dtype {array.dtype}, not numeric")
-    if array.ndim == 2:
-        array = array[:, None, :]
-    if array.ndim != 3 or 0 in array.shape:
+    word-aligned importer does (the lengths are found by :func:`_scan`); they exclude a
+    lengths array."""
+    source = _rows_of(table, name)
+    shape = tuple(source.shape)
+    if source.dtype.kind not in "fiub":
+        raise ValueError(f"{table.origin}: modality {name!r} has dtype {source.dtype}, not numeric")
+    if len(shape) == 2:
+        shape = (shape[0], 1, shape[1])
+    if len(shape) != 3 or 0 in shape:
         raise ValueError(
-            f"{table.origin}: modality {name!r} has shape {array.shape}; expected (N, T, d) or (N, d)"
+            f"{table.origin}: modality {name!r} has shape {tuple(source.shape)}; expected (N, T, d) or (N, d)"
         )
     length_name = f"{name}_lengths"
     if padding not in ("auto", "left", "right"):
         raise ValueError(f"data.padding must be one of auto, left, right, got {padding!r}")
+    lengths = np.full(shape[0], shape[1], dtype=np.int64)
     if padding != "auto":
         if length_name in table:
             raise ValueError(
                 f"{table.origin}: data.padding: {padding} and the array {length_name!r} both say which steps of "
                 f"{name!r} are real; drop data.padding (lengths, real steps first) or the lengths array"
             )
-        real = zero_padding_real_steps(array)
-        moved, lengths = move_real_steps_to_front(array, real, padding)
-        return moved.astype(np.float32), lengths
-    if length_name in table:
-        lengths = table.per_sample(length_name, f"lengths of {name!r}", array.shape[0])
+    elif length_name in table:
+        lengths = table.per_sample(length_name, f"lengths of {name!r}", shape[0])
         if lengths.dtype.kind not in "iu":
             raise ValueError(f"{table.origin}: {length_name!r} must hold integers, got {lengths.dtype}")
-        bad = np.flatnonzero((lengths < 0) | (lengths > array.shape[1]))  # 0: a missing modality
+        bad = np.flatnonzero((lengths < 0) | (lengths > shape[1]))  # 0: a missing modality
         if bad.size:
             raise ValueError(
                 f"{table.origin}: {length_name!r} is {int(lengths[bad[0]])} at row {int(bad[0])}; "
-                f"every length must lie in [0, {array.shape[1]}] (T of {name!r}; 0: modality missing)"
+                f"every length must lie in [0, {shape[1]}] (T of {name!r}; 0: modality missing)"
             )
         lengths = lengths.astype(np.int64)
-    else:
-        lengths = np.full(array.shape[0], array.shape[1], dtype=np.int64)
-    return array.astype(np.float32), lengths
+    return Features(table.origin, name, source, lengths, padding)
 
 
-def _handle_nonfinite(
-    origin: str, name: str, features: np.ndarray, real: np.ndarray, used: np.ndarray, policy: str
-) -> np.ndarray:
-    """Raise on (or impute) NaN / Inf at the real steps of the used rows."""
-    bad = ~np.isfinite(features) & real[:, :, None] & used[:, None, None]
-    if not bad.any():
-        return features
-    where = np.argwhere(bad)
-    row, step, feature = (int(v) for v in where[0])
-    kind = "NaN" if np.isnan(features[row, step, feature]) else "Inf"
-    if policy == "error":
-        more = f" (and {len(where) - 1} more)" if len(where) > 1 else ""
-        raise ValueError(
-            f"{origin}: modality {name!r} has {kind} at row {row} (step {step}, feature {feature})"
-            f"{more}; fix the file or set data.nonfinite to 'zero' or 'mean' to impute"
+def _scan(features: Features, train_rows: np.ndarray, fit: bool) -> FeatureStats | None:
+    """The one pass over every row of a modality, a block at a time: the lengths of
+    zero-padded rows, the non-finite values of used rows (refused naming the first, or
+    imputed and logged), and with ``fit`` the statistics of the training rows (over one
+    array up to :data:`EXACT_STATS_BYTES`, else streamed)."""
+    count, steps, size = features.shape
+    is_train = np.zeros(count, dtype=bool)
+    is_train[train_rows] = True
+    exact = train_rows.size * steps * size * 4 <= EXACT_STATS_BYTES
+    streamed = StreamingStats(size) if fit and not exact else None
+    block_rows = max(1, BLOCK_BYTES // (steps * size * 4))
+    found, bad_rows, first = 0, 0, None
+    for start in range(0, count, block_rows):
+        rows = np.arange(start, min(count, start + block_rows))
+        block, lengths, bad = features.clean(rows)
+        features.lengths[rows] = lengths  # found from the zero padding, or as they were
+        if bad.any():
+            first = first or _first_nonfinite(block, bad, rows)
+            found, bad_rows = found + int(bad.sum()), bad_rows + int(bad.any(axis=(1, 2)).sum())
+            features.impute(block, bad)
+        if streamed is not None:
+            streamed.add(block[is_train[rows]], lengths[is_train[rows]])
+    if first is not None:
+        if features.nonfinite == "error":
+            raise _nonfinite_error(features, first, found)
+        log.warning(
+            "%s: imputing %d non-finite value(s) of modality %r in %d row(s) (first: row %d) with %s",
+            features.origin, found, features.name, bad_rows, first[0],
+            "0" if features.nonfinite == "zero" else "the training mean of the feature",
         )
-    rows = np.unique(where[:, 0])
-    log.warning(
-        "%s: imputing %d non-finite value(s) of modality %r in %d row(s) (first: row %d) with %s",
-        origin, len(where), name, rows.size, row,
-        "0" if policy == "zero" else "the training mean of the feature",
-    )
-    features = features.copy()
-    features[bad] = 0.0 if policy == "zero" else np.nan  # NaN: filled by the training mean later
-    return features
+    if not fit:
+        return None
+    if streamed is not None:
+        return streamed.result()
+    gathered = np.empty((train_rows.size, steps, size), dtype=np.float32)  # features[train_rows]
+    for start in range(0, train_rows.size, block_rows):
+        block, _, bad = features.clean(train_rows[start : start + block_rows])
+        features.impute(block, bad)
+        gathered[start : start + block_rows] = block
+    return fit_stats(gathered, features.lengths[train_rows], np.arange(train_rows.size))
 
 
 def trait_key(name: str) -> str:
@@ -428,9 +606,9 @@ def prepare_data(
     if len(set(names)) != len(names):
         raise ValueError(f"data.modalities names a modality twice: {names}")
     padding = "auto" if table.padding_applied else data.get("padding", "auto")
-    loaded = [_modality(table, name, padding) for name in names]
-    count = loaded[0][0].shape[0]
-    for name, (array, _) in zip(names, loaded, strict=True):
+    features = [_modality(table, name, padding) for name in names]
+    count = features[0].shape[0]
+    for name, array in zip(names, features, strict=True):
         if array.shape[0] != count:
             raise ValueError(
                 f"{origin}: modality {name!r} has {array.shape[0]} rows, {names[0]!r} has {count}"
@@ -481,31 +659,20 @@ def prepare_data(
         for rows in rows_of.values():
             _check_labels(origin, targets, rows, label_kind, info)
 
-    features, lengths, fitted = [], [], {}
-    for name, (array, length) in zip(names, loaded, strict=True):
-        real = real_steps(length, array.shape[1])
-        array = _handle_nonfinite(origin, name, array, real, used, policy)
+    fitted = {}
+    for name, modality in zip(names, features, strict=True):
         if stats is not None:
             if name not in stats:
                 raise ValueError(f"the checkpoint has no statistics for modality {name!r}")
-            modality_stats = stats[name]
-            if modality_stats.mean.shape[0] != array.shape[-1]:
+            if stats[name].mean.shape[0] != modality.shape[-1]:
                 raise ValueError(
-                    f"{origin}: modality {name!r} has {array.shape[-1]} features, the checkpoint "
-                    f"was trained with {modality_stats.mean.shape[0]}"
+                    f"{origin}: modality {name!r} has {modality.shape[-1]} features, the checkpoint "
+                    f"was trained with {stats[name].mean.shape[0]}"
                 )
-        else:
-            modality_stats = fit_stats(array, length, train_rows)
-        if data.get("standardize", True):
-            array = modality_stats.apply(array)
-            fill = np.zeros(array.shape[-1], dtype=np.float32)
-        else:
-            fill = modality_stats.mean
-        array = np.where(np.isnan(array), fill, array)  # the 'mean' imputation
-        array = np.where(real[:, :, None], array, 0.0).astype(np.float32)
-        features.append(array)
-        lengths.append(length)
-        fitted[name] = modality_stats
+        modality.used, modality.nonfinite = used, policy
+        found = _scan(modality, train_rows, fit=stats is None)
+        modality.stats = fitted[name] = stats[name] if stats is not None else found
+        modality.standardize = bool(data.get("standardize", True))
 
     built: dict[str, Split] = {}
     for key, rows in rows_of.items():
@@ -523,6 +690,5 @@ def prepare_data(
         windows, centre = context_windows(rows, per_sample(context["group_by"], "group"), order, context.get("window"))
         built[key] = Split(rows, windows, centre)
     ids = per_sample(data.get("id"), "id") if data.get("id") and data["id"] in table else None
-    return TabularData(
-        origin, names, features, lengths, targets, built, fitted, info, ids
-    )
+    lengths = [modality.lengths for modality in features]
+    return TabularData(origin, names, features, lengths, targets, built, fitted, info, ids)

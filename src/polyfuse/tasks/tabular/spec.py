@@ -24,6 +24,7 @@ from torchmetrics import Metric
 from polyfuse.atomic import write_csv
 from polyfuse.data import FeatureStats, TabularData, load_source, prepare_data
 from polyfuse.data.datamodule import FusionDataModule
+from polyfuse.data.loading import loader_options
 from polyfuse.data.sources import is_synthetic, synthetic_modalities
 from polyfuse.metrics import (
     ClassificationMetrics,
@@ -221,6 +222,7 @@ class TabularSpec(TaskSpec):
         batch_size = config["data"]["batch_size"]
         datamodule = FusionDataModule(
             data, batch_size=batch_size, eval_batch_size=config["data"]["eval_batch_size"], seed=int(config["seed"]),
+            loader_options=loader_options(config),
         )
         samples = {key: len(p) for key, p in data.splits.items()}
         return TaskData(datamodule, data, samples, -(-len(data.splits["train"]) // batch_size))
