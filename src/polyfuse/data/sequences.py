@@ -42,7 +42,7 @@ from polyfuse.data import rows as _rows
 from polyfuse.data.arrays import NpzArrays
 from polyfuse.data.rows import H5File, NpzMember, npz_member, npz_members
 
-__all__ = ["SequenceFile", "open_sequences"]
+__all__ = ["SequenceFile", "check_video_ids", "open_sequences"]
 
 _NOT_VALUES = ("video_ids", "lengths")
 _NO_LIMIT = (
@@ -116,7 +116,8 @@ def _text_ids(values: np.ndarray, where: str) -> list[str]:
     return _checked_ids(ids, where)
 
 
-def _checked_ids(ids: list[str], where: str) -> list[str]:
+def check_video_ids(ids: Sequence[str], where: str) -> list[str]:
+    """``ids`` as a list, refusing an empty or repeated id."""
     seen: set[str] = set()
     for video in ids:
         if not video:
@@ -124,6 +125,11 @@ def _checked_ids(ids: list[str], where: str) -> list[str]:
         if video in seen:
             raise ValueError(f"{where}: duplicate video id {video!r}")
         seen.add(video)
+    return list(ids)
+
+
+def _checked_ids(ids: list[str], where: str) -> list[str]:
+    check_video_ids(ids, where)
     if not ids:
         raise ValueError(f"{where}: no video features found")
     return ids

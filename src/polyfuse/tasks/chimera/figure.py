@@ -51,11 +51,11 @@ def plot_pair_attention(module: Any, encoder: Any, data: Any, out: str | Path, *
     video_row = corpus.video_ids.index(corpus.caption_video[sample])
     expert = corpus.experts[prepared.expert]
     rows = slice(sample, sample + 1)
-    weights = pair_attention(module, tokens[rows], token_mask[rows], expert.features[video_row : video_row + 1],
-                             expert.mask[video_row : video_row + 1])
+    video, video_mask, _ = expert.gather([video_row], expert.steps)
+    weights = pair_attention(module, tokens[rows], token_mask[rows], video, video_mask)
     ids = encoder.tokenize([corpus.captions[sample]])["input_ids"][0].tolist()
     words = encoder.tokenizer.convert_ids_to_tokens(ids)
-    steps = int(expert.mask[video_row].sum())
+    steps = int(video_mask.sum())
     labels = [*words, *(f"step {k}" for k in range(steps))]
     if len(labels) != weights.shape[0]:
         raise ValueError(f"the caption has {len(words)} word pieces and the video {steps} steps, but the "

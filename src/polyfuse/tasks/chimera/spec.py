@@ -156,6 +156,7 @@ def _trim(tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return tokens[:, :length], mask[:, :length]
 
 
+QUERY_VIDEOS = 256  # videos read and scored at a time against one query (polyfuse plot ranking)
 HELD_OUT_MASK_SEED = 1234  # the masks of the held-out L_T: the same for every epoch, row and seed
 HELD_OUT_CAPTIONS = 64  # validation captions scored for the held-out L_T (cost: ~2 training steps' L_T)
 
@@ -380,7 +381,8 @@ class _Batches:
         tokens, mask = self.prepared.tokens[split_name]
         row_of = {v: i for i, v in enumerate(corpus.video_ids)}
         caption_videos = [corpus.caption_video[i] for i in captions.tolist()]
-        return {"steps": video.features[videos], "video_mask": video.mask[videos], "tokens": tokens[captions],
+        steps, video_mask, _ = video.gather(videos, video.steps)
+        return {"steps": steps, "video_mask": video_mask, "tokens": tokens[captions],
                 "token_mask": mask[captions], "video_ids": [corpus.video_ids[i] for i in videos.tolist()],
                 "caption_videos": caption_videos, "caption_rows": captions,
                 "caption_video": torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)}
@@ -392,7 +394,7 @@ class _Batches:
         ``shard_sizes`` say which rows are this process's."""
         rows, captions = [v for v, _ in pairs], [c for _, c in pairs]
         start, stop = shard.bounds(len(pairs))
-        out: dict[str, Any] = {"steps": video.features[rows[start:stop]], "video_mask": video.mask[rows],
+        out: dict[str, Any] = {"steps": video.gather(rows[start:stop], video.steps)[0], "video_mask": video.step_mask(rows),
                                "shard": (start, stop), "shard_sizes": shard.sizes(len(pairs))}
         if self.prepared.train_ids is not None:
             ids, id_mask = self.prepared.train_ids[0][captions], self.prepared.train_ids[1][captions]
@@ -530,8 +532,14 @@ class ChimeraSpec(RankingSpec):
             tokens, mask = encode_tokens(_encoder(extras["config"]["chimera"]), [text])
         video = prepared.splits[data.split].experts[prepared.expert]
         model = module.model.eval()
+        scores = []
         with torch.no_grad():
-            return model.score_matrix(model.texts(*_trim(tokens, mask)), model.videos(video.features, video.mask))[0]
+            text = model.texts(*_trim(tokens, mask))
+            for start in range(0, len(video.video_ids), QUERY_VIDEOS):
+                steps, step_mask, _ = video.gather(range(start, min(start + QUERY_VIDEOS, len(video.video_ids))),
+                                                   video.steps)
+                scores.append(model.score_matrix(text, model.videos(steps, step_mask))[0])
+        return torch.cat(scores)
 
     def attention_figures(self, module: ChimeraTask, extras: Mapping[str, Any], out: Path, *, split: str,
                           sample: int, source: str | None, modalities: Sequence[str] | None) -> list[Path]:

@@ -9,6 +9,7 @@ Shared by the task types ``retrieval`` (:mod:`polyfuse.tasks.retrieval.spec`) an
 * :func:`load_corpus`, :func:`text_encoder`, :func:`encode_captions` (cached by content:
   the file is named by a hash of the captions and of the encoder's weights and
   vocabulary, so a run with another word-vector file never reads this one's vectors).
+* :func:`video_batch`: the experts of some videos, read from their files per batch.
 * :class:`DistinctVideoBatches`: a training epoch as batches of distinct videos, each
   with one of its captions drawn uniformly, from a generator seeded by the run's seed
   and the epoch number (Lightning calls ``set_epoch``): a resumed run draws the same
@@ -22,7 +23,10 @@ Shared by the task types ``retrieval`` (:mod:`polyfuse.tasks.retrieval.spec`) an
 
 A training batch is what the task's collate makes of the (video row, caption row) pairs
 of the process's share (``collate(split_name, pairs, shard)``). An evaluation chunk holds
-``video_rows`` and ``caption_rows`` (either may be empty).
+``video_rows`` and ``caption_rows`` (either may be empty). The collate reads the videos'
+expert features from their files, so with ``data.loader_workers`` the reading runs in
+the loader's workers (:mod:`polyfuse.data.loading`); the samplers stay in the main
+process, so the batches do not depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import json
 import random
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,6 +50,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from polyfuse.atomic import atomic_temp_path, write_bytes
 from polyfuse.data.formats.experts import RetrievalCorpus, load_captions, load_expert, read_id_list
+from polyfuse.data.loading import epoch_to_draw
 from polyfuse.data.sources import is_synthetic
 
 __all__ = [
@@ -62,6 +68,7 @@ __all__ = [
     "encoder_fingerprint",
     "load_corpus",
     "shuffle_words",
+    "video_batch",
 ]
 
 #: The splits of a retrieval corpus, in order.
@@ -114,6 +121,15 @@ def load_corpus(section: dict[str, Any]) -> tuple[RetrievalCorpus, dict[str, lis
     return RetrievalCorpus.build(loaded, load_captions(section["captions"]), all_ids), split
 
 
+def video_batch(corpus: RetrievalCorpus, rows: Sequence[int] | Tensor) -> dict[str, Any]:
+    """The experts of the videos ``rows`` of ``corpus``, read from their files
+    (:meth:`~polyfuse.data.formats.experts.ExpertFeatures.gather`), each padded to the
+    expert's longest sequence in its file, not the batch's: MAN's ``auto`` mode picks its
+    estimator (exact or had) from the padded lengths, so a batch-dependent padding could
+    change the estimator from batch to batch (the other fusions ignore masked steps)."""
+    gathered = [expert.gather(rows, expert.steps) for expert in corpus.experts.values()]
+    return {"features": [features for features, _, _ in gathered], "masks": [mask for _, mask, _ in gathered],
+            "present": torch.stack([present for _, _, present in gathered], dim=1)}
 
 
 def corpus_vocabulary(corpus: RetrievalCorpus) -> list[str]:
@@ -330,9 +346,10 @@ class RetrievalDataModule(L.LightningDataModule):
     whole_videos = False
 
     def __init__(self, splits: dict[str, RetrievalCorpus], collate, *, batch_size: int, eval_batch_size: int,
-                 seed: int, whole_videos: bool = False) -> None:
+                 seed: int, whole_videos: bool = False, **options: Any) -> None:
         super().__init__()
         self.whole_videos = bool(whole_videos)
+        self.options = options  # DataLoader keywords (polyfuse.data.loading.loader_options)
         self.splits = splits
         self.collate = collate
         self.batch_size, self.eval_batch_size, self.seed = int(batch_size), int(eval_batch_size), int(seed)
@@ -346,8 +363,13 @@ class RetrievalDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         shard = self._shard()
         self.sampler.min_batch = max(2, shard.world)  # every process gets at least one video
-        return DataLoader(_Pairs(), batch_sampler=self.sampler,
-                          collate_fn=lambda pairs: self.collate("train", pairs, shard))
+        self.sampler.set_epoch(epoch_to_draw(self.trainer))  # workers draw their first batches on creation
+        return DataLoader(_Pairs(), batch_sampler=self.sampler, collate_fn=partial(self.collate, "train", shard=shard),
+                          generator=self._quiet_generator(), **self.options)
+
+    def _quiet_generator(self) -> torch.Generator:
+        """The loader's own generator: building its iterator never draws from the global RNG."""
+        return torch.Generator().manual_seed(self.seed)
 
     def loader(self, split_name: str, shard: Shard = ONE_PROCESS) -> DataLoader:
         """The evaluation chunks of one split (``train``, ``val``, ``test``, or another split
@@ -356,7 +378,8 @@ class RetrievalDataModule(L.LightningDataModule):
         corpus = self.splits[split_name]
         chunks = SplitChunks(len(corpus.video_ids), len(corpus.captions), self.eval_batch_size, shard,
                              whole_videos=self.whole_videos)
-        return DataLoader(chunks, batch_size=None, collate_fn=lambda chunk: self.collate(split_name, chunk))
+        return DataLoader(chunks, batch_size=None, collate_fn=partial(self.collate, split_name),
+                          generator=self._quiet_generator(), **self.options)
 
     def val_dataloader(self) -> DataLoader:
         return self.loader("val", self._shard())

@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from polyfuse.data.formats.experts import RetrievalCorpus
+from polyfuse.data.loading import loader_options
 from polyfuse.metrics.retrieval import query_targets, ranks_from_scores
 from polyfuse.tasks.ranking.data import RetrievalDataModule, shuffle_words
 from polyfuse.tasks.ranking.groups import write_rank_records
@@ -60,9 +61,9 @@ class EvalOnly(RetrievalDataModule):
     """The loaders of a checkpoint's evaluation: no training split."""
 
     def __init__(self, splits: dict[str, RetrievalCorpus], collate, eval_batch_size: int, *,
-                 whole_videos: bool = False) -> None:
+                 whole_videos: bool = False, **options: Any) -> None:
         L.LightningDataModule.__init__(self)
-        self.splits, self.collate, self.whole_videos = splits, collate, bool(whole_videos)
+        self.splits, self.collate, self.whole_videos, self.options = splits, collate, bool(whole_videos), options
         self.batch_size, self.eval_batch_size, self.seed = 2, int(eval_batch_size), 0
         self.text_encoder = None
 
@@ -75,10 +76,11 @@ def ranking_data(config: Mapping[str, Any], prepared: Any, collate, *, whole_vid
     if "train" in splits:
         datamodule = RetrievalDataModule(splits, collate, batch_size=config["data"]["batch_size"],
                                          eval_batch_size=config["data"]["eval_batch_size"], seed=config["seed"],
-                                         whole_videos=whole_videos)
+                                         whole_videos=whole_videos, **loader_options(config))
         steps = len(datamodule.sampler)
     else:
-        datamodule = EvalOnly(splits, collate, config["data"]["eval_batch_size"], whole_videos=whole_videos)
+        datamodule = EvalOnly(splits, collate, config["data"]["eval_batch_size"], whole_videos=whole_videos,
+                              **loader_options(config))
         steps = 1
     return TaskData(datamodule, prepared, {name: len(corpus.captions) for name, corpus in splits.items()}, steps)
 

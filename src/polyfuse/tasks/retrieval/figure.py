@@ -13,6 +13,7 @@ from torch import Tensor
 
 from polyfuse.data.formats.experts import RetrievalCorpus
 from polyfuse.nn.models.retrieval import RetrievalModel
+from polyfuse.tasks.ranking.data import video_batch
 
 __all__ = ["embed_videos", "video_scores"]
 
@@ -20,12 +21,10 @@ __all__ = ["embed_videos", "video_scores"]
 @torch.no_grad()
 def embed_videos(model: RetrievalModel, corpus: RetrievalCorpus, batch_size: int = 64) -> Tensor:
     """(N, D) video embeddings of a corpus, ``batch_size`` videos at a time."""
-    experts = list(corpus.experts.values())
     videos = []
     for start in range(0, len(corpus.video_ids), batch_size):
-        rows = torch.arange(start, min(start + batch_size, len(corpus.video_ids)))
-        videos.append(model.embed_videos([e.features[rows] for e in experts], [e.mask[rows] for e in experts],
-                                         torch.stack([e.present[rows] for e in experts], dim=1)))
+        batch = video_batch(corpus, torch.arange(start, min(start + batch_size, len(corpus.video_ids))))
+        videos.append(model.embed_videos(batch["features"], batch["masks"], batch["present"]))
     return torch.cat(videos)
 
 

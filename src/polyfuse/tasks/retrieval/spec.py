@@ -56,6 +56,7 @@ from polyfuse.tasks.ranking.data import (
     corpus_vocabulary,
     encode_captions,
     load_corpus,
+    video_batch,
 )
 from polyfuse.tasks.ranking.gather import gather_rows
 from polyfuse.tasks.ranking.groups import own_group, parameter_groups
@@ -229,12 +230,6 @@ class RetrievalData:
     references: dict[str, float] = field(default_factory=dict)
 
 
-def _video_batch(corpus: RetrievalCorpus, rows: Tensor) -> dict[str, Any]:
-    experts = list(corpus.experts.values())
-    return {"features": [e.features[rows] for e in experts], "masks": [e.mask[rows] for e in experts],
-            "present": torch.stack([e.present[rows] for e in experts], dim=1)}
-
-
 class _Batches:
     """The collate function of :class:`RetrievalDataModule` for this task: video tensors
     of the rows, and caption vectors (or caption strings when the encoder is fine-tuned)."""
@@ -254,10 +249,10 @@ class _Batches:
             start, stop = shard.bounds(len(batch))
             pairs = batch[start:stop]  # this process's share
             rows = torch.tensor([v for v, _ in pairs])
-            return {**_video_batch(corpus, rows), **self._captions(split_name, [c for _, c in pairs]),
+            return {**video_batch(corpus, rows), **self._captions(split_name, [c for _, c in pairs]),
                     "shard_sizes": shard.sizes(len(batch))}
         videos, captions = batch["video_rows"], batch["caption_rows"]
-        return {**_video_batch(corpus, videos), **self._captions(split_name, captions.tolist()), "video_rows": videos,
+        return {**video_batch(corpus, videos), **self._captions(split_name, captions.tolist()), "video_rows": videos,
                 "caption_rows": captions, "caption_video": self._video_row(split_name)[captions]}
 
     def _video_row(self, split_name: str) -> Tensor:
@@ -440,7 +435,7 @@ class RetrievalSpec(RankingSpec):
         corpus = data.prepared.splits[data.split]
         if not 0 <= sample < len(corpus.video_ids):
             raise ValueError(f"sample {sample} outside the {len(corpus.video_ids)} videos of {split!r}")
-        batch = _video_batch(corpus, torch.tensor([sample]))
+        batch = video_batch(corpus, torch.tensor([sample]))
         with torch.no_grad():
             inputs, masks = encoder.joint_inputs(batch["features"], batch["masks"], batch["present"])
             names = [name if bool(here) else f"{name} (absent)"
