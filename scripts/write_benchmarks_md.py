@@ -3,7 +3,7 @@
 
     python scripts/write_benchmarks_md.py [--results docs/benchmarks] [--output docs/BENCHMARKS.md]
 
-The results come from ``polyfuse bench {targets,paper,complexity,approximation,ops}
+The results come from ``polyfuse bench {targets,paper,complexity,approximation,ops,data}
 --output-dir docs/benchmarks``; a missing result gets a line saying so.
 """
 
@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.bench.complexity import geometric_growth
+from polyfuse.bench.data import data_markdown
 from polyfuse.bench.dispatch import ops_markdown
 from polyfuse.bench.results import format_bytes, read_results
 
-ORDER = ("targets", "paper", "complexity", "approximation", "backbones", "ops")
+ORDER = ("targets", "paper", "complexity", "approximation", "backbones", "ops", "data")
 COMMANDS = {
     "targets": "polyfuse bench targets --output-dir docs/benchmarks",
     "paper": "polyfuse bench paper --output-dir docs/benchmarks",
@@ -26,6 +27,7 @@ COMMANDS = {
     "approximation": "polyfuse bench approximation --output-dir docs/benchmarks",
     "backbones": "python scripts/bench_backbones.py --out docs/benchmarks/backbones.json",
     "ops": "polyfuse bench ops --output-dir docs/benchmarks",
+    "data": "polyfuse bench data --output-dir docs/benchmarks",
 }
 TARGET_TEXT = {
     "exact_over_had": "exact / had forward time, MOSI configuration, m = 3, T = 50, batch 32",
@@ -306,6 +308,11 @@ def ops_section(payload: dict[str, Any], folder: Path) -> list[str]:
     return ops_markdown(payload)
 
 
+def data_section(payload: dict[str, Any], folder: Path) -> list[str]:
+    """Every task's loader (peak RSS, items/s at N and 4N, 0 and 2 workers) beside its training step."""
+    return [*data_markdown(payload, COMMANDS["data"]).rstrip("\n").split("\n"), ""]
+
+
 GPU_COMMANDS = """```bash
 polyfuse bench gpu --output-dir docs/benchmarks
 polyfuse bench peers --device cuda --man PATH/MAN --ban-vqa PATH/ban-vqa --multibench PATH/MultiBench \\
@@ -355,7 +362,7 @@ def gpu_status_section(folder: Path) -> list[str]:
 
 SECTIONS = {"targets": targets_section, "paper": paper_section,
             "complexity": complexity_section, "approximation": approximation_section,
-            "backbones": backbones_section, "ops": ops_section}
+            "backbones": backbones_section, "ops": ops_section, "data": data_section}
 
 
 def render(folder: Path) -> str:

@@ -242,6 +242,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_gpu(commands, common)
     _add_ops(commands, common)
     _add_ddp(commands, common)
+    _add_data(commands, common)
 
 
 def _add_gpu(commands: Any, common: Any) -> None:
@@ -413,6 +414,48 @@ def _ddp(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "ddp.md").write_text(report, encoding="utf-8")
     print(report)
+    return payload, None
+
+
+def _add_data(commands: Any, common: Any) -> None:
+    data = commands.add_parser(
+        "data",
+        help="every task's training loader: peak RSS and items/s at N and 4N items, 0 and 2 workers, beside the training step",
+        description=(
+            "Writes every task's synthetic data (the bench ddp sets and vqa-bottom-up: 2048-d bottom-up "
+            "features, 10 to 100 boxes) at N and 4N items, reads its training loader once with 0 and 2 "
+            "loader workers, each in a new process (peak RSS, items per second after the first batch, the "
+            "first batch's latency), and times the training step of the configuration's model (vqa-bottom-up: "
+            "BAN at the default sizes); ratio: loader items/s with 2 workers at 4N over the step's. Prints the "
+            "section of docs/BENCHMARKS.md (scripts/write_benchmarks_md.py writes it from data.json)."
+        ),
+    )
+    data.add_argument("--quick", action="store_true",
+                      help="sentiment only, a tenth of the data: seconds, not a measurement")
+    data.add_argument("--tasks", type=_words, default=None,
+                      help="of: sentiment traits classification vqa captioning retrieval chimera vqa-bottom-up "
+                           "(default: all)")
+    data.add_argument("--scale", type=float, default=None, help="multiplies every task's N (default 1)")
+    data.add_argument("--max-batches", type=int, default=None, help="batches read per loader pass at most (default 2000)")
+    data.add_argument("--fresh-interpreter", action="store_true",
+                      help="each measurement a new interpreter (python -m polyfuse.bench.data --worker) instead of a "
+                           "process forked from one that has imported the libraries (slower: the imports each time)")
+    data.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                      help="write the data sets here (default: a temporary folder, removed)")
+    common(data)
+
+
+def _data(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from polyfuse.bench import data
+
+    settings = data.QUICK if args.quick else data.FULL
+    changes = {name: getattr(args, name) for name in ("tasks", "scale", "max_batches") if getattr(args, name) is not None}
+    if args.threads is not None:  # the training step's threads (the loaders' main processes keep torch's default)
+        changes["step_threads"] = args.threads
+    if args.fresh_interpreter:
+        changes["fresh_interpreter"] = True
+    payload = data.run_data_bench(dataclasses.replace(settings, **changes), folder=args.keep, progress=_progress(args))
+    print(data.data_markdown(payload, "polyfuse bench " + " ".join(_given_arguments(args))))
     return payload, None
 
 
@@ -624,7 +667,7 @@ def _ops(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 _RUNNERS = {"complexity": _complexity, "paper": _paper, "approximation": _approximation,
             "targets": _targets, "maf": _maf, "compile": _compile, "peers": _peers,
-            "captioning": _captioning, "ops": _ops, "gpu": _gpu, "ddp": _ddp}
+            "captioning": _captioning, "ops": _ops, "gpu": _gpu, "ddp": _ddp, "data": _data}
 
 
 def run(args: argparse.Namespace) -> int:
