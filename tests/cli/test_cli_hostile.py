@@ -7,7 +7,6 @@ import pathlib
 import pickle
 
 import pytest
-
 from tests.tasks.retrieval.expert_corpus import retrieval_config_file
 
 from polyfuse.cli.main import EXIT_INPUT, main
@@ -61,7 +60,6 @@ def _word_vectors(path, seed):
 
 
 def test_the_caption_cache_is_keyed_by_the_encoder_and_never_trusts_a_broken_file(tmp_path):
-    import json
 
     import pytest
     import torch
@@ -222,13 +220,16 @@ def test_nan_or_inf_image_features_are_bad_input_with_and_without_pca(tmp_path, 
             assert not out.exists() if name == "pca.yaml" else not list(out.rglob("*.safetensors"))
 
 
-def test_a_bad_image_found_mid_run_keeps_the_checkpoint_and_resume_continues(tmp_path, capsys):
+def test_a_bad_image_found_mid_run_keeps_the_checkpoint_and_resume_continues(tmp_path, capsys, monkeypatch):
     import h5py
     import numpy as np
     import yaml
     from lightning.pytorch.callbacks import Callback
 
+    import polyfuse.tasks.vqa.data as vqa_data
     from polyfuse.engine import train
+
+    monkeypatch.setattr(vqa_data, "IN_MEMORY_BYTES", 0)  # read per batch, as a large file is
 
     folder = _vqa_folder(tmp_path)
     features = folder / "train.h5"
@@ -243,20 +244,64 @@ def test_a_bad_image_found_mid_run_keeps_the_checkpoint_and_resume_continues(tmp
 
     config = yaml.safe_load((folder / "vqa.yaml").read_text())
     config["trainer"]["max_epochs"] = 2
+    config["data"]["loader_workers"] = 1  # the error is raised in a worker: still one line
     out = tmp_path / "run"
-    with pytest.raises(ValueError, match=rf"{features}: dataset 'features' holds NaN or Inf at 1 image\(s\), "
+    with pytest.raises(ValueError, match=rf"^{features}: dataset 'features' holds NaN or Inf at 1 image\(s\), "
                                          r"the first image id 3 \(row 3\)"):
         train(config, run_dir=out, callbacks=[SpoilImage3()])
     last = out / "checkpoints" / "last.safetensors"
     saved = last.read_bytes()  # epoch 1's checkpoint, written before the bad batch
     assert main(["train", "--resume", str(out)]) == EXIT_INPUT  # still bad: the same line, nothing lost
-    assert "the first image id 3 (row 3)" in _error_line(capsys)
+    err = capsys.readouterr().err  # (a warning line first: 1 worker and 1 thread oversubscribe 2 cores)
+    assert "Traceback" not in err and err.splitlines()[-1].endswith("the first image id 3 (row 3); re-extract the "
+                                                                     "features or drop those images")
     assert last.read_bytes() == saved
     with h5py.File(features, "a") as handle:
         handle["features"][3] = good
     assert main(["train", "--resume", str(out)]) == 0  # fixed: continues from epoch 2
     results = json.loads((out / "results.json").read_text())
     assert results["resumed"] and results["epochs"] == 2
+
+
+def test_a_loader_worker_that_dies_keeps_the_checkpoint_and_resume_continues(tmp_path, monkeypatch):
+    import os
+
+    import yaml
+    from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import get_worker_info
+
+    import polyfuse.tasks.vqa.data as vqa_data
+    from polyfuse.engine import train
+    from polyfuse.engine.errors import LoaderWorkerDied
+
+    folder = _vqa_folder(tmp_path)
+    marker = tmp_path / "kill-the-worker"
+    batch = vqa_data.VQASplit.batch
+
+    def dying(self, index):  # a worker killed (out of memory, say) once the marker exists
+        if marker.exists() and get_worker_info() is not None:
+            os._exit(1)
+        return batch(self, index)
+
+    monkeypatch.setattr(vqa_data.VQASplit, "batch", dying)
+
+    class KillInEpoch2(Callback):
+        def on_train_epoch_start(self, trainer, module):
+            if trainer.current_epoch == 1:
+                marker.touch()
+
+    config = yaml.safe_load((folder / "vqa.yaml").read_text())
+    config["trainer"]["max_epochs"] = 2
+    config["data"]["loader_workers"] = 1
+    out = tmp_path / "run"
+    with pytest.raises(LoaderWorkerDied, match=rf"a data loader worker died .*polyfuse train --resume {out}"):
+        train(config, run_dir=out, callbacks=[KillInEpoch2()])
+    last = out / "checkpoints" / "last.safetensors"
+    saved = last.read_bytes()  # epoch 1's
+    marker.unlink()
+    assert main(["train", "--resume", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["resumed"] and results["epochs"] == 2 and last.read_bytes() != saved
 
 
 def test_enormous_sizes_in_a_config_are_refused_before_any_allocation(tmp_path, capsys):

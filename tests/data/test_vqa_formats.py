@@ -323,3 +323,21 @@ def test_adaptive_lengths_and_values_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"train.hdf5: dataset 'image_features' holds NaN or Inf at 1 image\(s\), "
                                          r"the first image id 200 \(row 1\)"):
         load_bottom_up_features(h5, index)
+
+
+def test_adaptive_batches_are_padded_to_their_own_most_boxes(tmp_path):
+    from polyfuse.data.formats.features import RegionFeatures
+
+    h5, index = tmp_path / "train.hdf5", tmp_path / "ids.json"
+    features, spatial = _adaptive_file(h5, pos_boxes=[[0, 2], [2, 5], [5, 6]])
+    index.write_text(json.dumps({"100": 0, "200": 1, "300": 2}))
+    regions = RegionFeatures(h5, index)
+    assert (regions.images, regions.max_boxes, regions.dim) == (3, 3, 4)
+    image, boxes = regions.read([2, 0, 2])  # 1, 2 and 1 boxes: padded to 2, not the file's 3
+    expected = np.zeros((3, 2, 4), dtype=np.float32)
+    expected[0, :1], expected[1, :2], expected[2, :1] = features[5:6], features[0:2], features[5:6]
+    np.testing.assert_array_equal(image.numpy(), expected)
+    np.testing.assert_array_equal(boxes[1].numpy(), spatial[0:2, :4])
+    whole = load_bottom_up_features(h5, index)  # in memory: the same values, padded to 3
+    np.testing.assert_array_equal(whole.features[[2, 0, 2], :2].numpy(), expected)
+    assert regions.read([2], pad_to=3)[0].shape == (1, 3, 4)

@@ -25,6 +25,7 @@ from tests.tiny.tasks import TINY
 
 from polyfuse.cli.main import EXIT_DIVERGED, EXIT_INPUT, main
 from polyfuse.engine.checkpoints import read_checkpoint
+from polyfuse.engine.config import resolve_config
 from polyfuse.engine.run import evaluate, load_model, predict, train
 from polyfuse.tasks.registry import available_tasks, task_spec
 
@@ -84,8 +85,11 @@ def test_train_evaluate_predict_and_round_trip(tiny):
 
 
 def test_resume_ends_as_the_uninterrupted_run(tiny):
+    # the interrupted and resumed run reads its batches in 2 loader workers, the whole one
+    # in the main process: batches depend on the seed and the epoch alone
     _, config, folder = tiny
     whole = train(config, run_dir=folder / "whole")
+    config["data"] = {**config.get("data", {}), "loader_workers": 2}
     with pytest.raises(RuntimeError, match="interrupted"):
         train(config, run_dir=folder / "cut", callbacks=[Interrupt(1)])
     resumed = train({}, resume=folder / "cut")
@@ -94,6 +98,14 @@ def test_resume_ends_as_the_uninterrupted_run(tiny):
     last = {p: read_checkpoint(r / "checkpoints" / "last.safetensors")["state_dict"]
             for p, r in (("whole", whole.run_dir), ("cut", resumed.run_dir))}
     assert all(torch.equal(last["whole"][k], last["cut"][k]) for k in last["whole"])
+
+
+def test_loaders_run_the_workers_the_config_asks_for(tiny):
+    name, config, _ = tiny
+    config["data"] = {**config.get("data", {}), "loader_workers": 2}
+    datamodule = task_spec(name).build_data(resolve_config(config)).datamodule
+    loaders = [datamodule.train_dataloader(), datamodule.val_dataloader(), datamodule.test_dataloader()]
+    assert [loader.num_workers for loader in loaders] == [2, 2, 2]
 
 
 def test_an_unknown_key_of_the_task_is_refused_by_name(tiny, capsys):

@@ -211,3 +211,31 @@ def test_bans_options_reach_the_vqa_model_and_its_size_is_the_question_encoders(
     config["model"]["options"]["ban"] = {"hidden_dim": 16}
     with pytest.raises(ValueError, match=r"model\.options\.ban\.hidden_dim: VQA.s BAN works at model\.vqa\.hidden_dim"):
         build_vqa_model(config, 4, 3, 5)
+
+
+@pytest.mark.parametrize("feature_dim", [None, 3])
+def test_streamed_and_in_memory_features_give_the_same_predictions(tmp_path, monkeypatch, feature_dim):
+    import polyfuse.tasks.vqa.data as vqa_data
+    from polyfuse.data.formats.features import RegionFeatures
+    from polyfuse.tasks.vqa.spec import build_vqa_model
+
+    config = yaml.safe_load((write_vqa_folder(tmp_path, 12, 6) / "vqa.yaml").read_text())
+    config["data"]["vqa"]["feature_dim"] = feature_dim
+    config = resolve_config(config)
+    held = build_vqa_data(config)
+    monkeypatch.setattr(vqa_data, "IN_MEMORY_BYTES", 0)  # every file read per batch
+    streamed = build_vqa_data(config)
+    assert isinstance(streamed.splits["test"].features, RegionFeatures)
+    assert isinstance(held.splits["test"].features, ImageFeatures)
+    torch.manual_seed(0)
+    model = build_vqa_model(config, len(held.words), len(held.answers), held.image_dim).eval()
+    for key in ("train", "val", "test"):
+        index = torch.arange(len(held.splits[key]))
+        a, b = held.splits[key].batch(index), streamed.splits[key].batch(index)
+        torch.testing.assert_close(a["image"], b["image"], rtol=1e-6, atol=1e-6)
+        assert all(torch.equal(a[name], b[name]) for name in ("boxes", "tokens", "target", "answer_ids"))
+        with torch.no_grad():
+            logits_a, _ = model(a["tokens"], a["image"], a["boxes"])
+            logits_b, _ = model(b["tokens"], b["image"], b["boxes"])
+        assert torch.equal(logits_a.argmax(dim=1), logits_b.argmax(dim=1))
+        torch.testing.assert_close(logits_a, logits_b, rtol=1e-5, atol=1e-6)

@@ -14,6 +14,7 @@ question's position in its split.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from polyfuse.data.loading import epoch_to_draw, loader_options
 from polyfuse.text import normalize_answer, vqa_accuracy
 
 __all__ = [
+    "IN_MEMORY_BYTES",
     "VQAData",
     "VQADataModule",
     "VQASplit",
@@ -47,9 +49,11 @@ __all__ = [
     "build_vqa_data",
     "encode_split",
     "fit_pca",
+    "hold_in_memory",
     "project_features",
     "read_split_features",
     "read_vqa_questions",
+    "sparse_targets",
     "split_by_image",
 ]
 
@@ -233,6 +237,24 @@ def read_split_features(section: Mapping[str, Any], split: str) -> RegionFeature
     return RegionFeatures(path)
 
 
+#: the most bytes of a features file held in memory (``POLYFUSE_IN_MEMORY_FEATURE_BYTES``)
+IN_MEMORY_BYTES = int(os.environ.get("POLYFUSE_IN_MEMORY_FEATURE_BYTES", str(512 << 20)))
+
+
+def hold_in_memory(features: RegionFeatures | None, pca: tuple[Tensor, Tensor] | None) -> ImageFeatures | None:
+    """``features`` read whole and projected once with ``pca`` when they take at most
+    :data:`IN_MEMORY_BYTES` as float32, padded (a small set, as easy-VQA: batches are
+    then gathered from memory, and the projection is one matrix product over every
+    image, as before features were streamed, so that earlier runs reproduce to the bit);
+    None for a larger file, read per batch."""
+    if features is None or features.images * features.max_boxes * features.dim * 4 > IN_MEMORY_BYTES:
+        return None
+    held = features.load()
+    if pca is not None:
+        held.features = project_features(held.features, *pca)
+    return held
+
+
 def split_by_image(
     questions: Sequence[VQAQuestion], fraction: float, seed: int
 ) -> tuple[list[VQAQuestion], list[VQAQuestion]]:
@@ -256,11 +278,14 @@ def encode_split(
     data: VQAData,
     section: Mapping[str, Any],
     what: str,
+    *,
+    pca: tuple[Tensor, Tensor] | None = None,
 ) -> VQASplit:
     """The :class:`VQASplit` of ``questions`` about the images of ``features``, encoded
-    with ``data``'s word and answer vocabularies, type names and PCA and the
-    ``data.vqa`` ``section``'s ``max_length``, ``soft_score`` and ``breakdown``.
-    ``what`` names the questions in the error listing image ids without features."""
+    with ``data``'s word and answer vocabularies and type names and the ``data.vqa``
+    ``section``'s ``max_length``, ``soft_score`` and ``breakdown``; its batches projected
+    with ``pca`` (None: ``features`` are used as they are). ``what`` names the questions
+    in the error listing image ids without features."""
     max_length, breakdown = int(section["max_length"]), section["breakdown"]
     image_ids = [q.image_id for q in questions]
     features.check_ids(image_ids, what)  # names every image id without features
@@ -276,7 +301,7 @@ def encode_split(
         torch.tensor([type_index.get(_type_of(q, breakdown), -1) for q in questions], dtype=torch.long),
         torch.tensor([features.rows[i] for i in image_ids], dtype=torch.long),
         features,
-        data.pca,
+        pca,
     )
 
 
@@ -324,14 +349,17 @@ def build_vqa_data(
         pca = (vocabulary["pca_mean"], vocabulary["pca_directions"]) if "pca_mean" in vocabulary else None
     read = train_features if train_features is not None else test_features
     data = VQAData({}, words, answers, type_names, int(pca[1].shape[1]) if pca is not None else read.dim, pca)
+    held = {"train": hold_in_memory(train_features, pca), "test": hold_in_memory(test_features, pca)}
     sources = {
-        "train": (train_questions, train_features, "training questions"),
-        "val": (valid_questions, train_features, "validation questions"),
-        "test": (test_questions, test_features, "test questions"),
+        "train": (train_questions, "train", "training questions"),
+        "val": (valid_questions, "train", "validation questions"),
+        "test": (test_questions, "test", "test questions"),
     }
     for key in splits:
-        questions, features, what = sources[key]
-        data.splits[key] = encode_split(questions, features, data, section, what)
+        questions, file, what = sources[key]
+        features = held[file] if held[file] is not None else (train_features if file == "train" else test_features)
+        data.splits[key] = encode_split(questions, features, data, section, what,
+                                        pca=None if held[file] is not None else pca)
     glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
     if glove and vocabulary is None:
         from polyfuse.data.formats.glove import load_glove

@@ -29,7 +29,7 @@ from typing import Any
 from polyfuse.data.formats.features import ImageFeatures, is_bottom_up, load_image_features
 from polyfuse.data.formats.jsonfile import entry_field, json_list, read_json
 from polyfuse.data.formats.vqa import UNKNOWN_WORD, VQAQuestion
-from polyfuse.tasks.vqa.data import VQAData, encode_split
+from polyfuse.tasks.vqa.data import VQAData, encode_split, project_features
 from polyfuse.text import tokenize_question
 
 __all__ = ["NEW_SPLIT", "load_new_questions", "new_questions_data", "recorded_feature_settings", "unknown_words",
@@ -187,7 +187,9 @@ def new_questions_data(extras: Mapping[str, Any], questions_path: str | Path, im
         if not questions:
             raise ValueError(f"no question of {questions_path} is about an image that could be read")
     pca = (vocabulary["pca_mean"], vocabulary["pca_directions"]) if "pca_mean" in vocabulary else None
-    image_dim = int(pca[1].shape[1]) if pca is not None else features.dim
+    if pca is not None:  # the new images are few and in memory: projected once
+        features.features = project_features(features.features, *pca)
+    image_dim = features.dim
     if image_dim != int(extras["input_dims"][0]):  # a features file of another size, found by _check_file
         raise ValueError(f"{images}: image features of size {image_dim}, the checkpoint expects {extras['input_dims'][0]}")
     config = extras["config"]
