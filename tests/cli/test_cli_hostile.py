@@ -263,6 +263,36 @@ def test_a_bad_image_found_mid_run_keeps_the_checkpoint_and_resume_continues(tmp
     assert results["resumed"] and results["epochs"] == 2
 
 
+def test_a_file_truncated_mid_run_is_named_and_resume_continues_once_restored(tmp_path, monkeypatch):
+    import yaml
+    from lightning.pytorch.callbacks import Callback
+
+    import polyfuse.tasks.vqa.data as vqa_data
+    from polyfuse.engine import train
+
+    monkeypatch.setattr(vqa_data, "IN_MEMORY_BYTES", 0)  # read per batch, as a large file is
+    folder = _vqa_folder(tmp_path)
+    features = folder / "train.h5"
+    whole = features.read_bytes()
+
+    class TruncateInEpoch2(Callback):  # a copy cut short, a disk that lost its tail
+        def on_train_epoch_start(self, trainer, module):
+            if trainer.current_epoch == 1:
+                features.write_bytes(whole[: len(whole) // 2])
+
+    config = yaml.safe_load((folder / "vqa.yaml").read_text())
+    config["trainer"]["max_epochs"] = 2
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=rf"^{features}: cannot read"):
+        train(config, run_dir=out, callbacks=[TruncateInEpoch2()])
+    last = out / "checkpoints" / "last.safetensors"
+    saved = last.read_bytes()
+    features.write_bytes(whole)
+    assert main(["train", "--resume", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["resumed"] and results["epochs"] == 2 and last.read_bytes() != saved
+
+
 def test_a_loader_worker_that_dies_keeps_the_checkpoint_and_resume_continues(tmp_path, monkeypatch):
     import os
 
