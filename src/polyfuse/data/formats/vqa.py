@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class VQAQuestion:
     """One question with its human answers (raw strings, as annotated)."""
 

@@ -110,18 +110,20 @@ class VQASplit:
 def sparse_targets(questions: Sequence[VQAQuestion], answers: Sequence[str], soft_score: str) -> tuple[Tensor, Tensor]:
     """:func:`~polyfuse.data.formats.vqa.soft_targets` as (Q, K') answer ids (-1
     padding) and their scores, made in chunks of questions."""
-    ids, scores = [], []
-    for start in range(0, max(1, len(questions)), _TARGET_CHUNK):
+    rows, columns, scores = [torch.zeros(0, dtype=torch.long)], [torch.zeros(0, dtype=torch.long)], [torch.zeros(0)]
+    for start in range(0, len(questions), _TARGET_CHUNK):
         dense = soft_targets(questions[start : start + _TARGET_CHUNK], answers, soft_score=soft_score)
-        for row in dense:
-            (nonzero,) = torch.nonzero(row, as_tuple=True)
-            ids.append(nonzero)
-            scores.append(row[nonzero])
-    width = max(1, max((len(i) for i in ids), default=1))
+        row, column = torch.nonzero(dense, as_tuple=True)  # row-major: each row's answers together
+        rows.append(row + start)
+        columns.append(column)
+        scores.append(dense[row, column])
+    row, column, score = torch.cat(rows), torch.cat(columns), torch.cat(scores)
+    counts = torch.bincount(row, minlength=len(questions))
+    slot = torch.arange(len(row)) - (torch.cumsum(counts, 0) - counts)[row]  # position within its question
+    width = max(1, int(counts.max())) if len(row) else 1
     target_ids = torch.full((len(questions), width), -1, dtype=torch.long)
     target_scores = torch.zeros(len(questions), width)
-    for row, (i, v) in enumerate(zip(ids, scores, strict=False)):
-        target_ids[row, : len(i)], target_scores[row, : len(v)] = i, v
+    target_ids[row, slot], target_scores[row, slot] = column, score
     return target_ids, target_scores
 
 
