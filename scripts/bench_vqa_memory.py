@@ -8,7 +8,7 @@ For each size, in a fresh process: ``polyfuse vqa synthetic``'s data (the offici
 question and annotation JSONs, five questions per image, 10 to 100 boxes of 2,048-d
 features per image in ban-vqa's adaptive HDF5 layout with a JSON index; about 450 KB of
 features per image on disk), then ``polyfuse.engine.train`` on it with a small BAN (the
-data, not the model, is measured) for ``--steps`` training steps, its validation, and
+data, not the model, is measured) for ``--steps`` training steps, its validation (2% of the training images), and
 the test pass of the best checkpoint. The process's peak resident memory is read from
 ``getrusage`` after the run. Data already written in ``--folder`` is reused.
 """
@@ -33,7 +33,7 @@ def _config(folder: Path, images: int) -> dict:
     index = {f"{split}_features_index": str(data / f"{part}_imgid2idx.json") for split, part in (("train", "train"), ("test", "val"))}
     return {
         "task": {"type": "vqa"}, "seed": 0, "output_dir": str(folder / "runs"),
-        "data": {"batch_size": 32, "eval_batch_size": 32, "loader_workers": 0,
+        "data": {"batch_size": 32, "eval_batch_size": 32, "loader_workers": 0, "validation_fraction": 0.02,
                  "vqa": {**files, **features, **index, "min_answer_count": 1}},
         "model": {"fusion": "ban", "vqa": {"hidden_dim": 64, "embedding_dim": 32}, "options": {"ban": {"glimpses": 2}}},
         "trainer": {"max_epochs": 1, "progress_bar": False, "quiet": True},
@@ -52,10 +52,9 @@ def _measure(folder: Path, images: int, steps: int) -> dict:
         write_vqa2_like(data, images={"train": images, "val": 500}, feature_dim=2048, min_boxes=10, max_boxes=100,
                         splits=("train", "val"), formats=("hdf5",), seed=0)
 
-    class StopAfter(Callback):
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if trainer.global_step >= steps:
-                trainer.should_stop = True
+    class StopAfter(Callback):  # an epoch of ``steps`` batches, then validation as usual
+        def setup(self, trainer, module, stage):
+            trainer.limit_train_batches = steps
 
     start = time.perf_counter()
     result = train(_config(folder, images), run_dir=folder / "runs" / f"n{images}_{int(time.time())}",
