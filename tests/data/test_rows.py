@@ -19,6 +19,7 @@ def test_read_rows_gives_numpy_fancy_indexing_from_hdf5(tmp_path, wanted):
     file = H5File(tmp_path / "f.h5")
     np.testing.assert_array_equal(file.read("x", wanted), values[wanted])
     np.testing.assert_array_equal(read_rows(values, wanted), values[wanted])
+    assert file.read("x", wanted).dtype == read_rows(values, wanted).dtype == np.float32
     copy = pickle.loads(pickle.dumps(file))  # as a spawned loader worker gets it
     np.testing.assert_array_equal(copy.read("x", wanted), values[wanted])
     with pytest.raises(IndexError, match=r"rows 0\.\.50 outside the 50 rows"):
@@ -74,3 +75,77 @@ def test_a_truncated_or_pickled_npz_is_refused_naming_it(tmp_path):
     np.savez(tmp_path / "p.npz", a=np.array([{"x": 1}], dtype=object))
     with pytest.raises(ValueError, match=r"p\.npz: array 'a' holds objects \(pickles\)"):
         npz_member(tmp_path / "p.npz", "a")
+
+
+def test_every_member_of_an_npz_is_listed_whatever_comes_before_it(tmp_path):
+    import zipfile
+
+    a, b = np.arange(6, dtype=np.float32), np.arange(4, dtype=np.int64).reshape(2, 2)
+    np.savez_compressed(tmp_path / "c.npz", a=a, b=b)  # a compressed member before another
+    np.testing.assert_array_equal(npz_member(tmp_path / "c.npz", "b"), b)
+    path = tmp_path / "mixed.npz"
+    with zipfile.ZipFile(path, "w") as archive:  # a file that is not an array, then a stored and a compressed one
+        archive.writestr("README.txt", "not an array")
+        for name, value, kind in (("a", a, zipfile.ZIP_STORED), ("b", b, zipfile.ZIP_DEFLATED)):
+            info = zipfile.ZipInfo(f"{name}.npy")
+            info.compress_type = kind
+            with archive.open(info, "w") as member:
+                np.lib.format.write_array(member, value, version=(2, 0))  # the npy header of version 2.0
+    members = npz_members(path)
+    assert sorted(members) == ["a", "b"] and members["a"].shape == (6,) and members["b"].shape == (2, 2)
+    assert members["a"].dtype == np.float32 and not members["a"].fortran
+    np.testing.assert_array_equal(npz_member(path, "a"), a)
+    np.testing.assert_array_equal(npz_member(path, "b"), b)
+
+
+def test_an_unknown_npy_version_and_a_missing_file_are_named(tmp_path):
+    import zipfile
+
+    path = tmp_path / "v3.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("a.npy", b"\x93NUMPY\x03\x00" + b"\x00" * 64)
+    with pytest.raises(ValueError, match=r"v3\.npz: array 'a' has a broken header: npy format version \(3, 0\) is not "
+                                         r"supported"):
+        npz_member(path, "a")
+    with pytest.raises(FileNotFoundError, match=r"feature file .*nope\.h5 does not exist"):
+        H5File(tmp_path / "nope.h5")
+    with h5py.File(tmp_path / "g.h5", "w") as handle:
+        handle["group/x"] = np.zeros((3, 2))
+        handle["y"] = np.zeros(5)
+    assert H5File(tmp_path / "g.h5").shapes == {"group/x": (3, 2), "y": (5,)}
+
+
+def test_npz_arrays_of_one_row_none_or_no_shape_and_a_header_past_the_end(tmp_path):
+    one, none, scalar = np.arange(1, 4, dtype=np.float32)[None], np.zeros((0, 3)), np.array(7.5)
+    np.savez(tmp_path / "s.npz", one=one, none=none, scalar=scalar)
+    np.testing.assert_array_equal(npz_member(tmp_path / "s.npz", "one"), one)
+    assert npz_member(tmp_path / "s.npz", "none").shape == (0, 3)
+    assert npz_member(tmp_path / "s.npz", "scalar") == 7.5
+    np.savez(tmp_path / "big.npz", a=np.zeros(100000))
+    data = (tmp_path / "big.npz").read_bytes()
+    assert data.count(b"(100000,)") == 1
+    (tmp_path / "lie.npz").write_bytes(data.replace(b"(100000,)", b"(900000,)"))  # a header claiming 7.2 MB
+    with pytest.raises(ValueError, match=r"lie\.npz: array 'a' runs past the end of the file \(truncated\?\)"):
+        npz_member(tmp_path / "lie.npz", "a")
+
+
+def test_a_compressed_array_of_exactly_the_bound_is_read(tmp_path, monkeypatch):
+    np.savez_compressed(tmp_path / "c.npz", a=np.arange(1000, dtype=np.float32))
+    monkeypatch.setattr(rows_module, "MAX_COMPRESSED_BYTES", 4000)
+    assert npz_member(tmp_path / "c.npz", "a").sum() == sum(range(1000))
+
+
+def test_a_file_over_the_whole_array_bound_is_read_in_rows(tmp_path, monkeypatch):
+    import polyfuse.data.arrays as arrays
+    from polyfuse.data.arrays import open_h5
+
+    values = np.arange(4000, dtype=np.float32).reshape(1000, 4)
+    with h5py.File(tmp_path / "f.h5", "w") as handle:
+        handle.create_dataset("x", data=values, chunks=(10, 4))  # 160-byte chunks
+    monkeypatch.setattr(arrays, "MAX_ARRAY_BYTES", 1000)  # the 16,000-byte array may not be read whole
+    with pytest.raises(ValueError, match=r"f\.h5: array 'x' would take 16000 bytes in memory"), open_h5(tmp_path / "f.h5"):
+        pass
+    np.testing.assert_array_equal(H5File(tmp_path / "f.h5").read("x", [999, 3]), values[[999, 3]])
+    monkeypatch.setattr(arrays, "MAX_ARRAY_BYTES", 100)  # but one chunk must fit
+    with pytest.raises(ValueError, match=r"array 'x \(one chunk\)' would take 160 bytes"):
+        H5File(tmp_path / "f.h5")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.data.arrays import check_array_size, open_h5
+from polyfuse.data.arrays import open_h5
 
 __all__ = ["MAX_COMPRESSED_BYTES", "H5File", "NpzMember", "npy_header", "npz_member", "npz_members", "read_rows"]
 
@@ -119,7 +119,6 @@ class NpzMember:
     dtype: np.dtype
     fortran: bool
     offset: int | None
-    compressed_size: int
 
 
 def npz_members(path: str | Path) -> dict[str, NpzMember]:
@@ -137,7 +136,7 @@ def npz_members(path: str | Path) -> dict[str, NpzMember]:
                 if info.compress_type != zipfile.ZIP_STORED:
                     with archive.open(info) as stream:
                         shape, dtype, fortran = npy_header(stream, path, name)
-                    members[name] = NpzMember(shape, dtype, fortran, None, info.compress_size)
+                    members[name] = NpzMember(shape, dtype, fortran, None)
                     continue
                 handle.seek(info.header_offset)
                 local = handle.read(30)
@@ -149,7 +148,7 @@ def npz_members(path: str | Path) -> dict[str, NpzMember]:
                 offset = handle.tell()
                 if offset + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize > size:
                     raise ValueError(f"{path}: array {name!r} runs past the end of the file (truncated?)")
-                members[name] = NpzMember(shape, dtype, fortran, offset, info.compress_size)
+                members[name] = NpzMember(shape, dtype, fortran, offset)
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise ValueError(f"{path}: cannot read as .npz (corrupt?): {error}") from None
     return members
@@ -171,14 +170,15 @@ def npz_member(path: str | Path, name: str) -> np.ndarray:
                 "uncompressed so that it is read in rows: python -c \"import numpy as np, sys; "
                 "np.savez(sys.argv[2], **np.load(sys.argv[1]))\" IN.npz OUT.npz"
             )
-        check_array_size(path, name, member.shape, member.dtype.itemsize, stored=member.compressed_size)
         try:
             with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as stream:
                 return np.lib.format.read_array(stream, allow_pickle=False)
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
             raise ValueError(f"{path}: cannot read array {name!r} (corrupt?): {error}") from None
-    if 0 in member.shape or not member.shape:
+    if 0 in member.shape:
         return np.zeros(member.shape, dtype=member.dtype)
+    if not member.shape:  # one value (a memory map needs a dimension)
+        return np.array(np.memmap(path, dtype=member.dtype, mode="r", offset=member.offset, shape=(1,))[0])
     return np.memmap(path, dtype=member.dtype, mode="r", offset=member.offset, shape=member.shape,
                      order="F" if member.fortran else "C")
 
