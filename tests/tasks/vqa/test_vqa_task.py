@@ -241,14 +241,14 @@ def test_streamed_and_in_memory_features_give_the_same_predictions(tmp_path, mon
         torch.testing.assert_close(logits_a, logits_b, rtol=1e-5, atol=1e-6)
 
 
-def test_sparse_targets_hold_the_dense_soft_scores(monkeypatch):
-    import polyfuse.tasks.vqa.data as vqa_data
+def test_soft_scores_beside_the_answer_ids_hold_the_dense_soft_targets():
     from polyfuse.data.formats.vqa import soft_targets
+    from polyfuse.tasks.vqa.data import answer_table, soft_scores
 
-    monkeypatch.setattr(vqa_data, "_TARGET_CHUNK", 7)  # several chunks
     questions = random_questions(30, seed=4)
     for rule in ("ban_vqa", "min_third"):
-        ids, scores = vqa_data.sparse_targets(questions, VOCABULARY, rule)
+        ids, _ = answer_table(questions, VOCABULARY)
+        scores = soft_scores(questions, ids, VOCABULARY, rule)
         dense = torch.zeros(len(questions), len(VOCABULARY))
         for row in range(len(questions)):  # by hand, from the (id, score) pairs
             for answer, score in zip(ids[row].tolist(), scores[row].tolist(), strict=True):
@@ -256,5 +256,5 @@ def test_sparse_targets_hold_the_dense_soft_scores(monkeypatch):
                     dense[row, answer] = score
         assert torch.equal(dense, soft_targets(questions, VOCABULARY, soft_score=rule))
         assert (ids >= 0).sum() == (dense > 0).sum()
-    empty_ids, _ = vqa_data.sparse_targets([], VOCABULARY, "ban_vqa")
-    assert empty_ids.shape == (0, 1)
+    empty_ids, _ = answer_table([], VOCABULARY)
+    assert soft_scores([], empty_ids, VOCABULARY, "ban_vqa").shape == (0, 1)

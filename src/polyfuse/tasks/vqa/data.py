@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,7 +35,7 @@ from polyfuse.data.formats.vqa import (
     answer_vocabulary,
     encode_questions,
     load_vqa,
-    soft_targets,
+    soft_score_of,
     word_vocabulary,
 )
 from polyfuse.data.loading import epoch_to_draw, loader_options
@@ -53,29 +54,25 @@ __all__ = [
     "project_features",
     "read_split_features",
     "read_vqa_questions",
-    "sparse_targets",
+    "soft_scores",
     "split_by_image",
 ]
-
-
-#: questions whose soft targets are made at once (bounds the dense (chunk, A) block)
-_TARGET_CHUNK = 4096
 
 
 @dataclass
 class VQASplit:
     """One split: the questions as tensors, their images read from ``features`` when a
     batch asks for them (``image_rows``: each question's row there), projected with
-    ``pca``. The soft targets are kept sparse (the answers some human gave) and made
-    dense per batch: a dense (Q, A) table of VQA 2.0 would take 5.5 GB."""
+    ``pca``. The soft targets are kept beside ``answer_ids`` (the only answers with a
+    non-zero target) and made dense per batch: a dense (Q, A) table of VQA 2.0 would
+    take 5.5 GB."""
 
     questions: list[VQAQuestion]
     tokens: Tensor  # (Q, L) long
-    target_ids: Tensor  # (Q, K') long, answers with a non-zero soft score, -1 padding
-    target_scores: Tensor  # (Q, K')
     answers: int  # A
     answer_ids: Tensor  # (Q, K) long, -1 padding
-    answer_scores: Tensor  # (Q, K)
+    answer_scores: Tensor  # (Q, K) official accuracy of each answer
+    soft_scores: Tensor  # (Q, K) training target of each answer
     types: Tensor  # (Q,) long
     image_rows: Tensor  # (Q,) long
     features: RegionFeatures | ImageFeatures
@@ -86,10 +83,9 @@ class VQASplit:
 
     def targets(self, index: Tensor) -> Tensor:
         """(B, A) soft scores of questions ``index``."""
-        ids = self.target_ids[index]
-        real = ids >= 0
+        ids = self.answer_ids[index]
         dense = torch.zeros(len(ids), self.answers)
-        return dense.scatter_add_(1, ids.clamp_min(0), self.target_scores[index] * real)
+        return dense.scatter_add_(1, ids.clamp_min(0), self.soft_scores[index] * (ids >= 0))
 
     def batch(self, index: Tensor) -> dict[str, Tensor]:
         image, boxes = self.features.read(self.image_rows[index].numpy())
@@ -107,24 +103,16 @@ class VQASplit:
         }
 
 
-def sparse_targets(questions: Sequence[VQAQuestion], answers: Sequence[str], soft_score: str) -> tuple[Tensor, Tensor]:
-    """:func:`~polyfuse.data.formats.vqa.soft_targets` as (Q, K') answer ids (-1
-    padding) and their scores, made in chunks of questions."""
-    rows, columns, scores = [torch.zeros(0, dtype=torch.long)], [torch.zeros(0, dtype=torch.long)], [torch.zeros(0)]
-    for start in range(0, len(questions), _TARGET_CHUNK):
-        dense = soft_targets(questions[start : start + _TARGET_CHUNK], answers, soft_score=soft_score)
-        row, column = torch.nonzero(dense, as_tuple=True)  # row-major: each row's answers together
-        rows.append(row + start)
-        columns.append(column)
-        scores.append(dense[row, column])
-    row, column, score = torch.cat(rows), torch.cat(columns), torch.cat(scores)
-    counts = torch.bincount(row, minlength=len(questions))
-    slot = torch.arange(len(row)) - (torch.cumsum(counts, 0) - counts)[row]  # position within its question
-    width = max(1, int(counts.max())) if len(row) else 1
-    target_ids = torch.full((len(questions), width), -1, dtype=torch.long)
-    target_scores = torch.zeros(len(questions), width)
-    target_ids[row, slot], target_scores[row, slot] = column, score
-    return target_ids, target_scores
+def soft_scores(questions: Sequence[VQAQuestion], answer_ids: Tensor, answers: Sequence[str], soft_score: str) -> Tensor:
+    """(Q, K): the training target of each answer of ``answer_ids`` (:func:`answer_table`;
+    0 at padding), :func:`~polyfuse.data.formats.vqa.soft_score_of` the number of humans
+    who gave it: the non-zero entries of :func:`~polyfuse.data.formats.vqa.soft_targets`."""
+    soft_score_of(0, soft_score)  # an unknown rule is refused even without questions
+    rows = []
+    for question, ids in zip(questions, answer_ids.tolist(), strict=True):
+        counts = Counter(normalize_answer(a) for a in question.answers)
+        rows.append([soft_score_of(counts[answers[i]], soft_score) if i >= 0 else 0.0 for i in ids])
+    return torch.tensor(rows, dtype=torch.float32).reshape(answer_ids.shape)
 
 
 @dataclass
@@ -243,18 +231,20 @@ def read_split_features(section: Mapping[str, Any], split: str) -> RegionFeature
 IN_MEMORY_BYTES = int(os.environ.get("POLYFUSE_IN_MEMORY_FEATURE_BYTES", str(512 << 20)))
 
 
-def hold_in_memory(features: RegionFeatures | None, pca: tuple[Tensor, Tensor] | None) -> ImageFeatures | None:
-    """``features`` read whole and projected once with ``pca`` when they take at most
-    :data:`IN_MEMORY_BYTES` as float32, padded (a small set, as easy-VQA: batches are
-    then gathered from memory, and the projection is one matrix product over every
-    image, as before features were streamed, so that earlier runs reproduce to the bit);
-    None for a larger file, read per batch."""
-    if features is None or features.images * features.max_boxes * features.dim * 4 > IN_MEMORY_BYTES:
-        return None
+def hold_in_memory(
+    features: RegionFeatures, pca: tuple[Tensor, Tensor] | None
+) -> tuple[RegionFeatures | ImageFeatures, tuple[Tensor, Tensor] | None]:
+    """The features batches read and the projection still to apply to them: a file of at
+    most :data:`IN_MEMORY_BYTES` as float32, padded, is read whole and projected once (a
+    small set, as easy-VQA: batches are gathered from memory, and the projection is one
+    matrix product over every image, as before features were streamed, so that earlier
+    runs reproduce to the bit); a larger one is read per batch and projected there."""
+    if features.images * features.max_boxes * features.dim * 4 > IN_MEMORY_BYTES:
+        return features, pca
     held = features.load()
     if pca is not None:
         held.features = project_features(held.features, *pca)
-    return held
+    return held, None
 
 
 def split_by_image(
@@ -296,10 +286,10 @@ def encode_split(
     return VQASplit(
         list(questions),
         encode_questions(questions, data.words, max_length=max_length),
-        *sparse_targets(questions, data.answers, section["soft_score"]),
         len(data.answers),
         ids,
         scores,
+        soft_scores(questions, ids, data.answers, section["soft_score"]),
         torch.tensor([type_index.get(_type_of(q, breakdown), -1) for q in questions], dtype=torch.long),
         torch.tensor([features.rows[i] for i in image_ids], dtype=torch.long),
         features,
@@ -351,17 +341,16 @@ def build_vqa_data(
         pca = (vocabulary["pca_mean"], vocabulary["pca_directions"]) if "pca_mean" in vocabulary else None
     read = train_features if train_features is not None else test_features
     data = VQAData({}, words, answers, type_names, int(pca[1].shape[1]) if pca is not None else read.dim, pca)
-    held = {"train": hold_in_memory(train_features, pca), "test": hold_in_memory(test_features, pca)}
+    train_served = hold_in_memory(train_features, pca) if train_features is not None else None
     sources = {
-        "train": (train_questions, "train", "training questions"),
-        "val": (valid_questions, "train", "validation questions"),
-        "test": (test_questions, "test", "test questions"),
+        "train": (train_questions, train_served, "training questions"),
+        "val": (valid_questions, train_served, "validation questions"),
+        "test": (test_questions, hold_in_memory(test_features, pca) if test_features is not None else None,
+                 "test questions"),
     }
     for key in splits:
-        questions, file, what = sources[key]
-        features = held[file] if held[file] is not None else (train_features if file == "train" else test_features)
-        data.splits[key] = encode_split(questions, features, data, section, what,
-                                        pca=None if held[file] is not None else pca)
+        questions, (features, batch_pca), what = sources[key]
+        data.splits[key] = encode_split(questions, features, data, section, what, pca=batch_pca)
     glove = config["model"]["vqa"]["glove"] if config["model"].get("vqa") else None
     if glove and vocabulary is None:
         from polyfuse.data.formats.glove import load_glove
