@@ -341,3 +341,12 @@ def test_adaptive_batches_are_padded_to_their_own_most_boxes(tmp_path):
     whole = load_bottom_up_features(h5, index)  # in memory: the same values, padded to 3
     np.testing.assert_array_equal(whole.features[[2, 0, 2], :2].numpy(), expected)
     assert regions.read([2], pad_to=3)[0].shape == (1, 3, 4)
+
+
+def test_a_features_file_without_images_is_refused(tmp_path):
+    with h5py.File(tmp_path / "empty.h5", "w") as handle:
+        handle["features"] = np.zeros((0, 4, 5), dtype=np.float16)
+        handle["boxes"] = np.zeros((0, 4, 4), dtype=np.float32)
+        handle["image_ids"] = np.zeros(0, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"empty\.h5: holds no images"):
+        load_image_features(tmp_path / "empty.h5")

@@ -61,14 +61,10 @@ class ImageFeatures:
     def check_ids(self, image_ids: Iterable[int], what: str = "questions") -> None:
         check_image_ids(self.rows, image_ids, self.source, what)
 
-    def read(self, rows: Sequence[int] | np.ndarray, *, pad_to: int | None = None) -> tuple[Tensor, Tensor]:
+    def read(self, rows: Sequence[int] | np.ndarray) -> tuple[Tensor, Tensor]:
         """(features, boxes) of rows ``rows``, as :meth:`RegionFeatures.read`."""
         index = torch.as_tensor(np.asarray(rows, dtype=np.int64))
-        features, boxes = self.features[index], self.boxes[index]
-        if pad_to is not None and pad_to > features.shape[1]:
-            features = torch.nn.functional.pad(features, (0, 0, 0, pad_to - features.shape[1]))
-            boxes = torch.nn.functional.pad(boxes, (0, 0, 0, pad_to - boxes.shape[1]))
-        return features, boxes
+        return self.features[index], self.boxes[index]
 
     def select(self, image_ids: Sequence[int], *, what: str = "questions") -> tuple[Tensor, Tensor]:
         """(features, boxes) of ``image_ids`` in order; an id without features is an error."""
@@ -136,6 +132,8 @@ class RegionFeatures:
                 self.spans = np.zeros((self.images, 2), dtype=np.int64)  # rows the index does not use: no boxes
                 for row, span in _image_boxes(pos_boxes, self.rows, features[0], path).items():
                     self.spans[row] = span
+        if not self.images:
+            raise ValueError(f"{path}: holds no images")
         if len(features) != (2 if self.spans is not None else 3):
             raise ValueError(f"{path}: {self.feature_name} has shape {features}, expected (images, boxes, d)")
         self.dim = int(features[-1])
@@ -153,14 +151,12 @@ class RegionFeatures:
     def read(self, rows: Sequence[int] | np.ndarray, *, pad_to: int | None = None) -> tuple[Tensor, Tensor]:
         """(features (B, O, d), boxes (B, O, 4)) float32 of file rows ``rows``; an
         adaptive file's images padded with zeros to the most boxes among them (or
-        ``pad_to``), which the VQA models mask."""
+        ``pad_to``, at least), which the VQA models mask."""
         rows = np.asarray(rows, dtype=np.int64)
         if self.spans is None:
             features = self.file.read(self.feature_name, rows)
             boxes = self.file.read(self.box_name, rows)[..., :4]
-            self._check_finite(features, boxes, rows)
-            if pad_to is not None and pad_to > features.shape[1]:
-                features, boxes = _pad_boxes(features, pad_to), _pad_boxes(boxes, pad_to)
+            self._check_finite(features, boxes, rows)  # every image has all O boxes: nothing to pad
             return (torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)),
                     torch.from_numpy(np.ascontiguousarray(boxes, dtype=np.float32)))
         spans = self.spans[rows].tolist()
@@ -197,16 +193,7 @@ class RegionFeatures:
         """Every image in memory, padded to the file's most boxes."""
         parts = [self.read(np.arange(start, min(start + 1024, self.images)), pad_to=self.max_boxes)
                  for start in range(0, self.images, 1024)]
-        if not parts:
-            return ImageFeatures(torch.zeros(0, self.max_boxes, self.dim), torch.zeros(0, self.max_boxes, 4),
-                                 self.rows, self.source)
         return ImageFeatures(torch.cat([f for f, _ in parts]), torch.cat([b for _, b in parts]), self.rows, self.source)
-
-
-def _pad_boxes(values: np.ndarray, boxes: int) -> np.ndarray:
-    padded = np.zeros((values.shape[0], boxes, values.shape[2]), dtype=values.dtype)
-    padded[:, : values.shape[1]] = values
-    return padded
 
 
 def load_image_features(path: str | Path) -> ImageFeatures:
