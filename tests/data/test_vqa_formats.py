@@ -350,3 +350,32 @@ def test_a_features_file_without_images_is_refused(tmp_path):
         handle["image_ids"] = np.zeros(0, dtype=np.int64)
     with pytest.raises(ValueError, match=r"empty\.h5: holds no images"):
         load_image_features(tmp_path / "empty.h5")
+
+
+def test_fixed_layout_shapes_and_kinds_of_file(tmp_path):
+    from polyfuse.data.formats.features import RegionFeatures, is_bottom_up
+
+    index = tmp_path / "ids.json"
+    index.write_text(json.dumps({"7": 0, "8": 1}))
+    path = tmp_path / "val36.hdf5"
+    with h5py.File(path, "w") as handle:
+        handle["image_features"] = np.ones((2, 5, 3), dtype=np.float32)
+        handle["spatial_features"] = np.full((2, 5, 6), 0.5, dtype=np.float32)
+    regions = RegionFeatures(path, index)
+    assert (regions.images, regions.max_boxes, regions.dim, regions.box_name) == (2, 5, 3, "spatial_features")
+    assert is_bottom_up(path) and not is_bottom_up(_polyfuse_file(tmp_path / "p.h5"))
+    for boxes, shape in (((2, 4, 6), r"\(2, 4, 6\)"), ((2, 5, 3), r"\(2, 5, 3\)"), ((3, 5), r"\(3, 5\)")):
+        with h5py.File(path, "w") as handle:
+            handle["image_features"] = np.ones((2, 5, 3), dtype=np.float32)
+            handle["spatial_features"] = np.zeros(boxes, dtype=np.float32)
+        with pytest.raises(ValueError, match=rf"image_features \(2, 5, 3\) and spatial_features {shape} do not match the "
+                                             r"fixed layout: expected \(N, O, d\) and \(N, O, 4 or 6\)"):
+            RegionFeatures(path, index)
+
+
+def _polyfuse_file(path):
+    with h5py.File(path, "w") as handle:
+        handle["features"] = np.ones((1, 2, 3), dtype=np.float16)
+        handle["boxes"] = np.zeros((1, 2, 4), dtype=np.float32)
+        handle["image_ids"] = np.array([4])
+    return path
