@@ -29,6 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_config_arguments(parser)
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     parser.add_argument("--out", metavar="DIR", help="write the run here instead of output_dir/name")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="build the data readers, the model and its optimiser from --config, print their sizes, "
+                             "train nothing and write nothing")
     parser.set_defaults(run=run)
 
 
@@ -68,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --config (or --resume RUN_DIR)")
     else:
         config = config_from_args(args)
+    if args.dry_run:
+        if args.resume or args.out:
+            raise ValueError("--dry-run checks a --config; it takes neither --resume nor --out")
+        from polyfuse.engine.run import dry_run
+
+        print(dry_run(config).describe())
+        return 0
     with lightning_errors():
         result = train(config, resume=args.resume, run_dir=None if args.resume else args.out)
     if not is_worker():

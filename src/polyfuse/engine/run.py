@@ -74,9 +74,11 @@ from polyfuse.tasks.registry import TaskData, TaskSpec, task_spec
 
 __all__ = [
     "AppliedCheckpoint",
+    "DryRun",
     "RunInterrupted",
     "RunResult",
     "apply_checkpoint",
+    "dry_run",
     "evaluate",
     "evaluate_applied",
     "is_worker",
@@ -199,6 +201,44 @@ def train(
     """
     with _restore_torch_settings():
         return _train(config, resume=resume, run_dir=run_dir, callbacks=callbacks)
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What :func:`dry_run` built: the rows per split, the model's parameters, the optimiser
+    and schedule that training would use."""
+
+    task: str
+    samples: dict[str, int]
+    parameters: int
+    optimizer: str
+    scheduler: str | None
+
+    def describe(self) -> str:
+        splits = ", ".join(f"{split} {rows}" for split, rows in self.samples.items())
+        schedule = f", schedule {self.scheduler}" if self.scheduler else ""
+        return (f"task {self.task}: {splits} rows; {self.parameters:,} trainable parameters; "
+                f"optimiser {self.optimizer}{schedule}")
+
+
+def dry_run(config: Mapping[str, Any]) -> DryRun:
+    """Build what :func:`train` builds before its first step (the data readers over the
+    configured files, with every check they make, the model, its optimiser and schedule)
+    and train nothing: a configuration and its data, checked in seconds."""
+    with _restore_torch_settings():
+        config = resolve_config(config)
+        spec = task_spec(config["task"]["type"])
+        seed_everything(int(config["seed"]))
+        data = spec.build_data(config)
+        task = spec.build_module(config, data)
+        configured = task.configure_optimizers()
+        optimizer, scheduler = configured, None
+        if isinstance(configured, Mapping):
+            optimizer = configured["optimizer"]
+            scheduler = configured.get("lr_scheduler", {}).get("scheduler")
+        parameters = sum(p.numel() for p in task.parameters() if p.requires_grad)
+        return DryRun(config["task"]["type"], dict(data.samples), parameters, type(optimizer).__name__,
+                      None if scheduler is None else type(scheduler).__name__)
 
 
 def _train(
