@@ -15,7 +15,11 @@ and any test that runs the commands behind a documented result (the paper rows):
 - ``Block.script()``: the block's commands as bash runs them (console prompts and
   output removed); ``Block.output_lines()``: a console block's output;
 - ``run_block(block, home)``: runs a block as a reader would, in a fresh bash after
-  the README's set-up (``ACTIVATE``).
+  the README's set-up (``ACTIVATE``);
+- ``config_keys(sections)``: the configuration keys the docs name (``KeyMention``):
+  dotted names in inline code whose first part is one of ``sections`` (the top-level
+  sections of the run configuration), the keys of the ``yaml`` blocks that are
+  configurations, and the ``--set KEY=VALUE`` keys of the shell blocks.
 
 The rule the docs follow (docs/TESTING.md, "Commands in the docs"):
 
@@ -53,8 +57,10 @@ __all__ = [
     "Block",
     "Command",
     "IncompleteCommand",
+    "KeyMention",
     "code_blocks",
     "commands",
+    "config_keys",
     "doc_files",
     "fresh_environment",
     "indented_code",
@@ -251,6 +257,93 @@ def run_block(block: Block, home: Path, *, root: Path = ROOT, timeout: float = 6
     script = f"set -euo pipefail\n{ACTIVATE}\n{block.script()}"
     return subprocess.run(["bash", "-c", script], cwd=root, env=fresh_environment(home),
                           capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class KeyMention:
+    """A configuration key a doc names: ``key`` its dotted parts, ``how`` where it
+    stands (``prose``: inline code; ``yaml``: a configuration block; ``--set``: a command)."""
+
+    path: Path
+    line: int
+    key: tuple[str, ...]
+    how: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.key)
+
+
+# Inline code: a run of backquotes, its text, the same run (CommonMark; not across a blank line).
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:(?!\n\s*\n).)+?)(?<!`)\1(?!`)", re.S)
+# A dotted name that starts a word: not a part of a path, a module or an attribute chain;
+# before a placeholder (`model.options.<fusion>`) the part before it.
+_DOTTED = re.compile(r"(?<![\w./$<{\[-])([a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(/-]|\.\w)")
+# What ends a file name, not a key: `data.json`, `model.yaml`.
+_FILE_SUFFIXES = frozenset({"yaml", "yml", "json", "md", "py", "csv", "txt", "h5", "npz", "npy", "pt",
+                            "safetensors", "log", "png", "html", "toml", "avi", "mp4", "tsv", "zip", "gz"})
+
+
+def _prose_text(path: Path, root: Path) -> str:
+    """The file's text with its fenced blocks blanked (the lines kept, so numbers hold)."""
+    lines = (root / path).read_text().splitlines()
+    for block in code_blocks(path, root):
+        for k in range(block.line - 1, min(block.line + len(block.lines) + 1, len(lines))):
+            lines[k] = ""
+    return "\n".join(lines)
+
+
+def _yaml_keys(value, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield (*prefix, str(key))
+            yield from _yaml_keys(inner, (*prefix, str(key)))
+
+
+def config_keys(sections, root: Path = ROOT) -> list[KeyMention]:
+    """The configuration keys README.md and docs/*.md name, in file order (see the module
+    docstring); ``sections``: the names a key's first part must be (RunConfig's fields).
+    A ``yaml`` block is a configuration when its top level is a mapping with one of
+    ``sections`` among its keys; each of its keys (at every depth) is a mention. Not
+    mentions: a dotted name that is a file (``data.json``), part of a path, module or
+    attribute chain (``polyfuse.data.vqa``, ``self.model.x``), a call
+    (``task.model.encode(...)``) or a Python assignment (``task.allow_unknown = True``),
+    and a ``--set`` key that a console block shows refused (``unknown config key 'KEY'``)."""
+    import yaml
+
+    sections = frozenset(sections)
+    found: list[KeyMention] = []
+    for path in doc_files(root):
+        text = _prose_text(path, root)
+        for span in _CODE_SPAN.finditer(text):
+            for name in _DOTTED.finditer(span.group(2)):
+                parts = tuple(name.group(1).split("."))
+                python = re.match(r"\s+=\s", span.group(2)[name.end(1):])  # `task.allow_unknown = True`
+                if parts[0] in sections and parts[-1] not in _FILE_SUFFIXES and not python:
+                    line = text.count("\n", 0, span.start(2) + name.start(1)) + 1
+                    found.append(KeyMention(path, line, parts, "prose"))
+        for block in code_blocks(path, root):
+            if block.language == "yaml":
+                try:
+                    content = yaml.safe_load("\n".join(block.lines))
+                except yaml.YAMLError:
+                    content = None  # not a configuration (a sketch with placeholders)
+                if isinstance(content, dict) and sections & set(map(str, content)):
+                    found += [KeyMention(path, block.line, key, "yaml") for key in _yaml_keys(content, ())]
+            elif block.language in SHELL_LANGUAGES:
+                output = "\n".join(text for _, text in block.output_lines())
+                for command in commands(block, root):
+                    words = command.argv
+                    for option, value in itertools.pairwise(words):
+                        key = value.split("=", 1)[0]
+                        # a console block that shows the command refused names the key on purpose
+                        if option == "--set" and "=" in value and f"unknown config key '{key}'" not in output:
+                            found.append(KeyMention(path, command.line, tuple(key.split(".")), "--set"))
+    return found
 
 
 def shell_blocks(root: Path = ROOT) -> list[Block]:

@@ -11,6 +11,7 @@ are parsed and their paths checked, never run.
 import contextlib
 import io
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ from tests.doc_blocks import (
     SHELL_LANGUAGES,
     Block,
     Command,
+    KeyMention,
     code_blocks,
     commands,
+    config_keys,
     doc_files,
     indented_code,
     run_block,
@@ -155,6 +158,115 @@ def test_the_readme_set_up_activates_the_virtualenv_and_every_doc_says_so():
                 f"{shows[0].where}: shows commands but does not link ../README.md#set-up, which activates .venv"
             ]
     _no_problems(problems)
+
+
+# Configuration keys named in the docs.
+
+
+def _field_model(annotation):
+    """The pydantic model an annotation holds (``Section | None`` included), or None."""
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        if (model := _field_model(argument)) is not None:
+            return model
+    return None
+
+
+def _is_mapping(annotation) -> bool:
+    """A ``dict[...]`` (``dict[...] | None`` included): its keys are values, not config keys."""
+    return typing.get_origin(annotation) is dict or any(_is_mapping(a) for a in typing.get_args(annotation))
+
+
+def _key_problem(key: tuple[str, ...]) -> str | None:
+    """Why ``key`` is not a key of the run configuration, or None when it is.
+
+    Walks polyfuse.engine.schema.RunConfig's nested sections (the task types' included);
+    ``model.options.<fusion>.<keyword>`` is checked against
+    ``fusion_option_model(<fusion>)`` (a backbone's options: its name only); below a
+    mapping (``retrieval.experts``, ``task.target_ranges``) any name is a value."""
+    import polyfuse.nn
+    import polyfuse.nn.backbones
+    from polyfuse.engine.schema import RunConfig, fusion_option_model
+
+    model = RunConfig
+    for depth, part in enumerate(key):
+        if key[:depth] == ("model", "options"):
+            if part in polyfuse.nn.backbones.available():
+                return None
+            if part not in polyfuse.nn.available():
+                return f"model.options.{part}: no fusion module {part!r}"
+            if len(key) > depth + 1 and key[depth + 1] not in fusion_option_model(part).model_fields:
+                return f"the fusion {part} takes no option {key[depth + 1]!r}"
+            return None
+        if part not in model.model_fields:
+            return f"no key {part!r} under {'.'.join(key[:depth]) or 'the top level'}"
+        annotation = model.model_fields[part].annotation
+        if (inner := _field_model(annotation)) is not None:
+            model = inner
+        elif _is_mapping(annotation):
+            if key[:depth + 1] != ("model", "options"):
+                return None
+        elif depth + 1 < len(key):
+            return f"{'.'.join(key[:depth + 1])} is a value, not a section"
+    return None
+
+
+def _wrong_keys(mentions: list[KeyMention]) -> list[str]:
+    return [f"{m.where}: {m.name} ({m.how}): {problem}" for m in mentions if (problem := _key_problem(m.key))]
+
+
+def _sections() -> list[str]:
+    from polyfuse.engine.schema import RunConfig
+
+    return list(RunConfig.model_fields)
+
+
+def test_every_configuration_key_named_in_the_docs_exists():
+    """A key the docs name (`data.vqa.min_answer_count` in inline code, the keys of a
+    ```yaml block that is a configuration, `--set KEY=VALUE` in a command) is a key of
+    polyfuse.engine.schema.RunConfig; `model.options.<fusion>.<keyword>` a keyword of
+    the fusion's constructor. A key that the code has renamed or dropped fails here."""
+    mentions = config_keys(_sections())
+    assert len({m.name for m in mentions}) > 150  # the docs name about 250: fewer means the reader lost some
+    wrong = _wrong_keys(mentions)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_key_check_catches_what_it_is_for(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(
+        "Set `data.vqa.min_answer_count: 9`, `optim.schedular` and `model.options.man.estimator`;\n"
+        "not `model.options.man.estimater`, `trainer.max_epochs.x` nor `model.options.nope.k`.\n"
+        "Not keys: `data.json`, `polyfuse.data.vqa`, `self.model.fusion`, `task.allow_unknown = True`,\n"
+        "`task.model.encode(x)`; a placeholder keeps its head: `model.options.<fusion>`.\n"
+    )
+    (tmp_path / "docs" / "x.md").write_text(
+        "```yaml\ntask:\n  type: sentiment\n  target_ranges: {humour: [0, 1]}\ntrainer: {max_epoch: 3}\n```\n\n"
+        "```yaml\njobs: {test: {steps: [1]}}\n```\n\n"  # not a run configuration
+        "```console\n$ polyfuse train --set trainer.max_epoch=3 --set optim.lr=1\n"
+        "polyfuse train: error: unknown config key 'trainer.max_epoch'\n```\n\n"
+        "```bash\npolyfuse train --set trainer.patiense=2\n```\n"
+    )
+    mentions = config_keys(_sections(), root=tmp_path)
+    assert [(m.how, m.name) for m in mentions] == [
+        ("prose", "data.vqa.min_answer_count"), ("prose", "optim.schedular"), ("prose", "model.options.man.estimator"),
+        ("prose", "model.options.man.estimater"), ("prose", "trainer.max_epochs.x"), ("prose", "model.options.nope.k"),
+        ("prose", "model.options"),
+        ("yaml", "task"), ("yaml", "task.type"), ("yaml", "task.target_ranges"), ("yaml", "task.target_ranges.humour"),
+        ("yaml", "trainer"), ("yaml", "trainer.max_epoch"),
+        ("--set", "optim.lr"), ("--set", "trainer.patiense"),
+    ]
+    assert [w.split(": ", 1)[1] for w in _wrong_keys(mentions)] == [
+        "optim.schedular (prose): no key 'schedular' under optim",
+        "model.options.man.estimater (prose): the fusion man takes no option 'estimater'",
+        "trainer.max_epochs.x (prose): trainer.max_epochs is a value, not a section",
+        "model.options.nope.k (prose): model.options.nope: no fusion module 'nope'",
+        "trainer.max_epoch (yaml): no key 'max_epoch' under trainer",
+        "trainer.patiense (--set): no key 'patiense' under trainer",
+    ]
 
 
 def _run_blocks() -> list[Block]:

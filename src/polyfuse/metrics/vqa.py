@@ -13,8 +13,11 @@ give each question its candidate answers and their accuracies, computed once wit
 :func:`vqa_accuracy` (:func:`polyfuse.tasks.vqa.data.answer_table`), and the metric
 looks the predicted answer up among them.
 
-:func:`soft_score` is the training target of BAN and its predecessors,
-``min(#humans that gave the answer / 3, 1)``.
+:func:`soft_score` is ``min(#humans that gave the answer / 3, 1)``, the
+``min_third`` rule of ``data.vqa.soft_score``. It is not
+the default training target, which is ban-vqa's 0.3 / 0.6 / 0.9 / 1 (``ban_vqa``); the
+VQA task computes its targets with :func:`polyfuse.data.formats.vqa.soft_score_of`, and
+nothing in the package calls this function (a public helper, tested on its own).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ __all__ = [
 
 
 def soft_score(count: int | float) -> float:
-    """Training target of an answer given by ``count`` humans: min(count / 3, 1)."""
+    """min(count / 3, 1) for an answer given by ``count`` humans: ``data.vqa.soft_score:
+    min_third``'s target (the default, ``ban_vqa``, is 0.3 / 0.6 / 0.9 / 1; module docstring)."""
     if count < 0:
         raise ValueError(f"soft_score: count must be >= 0, got {count}")
     return min(count / 3.0, 1.0)

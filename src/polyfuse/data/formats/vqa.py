@@ -174,8 +174,11 @@ def answer_vocabulary(
     (ties alphabetical).
 
     ``count="multiple_choice"`` (the paper's and ban-vqa's rule, which keeps answers of
-    9 questions or more: 3,129 answers on VQA 2.0) counts each question once, for its
-    :func:`question_answer`; ``"all_answers"`` counts every human answer.
+    9 questions or more) counts each question once, for its :func:`question_answer`;
+    ``"all_answers"`` counts every human answer. The answers come from ``questions``
+    alone: ban-vqa's 3,129 answers on VQA 2.0 are this rule over the training and
+    validation questions together, while the VQA task (:mod:`polyfuse.tasks.vqa.data`)
+    passes its training questions by default, which gives another count (docs/VQA.md).
     """
     if count == "multiple_choice":
         counts = Counter(question_answer(q) for q in questions)
