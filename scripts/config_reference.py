@@ -22,6 +22,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from polyfuse.engine.schema import RunConfig, fusion_option_model  # noqa: E402
 
 TARGET = ROOT / "docs" / "CONFIGURATION.md"
+#: the line after which the file is written by hand (the defaults against the papers, with
+#: their measurements); the script keeps what follows it as it is
+HAND_WRITTEN = "<!-- Written by hand below this line: scripts/config_reference.py keeps it. -->"
 
 
 def _type_text(annotation: Any) -> str:
@@ -93,7 +96,8 @@ def render() -> str:
         "# Configuration reference",
         "",
         "Generated from `polyfuse.engine.schema` by `python scripts/config_reference.py`;",
-        "do not edit by hand (a test checks that this file is up to date).",
+        "do not edit by hand (a test checks that this file is up to date), except the last part,\n"
+        "[Defaults against the papers](#defaults-against-the-papers), written by hand.",
         "",
         "Every key is checked: an unknown key is an error with a did-you-mean, and values",
         "are checked for type (no `true` where an integer goes) and range. Paths written in",
@@ -128,9 +132,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail when the committed file differs")
     args = parser.parse_args()
-    text = render()
+    current = TARGET.read_text() if TARGET.is_file() else ""
+    _, marker, tail = current.partition(HAND_WRITTEN)
+    text = render() + ("\n" + marker + tail if marker else "")
     if args.check:
-        current = TARGET.read_text() if TARGET.is_file() else ""
         if current != text:
             print(f"{TARGET} is out of date: run python scripts/config_reference.py", file=sys.stderr)
             return 1

@@ -17,10 +17,11 @@ TRUTHS = [torch.tensor([[0.0, 0, 2, 2]]), torch.tensor([[4.0, 4, 6, 6], [6.0, 4,
 def test_recall_hand_computed():
     scores = torch.tensor([[0.1, 0.9, 0.5, 0.0], [0.9, 0.8, 0.0, 0.7]])
     # phrase 0: ranking 1, 2, 0, 3 -> correct box 0 at rank 3; phrase 1 (union box) -> box 3 at rank 3
-    result = grounding_recall(scores, BOXES, TRUTHS, ks=(1, 2, 3))
+    result = grounding_recall(scores, BOXES, TRUTHS, ks=(1, 2, 3), merge="union")
     assert result == {1: 0.0, 2: 0.0, 3: 1.0}
     scores[0, 0] = 1.0  # box 0 first for phrase 0
-    assert grounding_recall(scores, BOXES, TRUTHS, ks=(1, 10)) == {1: 0.5, 10: 1.0}
+    assert grounding_recall(scores, BOXES, TRUTHS, ks=(1, 10), merge="union") == {1: 0.5, 10: 1.0}
+    assert grounding_recall(scores, BOXES, TRUTHS, ks=(3,)) == {3: 1.0}  # the default: box by box
     # matched box by box, box 3 has IoU 1/2 with each of phrase 1's boxes: still a hit
     assert grounding_recall(scores, BOXES, TRUTHS, ks=(3,), merge="any") == {3: 1.0}
     assert grounding_recall(scores, BOXES, TRUTHS, ks=(3,), merge="any", iou_threshold=0.6) == {3: 0.5}

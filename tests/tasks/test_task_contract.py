@@ -38,6 +38,7 @@ TYPO: dict[str, tuple[str, str]] = {
     "captioning": ("captioning", "caption"),
     "retrieval": ("retrieval", "embed_dims"),
     "chimera": ("chimera", "num_topic"),
+    "grounding": ("data.grounding", "entity"),
 }
 
 

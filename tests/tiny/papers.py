@@ -9,12 +9,14 @@ Sizes are the releases' where the configurations depend on them (2,048-d bottom-
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from polyfuse.data.formats.bottom_up_tsv import import_bottom_up
+from polyfuse.data.synthetic_flickr30k import write_flickr30k_like
 from polyfuse.data.synthetic_vqa import write_vqa2_like
 
 #: the word-aligned releases' feature sizes (text: 300-d GloVe; MOSI: COVAREP 74, Facet 47; POM: 43, 43)
@@ -93,8 +95,8 @@ def write_word_aligned(folder: Path, name: str, seed: int = 0) -> None:
 def write_experts(folder: Path, name: str, experts: dict[str, int], videos: int = 9, seed: int = 0) -> None:
     """``<name>/``: one HDF5 per expert with a group ``features`` of per-video (T, d) arrays (the
     layout of collaborative experts' pickles written out), ``captions.json`` and the three
-    id lists ``{train,val,test}.txt``; the last video lacks the last expert (as CE's face or
-    speech experts are missing for some videos)."""
+    id lists ``{train,val,test}.txt``; with several experts the last video lacks the last one
+    (as CE's face or speech experts are missing for some videos)."""
     rng = np.random.default_rng(seed)
     out = folder / name
     out.mkdir(parents=True, exist_ok=True)
@@ -102,9 +104,20 @@ def write_experts(folder: Path, name: str, experts: dict[str, int], videos: int 
     for k, (expert, dim) in enumerate(experts.items()):
         with h5py.File(out / f"{expert}.h5", "w") as handle:
             for video in ids:
-                if k == len(experts) - 1 and video == ids[-1]:
+                if 0 < k == len(experts) - 1 and video == ids[-1]:
                     continue
                 handle[f"features/{video}"] = rng.normal(size=(int(rng.integers(3, 8)), dim)).astype(np.float32)
     (out / "captions.json").write_text(json.dumps(_captions(rng, ids)))
     for split, chosen in (("train", ids[:5]), ("val", ids[5:7]), ("test", ids[7:])):
         (out / f"{split}.txt").write_text("\n".join(chosen) + "\n")
+
+
+def write_flickr30k_entities(folder: Path) -> None:
+    """``flickr30k/``: the Flickr30k Entities release (``Flickr30kEntities/`` with Sentences,
+    Annotations and the split files) and ban-vqa's adaptive features per split with their
+    JSON indexes (here each split's file holds every image; the index finds its rows)."""
+    out = folder / "flickr30k"
+    written = write_flickr30k_like(out / "Flickr30kEntities", images=9, feature_dim=2048)
+    for split in ("train", "val", "test"):
+        shutil.copyfile(written.features, out / f"{split}.hdf5")
+        shutil.copyfile(written.index, out / f"{split}_imgid2idx.json")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.tiny.captioning import captioning_task_config
 from tests.tiny.chimera import chimera_config
+from tests.tiny.grounding import grounding_task_config
 from tests.tiny.retrieval import retrieval_config
 from tests.tiny.tabular import tabular_config
 from tests.tiny.vqa import vqa_task_config
@@ -21,4 +22,5 @@ TINY: dict[str, Callable[[Path], dict]] = {
     "captioning": captioning_task_config,
     "retrieval": retrieval_config,
     "chimera": chimera_config,
+    "grounding": grounding_task_config,
 }

@@ -42,7 +42,7 @@ from polyfuse.bench.results import result_header
 
 __all__ = ["FULL", "QUICK", "TASKS", "DDPBenchSettings", "ddp_markdown", "run_ddp_bench", "task_config"]
 
-TASKS = ("sentiment", "traits", "classification", "vqa", "captioning", "retrieval", "chimera")
+TASKS = ("sentiment", "traits", "classification", "vqa", "captioning", "retrieval", "chimera", "grounding")
 _WORDS = ("dog", "cat", "car", "man", "ball", "tree", "runs", "sits", "jumps", "a", "the", "red")
 
 
@@ -193,6 +193,19 @@ def _chimera(folder: Path, scale: float, epochs: int) -> dict[str, Any]:
             "data": {"batch_size": 16, "eval_batch_size": 32}}
 
 
+def _grounding(folder: Path, scale: float, epochs: int) -> dict[str, Any]:
+    from polyfuse.data.synthetic_flickr30k import write_flickr30k_like
+
+    written = write_flickr30k_like(folder / "flickr30k", images=_count(scale, 600, 12))
+    return {"task": {"type": "grounding"},
+            "data": {"batch_size": 32, "eval_batch_size": 64,
+                     "grounding": {"entities": str(written.folder), "features": str(written.features),
+                                   "features_index": str(written.index)}},
+            "model": {"fusion": "ban", "grounding": {"hidden_dim": 32, "embedding_dim": 32},
+                      "options": {"ban": {"glimpses": 1, "dropout": 0.0, "attention_dropout": 0.0}}},
+            "optim": {"lr": 0.002}}
+
+
 _WRITERS: dict[str, Callable[[Path, float, int], dict[str, Any]]] = {
     "sentiment": _tabular({"type": "sentiment"}, lambda signal: np.clip(3 * signal, -3, 3)),
     "traits": _tabular({"type": "traits", "target_ranges": [[1, 7], [1, 7]]},
@@ -202,6 +215,7 @@ _WRITERS: dict[str, Callable[[Path, float, int], dict[str, Any]]] = {
     "captioning": _captioning,
     "retrieval": _retrieval,
     "chimera": _chimera,
+    "grounding": _grounding,
 }
 
 

@@ -66,6 +66,7 @@ COMMANDS = {
     "plot": "polyfuse.cli.plot",
     "extract": "polyfuse.cli.extract",
     "vqa": "polyfuse.cli.vqa",
+    "grounding": "polyfuse.cli.grounding",
 }
 
 

@@ -30,8 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     parser.add_argument("--out", metavar="DIR", help="write the run here instead of output_dir/name")
     parser.add_argument("--dry-run", action="store_true",
-                        help="build the data readers, the model and its optimiser from --config, print their sizes, "
-                             "train nothing and write nothing")
+                        help="build the data readers, the model and its optimiser from --config, print their sizes "
+                             "and train nothing (no run directory; a text-feature cache a run would use is kept)")
     parser.set_defaults(run=run)
 
 

@@ -231,14 +231,34 @@ class _ModelConfigBase(_Section):
 
 
 class OptimConfig(_Section):
-    """The optimiser (AdamW or ban-vqa's Adamax) and its per-epoch schedule; captioning trains with AdamW, no schedule."""
+    """The optimiser (AdamW, Adam or ban-vqa's Adamax) and its schedule, for every task type (polyfuse.tasks.optim)."""
 
-    optimizer: Literal["adamw", "adamax"] = Field("adamw", description="adamw | adamax (ban-vqa's)")
-    lr: Annotated[float, Field(ge=0.0)] = Field(1e-3, description="learning rate (the base of the schedule)")
-    weight_decay: Annotated[float, Field(ge=0.0)] = Field(0.0, description="weight decay, not on biases (AdamW: decoupled; Adamax: L2)")
-    scheduler: Literal["none", "cosine", "ban_warmup"] = Field(
-        "none", description="none | cosine (annealing over max_epochs) | ban_warmup (ban-vqa: lr x 0.5, 1, 1.5, 2 in epochs 0-3, x 0.25 at epochs 10, 12, 14, 16, 18)"
+    optimizer: Literal["adamw", "adam", "adamax"] = Field(
+        "adamw", description="adamw | adam (torch Adam: Low-Rank HOCA, MAN retrieval, Chimera) | adamax (ban-vqa's)"
     )
+    lr: Annotated[float, Field(ge=0.0)] = Field(1e-3, description="learning rate (the base of the schedule; a task's own groups, e.g. retrieval.text_lr, keep theirs)")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(
+        0.0, description="weight decay (AdamW: decoupled; Adam, Adamax: an L2 term); biases exempt in the tabular and vqa tasks, not in captioning, retrieval, chimera"
+    )
+    scheduler: Literal["none", "cosine", "ban_warmup", "step"] = Field(
+        "none", description="none | cosine (annealing over max_epochs, per epoch) | ban_warmup (ban-vqa, per epoch: lr x 0.5, 1, 1.5, 2 in epochs 0-3, x 0.25 at epochs 10, 12, 14, 16, 18) | step (lr x decay_rate every decay_every optimizer steps)"
+    )
+    decay_rate: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        None, description="scheduler: step: the factor, in (0, 1] (MAN retrieval, Collaborative Experts: 0.95)"
+    )
+    decay_every: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="scheduler: step: optimizer steps between decays, >= 1 (MAN retrieval, Collaborative Experts: 1000)"
+    )
+
+    @model_validator(mode="after")
+    def _step_decay(self) -> OptimConfig:
+        for key in ("decay_rate", "decay_every"):
+            given = getattr(self, key) is not None
+            if self.scheduler == "step" and not given:
+                raise _KeyError(f"optim.{key}: optim.scheduler step needs it (lr x decay_rate every decay_every optimizer steps)")
+            if self.scheduler != "step" and given:
+                raise _KeyError(f"optim.{key} is read only by optim.scheduler step (scheduler is {self.scheduler!r}); remove it")
+        return self
 
 
 class TrainerConfig(_Section):

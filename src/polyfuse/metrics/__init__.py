@@ -8,8 +8,9 @@
 | VQA | :class:`~polyfuse.metrics.vqa.VQAScore` | :func:`~polyfuse.metrics.vqa.vqa_accuracy` |
 | captioning | :class:`~polyfuse.metrics.captioning.CaptionMetrics` | :func:`~polyfuse.metrics.captioning.caption_metrics` |
 | retrieval | :class:`~polyfuse.metrics.retrieval.TextVideoRetrieval` | :func:`~polyfuse.metrics.retrieval.text_video_retrieval` |
+| grounding | :class:`~polyfuse.metrics.grounding.GroundingRecall` | :func:`~polyfuse.metrics.grounding.grounding_recall` |
 
-The VQA, captioning and retrieval metrics live in their modules (``polyfuse.metrics.vqa``
+The VQA, captioning, retrieval and grounding metrics live in their modules (``polyfuse.metrics.vqa``
 ...), imported on use.
 """
 

@@ -30,8 +30,9 @@ accumulates the same over batches (a validation epoch) and computes it once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -104,12 +105,16 @@ def _check_finite(
     )
 
 
-def chunked_similarity(queries: Tensor, gallery: Tensor, *, chunk_size: int = 1024):
+def chunked_similarity(queries: Tensor, gallery: Tensor, *, chunk_size: int = 1024,
+                       similarity: Callable[[Tensor, Tensor], Tensor] | None = None):
     """Yield ``(start, scores)`` blocks of the (Q, G) inner-product matrix.
 
     Args:
         queries: (Q, d); gallery: (G, d) (normalise both first for cosine scores).
         chunk_size: query rows per block.
+        similarity: another scorer of the pairs, ``similarity(queries_block, gallery)``
+            -> (rows, G) (e.g. collaborative experts' renormalised mixture,
+            :func:`polyfuse.nn.models.retrieval.renormalized_scores`); None: inner products.
 
     Yields:
         ``start`` (int) and ``scores`` (min(chunk_size, Q - start), G) = queries[start:...] @ gallery^T.
@@ -118,7 +123,8 @@ def chunked_similarity(queries: Tensor, gallery: Tensor, *, chunk_size: int = 10
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     for start in range(0, queries.shape[0], chunk_size):
-        yield start, queries[start : start + chunk_size] @ gallery.T
+        block = queries[start : start + chunk_size]
+        yield start, block @ gallery.T if similarity is None else similarity(block, gallery)
 
 
 def query_targets(query_ids: Sequence[str], gallery_ids: Sequence[str]) -> Tensor:
@@ -143,7 +149,8 @@ def query_targets(query_ids: Sequence[str], gallery_ids: Sequence[str]) -> Tenso
 
 
 def retrieval_ranks(
-    queries: Tensor, gallery: Tensor, targets: Tensor, *, chunk_size: int = 1024
+    queries: Tensor, gallery: Tensor, targets: Tensor, *, chunk_size: int = 1024,
+    similarity: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> Tensor:
     """1-based rank of each query's best correct item, ties broken pessimistically.
 
@@ -155,6 +162,7 @@ def retrieval_ranks(
             int64, the index of the one correct item of each query (no (Q, G) matrix:
             use it at scale).
         chunk_size: query rows scored at once (memory: chunk_size x G scores).
+        similarity: the scorer of :func:`chunked_similarity` (None: inner products).
 
     Returns:
         (Q,) int64 ranks in [1, G].
@@ -176,7 +184,7 @@ def retrieval_ranks(
         if missing.numel():
             raise ValueError(f"queries {missing[:10].tolist()} have no correct gallery item")
     ranks = torch.empty(queries.shape[0], dtype=torch.long)
-    blocks = chunked_similarity(queries, gallery, chunk_size=chunk_size)
+    blocks = chunked_similarity(queries, gallery, chunk_size=chunk_size, similarity=similarity)
     for start, scores in blocks:
         if not bool(torch.isfinite(scores).all()):  # finite embeddings can still overflow
             later = sum(int((~torch.isfinite(block)).sum()) for _, block in blocks)
@@ -284,6 +292,7 @@ def text_video_retrieval(
     ks: Sequence[int] = RECALL_KS,
     chunk_size: int = 1024,
     chance: bool = True,
+    similarity: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> dict[str, float]:
     """Recall@K, MedR and MeanR of text-to-video (``t2v_``) and video-to-text (``v2t_``)
     retrieval over one split, and (``chance``) the recall of a random ranking
@@ -299,6 +308,8 @@ def text_video_retrieval(
         texts: (C, d) caption embeddings and videos: (N, d) video embeddings, scored by
             inner product (normalise them first for cosine scores); or
         scores: (C, N) the score of every caption-video pair (any scorer).
+        similarity: with texts and videos, ``similarity(texts, videos)`` -> (C', N') scores
+            of any rows of them, in place of inner products (video-to-text ranks its transpose).
     """
     if (scores is None) == (texts is None and videos is None):
         raise ValueError("text-video retrieval: give texts and videos, or scores, not both")
@@ -313,8 +324,9 @@ def text_video_retrieval(
     caption_video = caption_video.cpu()
     video_targets = _video_targets(caption_video, num_videos)  # (N, C)
     if scores is None:
-        t2v = retrieval_ranks(texts, videos, caption_video, chunk_size=chunk_size)
-        v2t = retrieval_ranks(videos, texts, video_targets, chunk_size=chunk_size)
+        backward = None if similarity is None else partial(_transposed, similarity)
+        t2v = retrieval_ranks(texts, videos, caption_video, chunk_size=chunk_size, similarity=similarity)
+        v2t = retrieval_ranks(videos, texts, video_targets, chunk_size=chunk_size, similarity=backward)
     else:
         t2v = ranks_from_scores(scores, caption_video)
         v2t = ranks_from_scores(scores.T, video_targets)
@@ -327,6 +339,10 @@ def text_video_retrieval(
         if chance:
             out.update({f"chance_{name}R@{k}": v for k, v in chance_recall(targets, ks).items()})
     return out
+
+
+def _transposed(similarity: Callable[[Tensor, Tensor], Tensor], videos: Tensor, texts: Tensor) -> Tensor:
+    return similarity(texts, videos).T
 
 
 def _first_of_each_row(rows: Tensor) -> Tensor:
@@ -368,7 +384,8 @@ class TextVideoRetrieval(Metric):
     concatenated across processes under DDP (``dist_reduce_fx="cat"``): each process may
     add its share of the split, and ``compute()`` ranks the whole split on every process,
     alike. ``sync_on_compute=False`` keeps a process's own states (an evaluation that only
-    one of the processes runs). ``compute()`` returns the keys of
+    one of the processes runs). ``similarity``: the scorer of texts against videos of
+    :func:`text_video_retrieval` (None: inner products). ``compute()`` returns the keys of
     :func:`text_video_retrieval` as floats.
     """
 
@@ -376,9 +393,10 @@ class TextVideoRetrieval(Metric):
     is_differentiable = False
 
     def __init__(self, *, ks: Sequence[int] = RECALL_KS, chunk_size: int = 1024, chance: bool = True,
-                 sync_on_compute: bool = True) -> None:
+                 sync_on_compute: bool = True, similarity: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
         super().__init__(sync_on_compute=sync_on_compute)
         self.ks, self.chunk_size, self.chance = tuple(int(k) for k in ks), int(chunk_size), bool(chance)
+        self.similarity = similarity
         for name in ("caption_rows", "caption_video", "texts", "scores", "videos", "video_rows"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
@@ -447,7 +465,8 @@ class TextVideoRetrieval(Metric):
                 f"TextVideoRetrieval.compute: caption row {int(caption_rows[keep][first])} belongs to video row "
                 f"{int(caption_video[first])}, which no update gave ({unknown.numel()} such captions)"
             )
-        return text_video_retrieval(position, texts=texts[keep], videos=videos[video_keep], **options)
+        return text_video_retrieval(position, texts=texts[keep], videos=videos[video_keep], similarity=self.similarity,
+                                    **options)
 
 
 def recall_sum(metrics: dict[str, float]) -> float:

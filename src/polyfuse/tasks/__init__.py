@@ -8,6 +8,7 @@ item), ``ranking/`` (what retrieval and Chimera share)."""
 
 import polyfuse.tasks.captioning.spec  # registers task.type captioning
 import polyfuse.tasks.chimera.spec  # registers chimera
+import polyfuse.tasks.grounding.spec  # registers grounding
 import polyfuse.tasks.retrieval.spec  # registers retrieval
 import polyfuse.tasks.tabular.spec  # registers sentiment, traits, classification
 import polyfuse.tasks.vqa.spec  # noqa: F401  # registers vqa

@@ -15,68 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-__all__ = ["LOSSES", "OPTIMIZERS", "SCHEDULERS", "FusionTask", "StagedEvaluation", "ban_warmup_factor", "build_optimizer", "check_optimizer"]
+from polyfuse.tasks.optim import OptimSettings, build_optimizer
 
-OPTIMIZERS = ("adamw", "adamax")
+__all__ = ["LOSSES", "FusionTask", "StagedEvaluation", "log_attention_modes"]
+
 #: ``task.loss`` of the regression task types (sentiment, traits)
 LOSSES = {"l1": nn.functional.l1_loss, "mse": nn.functional.mse_loss, "smooth_l1": nn.functional.smooth_l1_loss}
-
-SCHEDULERS = ("none", "cosine", "ban_warmup")
-
-# ban-vqa's train.py: lr_default times these in epochs 0-3 (gradual warm-up), then the
-# last of them until epochs 10, 12, 14, 16, 18 (range(10, 20, 2)) each multiply it by 0.25.
-_BAN_WARMUP = (0.5, 1.0, 1.5, 2.0)
-_BAN_DECAY_EPOCHS = range(10, 20, 2)
-_BAN_DECAY_RATE = 0.25
-
-
-def ban_warmup_factor(epoch: int) -> float:
-    """The multiple of the base learning rate in ``epoch`` (0-based) of ban-vqa's schedule
-    (``train.py``): 0.5, 1, 1.5, 2 in epochs 0-3, 2 until epoch 9, then times 0.25 at
-    epochs 10, 12, 14, 16 and 18 (2 x 0.25^5 from epoch 18 on). With ban-vqa's base
-    1e-3 the peak is 2e-3; BAN section 5.4 writes min(i x 1e-3, 4e-3) for epoch i from 1
-    and a decay of 1/4 every 2 epochs after 10, which is this schedule at base 2e-3."""
-    if epoch < len(_BAN_WARMUP):
-        return _BAN_WARMUP[epoch]
-    decays = sum(1 for decay_epoch in _BAN_DECAY_EPOCHS if decay_epoch <= epoch)
-    return _BAN_WARMUP[-1] * _BAN_DECAY_RATE**decays
-
-
-def build_optimizer(
-    module: nn.Module, *, optimizer: str, lr: float, weight_decay: float, scheduler: str, max_epochs: int | None
-) -> Any:
-    """``torch.optim.AdamW`` or ``Adamax`` over the trainable parameters of ``module`` (no
-    weight decay on biases), with the epoch-wise schedule of ``scheduler``: none, cosine
-    annealing over ``max_epochs`` or ban-vqa's warm-up and decay (:func:`ban_warmup_factor`,
-    through ``LambdaLR``). What ``configure_optimizers`` returns."""
-    decay, no_decay = [], []
-    for name, parameter in module.named_parameters():
-        if parameter.requires_grad:
-            (no_decay if name.endswith("bias") else decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    kind = {"adamw": torch.optim.AdamW, "adamax": torch.optim.Adamax}[optimizer]
-    built = kind(groups, lr=lr)
-    if scheduler == "none":
-        return built
-    if scheduler == "cosine":
-        schedule: Any = torch.optim.lr_scheduler.CosineAnnealingLR(built, T_max=int(max_epochs))
-    else:
-        schedule = torch.optim.lr_scheduler.LambdaLR(built, ban_warmup_factor)
-    return {"optimizer": built, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
-
-
-def check_optimizer(optimizer: str, scheduler: str, max_epochs: int | None) -> None:
-    """Refuse an unknown optimiser or schedule, or cosine without ``max_epochs``."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
-    if scheduler not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
-    if scheduler == "cosine" and not max_epochs:
-        raise ValueError("the cosine scheduler needs max_epochs")
 
 
 def log_attention_modes(task: L.LightningModule, stage: str, batch_size: int) -> None:
@@ -130,11 +77,15 @@ class FusionTask(StagedEvaluation):
         backbone: the model, (inputs, masks, centre) -> (B, backbone.out_dim).
         lr: learning rate (the base of the schedule).
         weight_decay: weight decay (not applied to biases; AdamW's decoupled decay,
-            Adamax's L2 term).
-        scheduler: "none", "cosine" (cosine annealing over ``max_epochs``) or
-            "ban_warmup" (ban-vqa's warm-up and decay, :func:`ban_warmup_factor`).
+            Adam's and Adamax's L2 term).
+        scheduler: "none", "cosine" (cosine annealing over ``max_epochs``), "ban_warmup"
+            (ban-vqa's warm-up and decay, :func:`~polyfuse.tasks.optim.ban_warmup_factor`) or "step" (the rate
+            times ``decay_rate`` every ``decay_every`` optimiser steps).
         max_epochs: the length of the cosine schedule.
-        optimizer: "adamw" or "adamax" (ban-vqa's).
+        optimizer: "adamw", "adam" or "adamax" (ban-vqa's).
+        decay_rate, decay_every: the step schedule's factor and period (only with "step").
+
+    The optimiser and schedule: :func:`~polyfuse.tasks.optim.build_optimizer`.
     """
 
     task_type = ""
@@ -149,16 +100,15 @@ class FusionTask(StagedEvaluation):
         scheduler: str = "none",
         max_epochs: int | None = None,
         optimizer: str = "adamw",
+        decay_rate: float | None = None,
+        decay_every: int | None = None,
     ) -> None:
         super().__init__()
-        check_optimizer(optimizer, scheduler, max_epochs)
+        self.optim_settings = OptimSettings(optimizer, scheduler, max_epochs, decay_rate, decay_every)
         self.backbone = backbone
         self.head = nn.Linear(int(backbone.out_dim), self.output_size)
         self.lr = float(lr)
         self.weight_decay = float(weight_decay)
-        self.scheduler = scheduler
-        self.max_epochs = max_epochs
-        self.optimizer_name = optimizer
         self.stage_metrics = nn.ModuleDict({"val": self.make_metrics(), "test": self.make_metrics()})
 
     # ---- what a task defines ------------------------------------------------------
@@ -206,8 +156,5 @@ class FusionTask(StagedEvaluation):
 
     # ---- optimiser and checkpoints -------------------------------------------------
     def configure_optimizers(self) -> Any:
-        return build_optimizer(
-            self, optimizer=self.optimizer_name, lr=self.lr, weight_decay=self.weight_decay,
-            scheduler=self.scheduler, max_epochs=self.max_epochs,
-        )  # fmt: skip
+        return build_optimizer(self, self.optim_settings, lr=self.lr, weight_decay=self.weight_decay)
 

@@ -125,7 +125,9 @@ def test_task_errors():
     model = backbone("linear", "concat")
     with pytest.raises(ValueError, match="unknown regression loss 'hinge'; expected one of l1, mse, smooth_l1"):
         SentimentTask(model, loss="hinge")
-    with pytest.raises(ValueError, match="unknown scheduler 'step'"):
+    with pytest.raises(ValueError, match="unknown scheduler 'linear'; expected one of none, cosine, ban_warmup, step"):
+        SentimentTask(model, scheduler="linear")
+    with pytest.raises(ValueError, match="the step scheduler needs decay_rate"):
         SentimentTask(model, scheduler="step")
     with pytest.raises(ValueError, match="at least 2 classes"):
         ClassificationTask(model, num_classes=1)

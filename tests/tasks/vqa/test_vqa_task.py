@@ -1,6 +1,6 @@
 """Task type ``vqa`` (polyfuse.tasks.vqa): the candidate table by hand, the image-disjoint
 validation split, the optimiser's schedule, the loss, the features' PCA, and the
-``data.vqa`` options' effect on the vocabulary and targets (VQAScore against the official
+``data.vqa`` options' effect on the vocabulary (answers_from by hand) and targets (VQAScore against the official
 string-level accuracy: tests/metrics/test_vqa_metric.py)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from polyfuse.data.formats.features import ImageFeatures
 from polyfuse.data.formats.vqa import UNKNOWN_WORD, VQAQuestion
 from polyfuse.engine.config import resolve_config
 from polyfuse.tasks.vqa.data import (
+    answer_questions,
     answer_table,
     build_vqa_data,
     fit_pca,
@@ -92,7 +93,7 @@ def test_adamax_with_ban_vqa_warmup_and_decay():
         configured["lr_scheduler"]["scheduler"].step()
     assert paper_lrs[:4] == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3]) and paper_lrs[10] == pytest.approx(1e-3)
     assert paper_lrs[12] == pytest.approx(2.5e-4)
-    with pytest.raises(ValueError, match="unknown optimizer 'sgd'; expected one of adamw, adamax"):
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'; expected one of adamw, adam, adamax"):
         VQATask(model, type_names=["other"], optimizer="sgd")
 
 
@@ -258,3 +259,48 @@ def test_soft_scores_beside_the_answer_ids_hold_the_dense_soft_targets():
         assert (ids >= 0).sum() == (dense > 0).sum()
     empty_ids, _ = answer_table([], VOCABULARY)
     assert soft_scores([], empty_ids, VOCABULARY, "ban_vqa").shape == (0, 1)
+
+
+def _write_annotations(folder, split: str, answers: list[str]) -> None:
+    """``split``'s questions and annotations: two questions per image (0, 1, ...), the
+    k-th with ten humans giving ``answers[k]``, its multiple-choice answer."""
+    import json
+
+    questions, annotations = [], []
+    for k, answer in enumerate(answers):
+        image_id, question_id = k // 2, 100 * (k // 2) + k % 2
+        questions.append({"question_id": question_id, "image_id": image_id, "question": "what is it?"})
+        annotations.append({"question_id": question_id, "image_id": image_id, "multiple_choice_answer": answer,
+                            "answers": [{"answer": answer}] * 10, "answer_type": "other", "question_type": "what"})
+    (folder / f"{split}_questions.json").write_text(json.dumps({"questions": questions}))
+    (folder / f"{split}_annotations.json").write_text(json.dumps({"annotations": annotations}))
+
+
+def test_answers_from_train_val_and_test_by_hand(tmp_path):
+    """ban-vqa counts the answers of train2014 and val2014 together (tools/compute_softscore.py):
+    data.vqa.answers_from train+val, every annotation file of the run. Counts by hand, at
+    min_answer_count 5: the training file (8 images, 16 questions) has cat 6, emu 4, fox 1,
+    dog 5; the test file (4 images) emu 1, owl 5, fox 2."""
+    config = yaml.safe_load((write_vqa_folder(tmp_path, 8, 4) / "vqa.yaml").read_text())
+    _write_annotations(tmp_path, "train", ["cat"] * 6 + ["emu"] * 4 + ["fox"] + ["dog"] * 5)
+    _write_annotations(tmp_path, "test", ["emu"] + ["owl"] * 5 + ["fox"] * 2)
+    config["data"]["vqa"]["min_answer_count"] = 5
+    # the default: the training split only; a quarter of the images (2 of 8) are held out
+    # for validation, images 6 and 7 at this split_seed (questions 12-15): four of the dogs
+    data = build_vqa_data(resolve_config(config))
+    assert sorted({q.image_id for q in data.splits["val"].questions}) == [6, 7]
+    assert data.answers == ["cat"]  # cat 6, emu 4, dog 1, fox 1
+    # train+val: both files, validation images included: cat 6, then dog 5, emu 4 + 1 and
+    # owl 5 (ties alphabetical); fox 1 + 2 = 3 < 5
+    config["data"]["vqa"]["answers_from"] = "train+val"
+    assert build_vqa_data(resolve_config(config)).answers == ["cat", "dog", "emu", "owl"]
+    # the test file is read to count its answers even when the test split is not built
+    assert build_vqa_data(resolve_config(config), splits=("train",)).answers == ["cat", "dog", "emu", "owl"]
+
+
+def test_answer_questions_selects_the_splits():
+    train, valid, test = random_questions(3, 0), random_questions(2, 1), random_questions(1, 2)
+    assert answer_questions("train", train, valid, test) == train
+    assert answer_questions("train+val", train, valid, test) == train + valid + test
+    with pytest.raises(ValueError, match=r"answers_from 'val' is not one of train, train\+val$"):
+        answer_questions("val", train, valid, test)

@@ -15,10 +15,12 @@ from torch import Tensor, nn
 from polyfuse.nn.bilstm import BiLSTMEncoder
 from polyfuse.nn.decoding import CaptionDecoder
 
-__all__ = ["ENCODERS", "VideoCaptioner"]
+__all__ = ["DROPOUT_PLACES", "ENCODERS", "VideoCaptioner"]
 
 #: the per-modality encoders of :class:`VideoCaptioner`
 ENCODERS = ("bilstm", "linear")
+#: where :class:`VideoCaptioner` applies its dropout
+DROPOUT_PLACES = ("encoder+decoder", "decoder")
 
 
 class VideoCaptioner(nn.Module):
@@ -38,28 +40,37 @@ class VideoCaptioner(nn.Module):
             (``tanh(linear)`` per step, a lighter encoder: the ablation of docs/RESULTS.md).
         embed_dim, hidden_dim, attention_dim, rank, combination, dropout: see
             :class:`~polyfuse.nn.decoding.CaptionDecoder`.
+        dropout_at: where ``dropout`` applies: ``"encoder+decoder"`` (each encoder's
+            output, and the decoder LSTM's input and output) or ``"decoder"`` (the decoder
+            LSTM's input and output only: HOCA section 5.2, "The dropout rate for the input
+            and output of LSTM decoder is 0.5"). Without an encoder (``feature_dim``
+            None) the two are the same.
     """
 
     def __init__(
         self, input_dims: Sequence[int], vocab_size: int, *, orders: str | None, low_rank: bool,
         max_lengths: Sequence[int], feature_dim: int | None = 128, embed_dim: int = 128,
         hidden_dim: int = 256, attention_dim: int = 64, rank: int = 1, combination: str = "log",
-        dropout: float = 0.5, encoder: str = "bilstm",
+        dropout: float = 0.5, encoder: str = "bilstm", dropout_at: str = "encoder+decoder",
     ) -> None:
         super().__init__()
         if encoder not in ENCODERS:
             raise ValueError(f"VideoCaptioner: unknown encoder {encoder!r}; expected one of {', '.join(ENCODERS)}")
+        if dropout_at not in DROPOUT_PLACES:
+            raise ValueError(f"VideoCaptioner: unknown dropout_at {dropout_at!r}; expected one of {', '.join(DROPOUT_PLACES)}")
         self.encoder = encoder if feature_dim is not None else "none"
+        self.dropout_at = dropout_at
+        encoder_dropout = dropout if dropout_at == "encoder+decoder" else 0.0
         self.encoders: nn.ModuleList
         if feature_dim is None:
             self.encoders = nn.ModuleList(nn.Identity() for _ in input_dims)
             dims = list(input_dims)
         elif encoder == "bilstm":
-            self.encoders = nn.ModuleList(BiLSTMEncoder(int(d), feature_dim, dropout=dropout) for d in input_dims)
+            self.encoders = nn.ModuleList(BiLSTMEncoder(int(d), feature_dim, dropout=encoder_dropout) for d in input_dims)
             dims = [2 * feature_dim] * len(input_dims)
         else:
             self.encoders = nn.ModuleList(
-                nn.Sequential(nn.Linear(int(d), feature_dim), nn.Tanh(), nn.Dropout(dropout)) for d in input_dims
+                nn.Sequential(nn.Linear(int(d), feature_dim), nn.Tanh(), nn.Dropout(encoder_dropout)) for d in input_dims
             )
             dims = [feature_dim] * len(input_dims)
         self.decoder = CaptionDecoder(

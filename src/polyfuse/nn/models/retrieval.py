@@ -17,11 +17,15 @@ Video side (MAN section 3.3): the experts are the modalities of a fusion module.
   ``normalize(z * sigmoid(W z + b))``, ``z = W' x + b'``) to a unit vector. The text
   side has one gated embedding unit per expert and mixture weights (a softmax over
   the experts from the sentence vector); the score is
-  ``sum_i w_i(text) present_i(video) cos(text_i, video_i)``. Collaborative experts
-  renormalises the weights over the experts a video has; that makes the score depend
-  on the pair, not on one vector per side, so it is left out here: an absent expert
-  adds 0, and all scores stay dot products of one text and one video vector (the
-  chunked ranking of :mod:`polyfuse.metrics.retrieval` needs that).
+  ``sum_i w_i(text) present_i(video) cos(text_i, video_i)``: an absent expert adds 0
+  and the weights are not renormalised (the default), so every score is a dot product
+  of one text and one video vector. With ``renormalize_weights`` the score is
+  collaborative experts' (``sharded_cross_view_inner_product`` of its model/model.py):
+  the weights are masked by the video's experts and divided by their sum over them,
+  ``sum_i w_i p_i cos_i / sum_j w_j p_j``. That ratio depends on the pair, so each
+  embedding then carries its m weights (text) or m availabilities (video, 0 or 1) in
+  m extra last columns and :meth:`RetrievalModel.similarity` (:func:`renormalized_scores`)
+  scores a pair as the ratio of two dot products.
 * ``"gating+man"``: MAN appendix H.2, the representation of collaborative gating with
   MAN's unit vector concatenated; on the text side MAN's vector is one more expert of
   the mixture. ``"mean+man"``: the mean of experts' unit vector beside MAN's vector. In
@@ -57,6 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -66,10 +71,23 @@ from polyfuse.functional.pooling import masked_mean
 
 __all__ = [
     "VIDEO_FUSIONS", "CollaborativeGating", "ExpertTextHead", "ExpertVideoEncoder", "GatedEmbeddingUnit",
-    "RetrievalModel",
+    "RetrievalModel", "renormalized_scores",
 ]
 
 VIDEO_FUSIONS = ("man", "concat", "mean", "gating", "gating+man", "mean+man")
+
+
+def renormalized_scores(texts: Tensor, videos: Tensor, experts: int) -> Tensor:
+    """(Q, G) collaborative experts' scores with the mixture weights renormalised over the
+    experts each video has: ``(t . v) / (w . p)``.
+
+    ``texts`` (Q, E + experts): the mixture-weighted per-expert text vectors, then the
+    weights w; ``videos`` (G, E + experts): the per-expert video vectors (zero where
+    absent), then the availabilities p (0 or 1). ``t . v = sum_i w_i p_i cos_i``; the
+    softmax weights are positive and every video has an expert, so ``w . p > 0``.
+    """
+    numerator = texts[:, :-experts] @ videos[:, :-experts].T
+    return numerator / (texts[:, -experts:] @ videos[:, -experts:].T)
 
 
 class GatedEmbeddingUnit(nn.Module):
@@ -130,10 +148,12 @@ class ExpertTextHead(nn.Module):
         self.units = nn.ModuleList(GatedEmbeddingUnit(text_dim, embed_dim) for _ in range(experts))
         self.mixture = nn.Linear(text_dim, experts)
 
-    def forward(self, sentences: Tensor) -> Tensor:
+    def forward(self, sentences: Tensor, *, with_weights: bool = False) -> Tensor:
+        """(B, m * D); with ``with_weights`` (B, m * D + m), the weights w appended."""
         weights = torch.softmax(self.mixture(sentences), dim=-1)  # (B, m)
         embedded = torch.stack([unit(sentences) for unit in self.units], dim=1)  # (B, m, D)
-        return (embedded * weights.unsqueeze(-1)).flatten(1)
+        out = (embedded * weights.unsqueeze(-1)).flatten(1)
+        return torch.cat((out, weights), -1) if with_weights else out
 
 
 class ExpertVideoEncoder(nn.Module):
@@ -273,6 +293,10 @@ class RetrievalModel(nn.Module):
     Args:
         text_dim: d_t of the sentence vectors. expert_dims, embed_dim, fusion,
         hidden_dim, fusion_options, man_layer_norm, man_zero_init: of :class:`ExpertVideoEncoder`.
+        renormalize_weights: ``gating``, ``gating+man`` only: renormalise the mixture
+            weights over the experts each video has (collaborative experts; module
+            docstring). The embeddings then carry m (``gating+man``: m + 1, MAN's vector
+            always present) extra columns and must be scored by :meth:`similarity`.
 
     Text side: ``gating`` has CE's expert text head over the m experts, ``gating+man``
     over m + 1 (MAN's vector is one more expert, with its own gated embedding unit and
@@ -293,9 +317,14 @@ class RetrievalModel(nn.Module):
         fusion_options: dict | None = None,
         man_layer_norm: bool | None = None,
         man_zero_init: bool | None = None,
+        renormalize_weights: bool = False,
     ) -> None:
         super().__init__()
         self.gating = fusion in ("gating", "gating+man")
+        if renormalize_weights and not self.gating:
+            raise ValueError(f"renormalize_weights applies to the mixture weights of gating and gating+man, not {fusion}")
+        self.renormalize_weights = bool(renormalize_weights)
+        self.mixture_experts = len(expert_dims) + (fusion == "gating+man")  # m; gating+man: MAN's vector too
         self.branches = 2 if fusion == "mean+man" else 1
         self.text_head = (
             ExpertTextHead(text_dim, len(expert_dims) + (fusion == "gating+man"), embed_dim)
@@ -314,10 +343,32 @@ class RetrievalModel(nn.Module):
         per-expert unit vectors, so that a dot product with a video is CE's score
         (``gating+man``: (B, (m + 1) D)); for ``mean+man`` (B, 2 D), two unit vectors
         (each divided by sqrt(2) without ``man_zero_init``)."""
-        if self.gating:
-            return self.text_head(sentence_vectors)
+        if self.gating:  # renormalize_weights: the weights in m extra columns
+            return self.text_head(sentence_vectors, with_weights=self.renormalize_weights)
         branches = self.text_head(sentence_vectors).unflatten(-1, (self.branches, -1))
         return nn.functional.normalize(branches, dim=-1).flatten(-2) * self.text_scale
 
     def embed_videos(self, features: Sequence[Tensor], masks: Sequence[Tensor], present: Tensor) -> Tensor:
-        return self.video(features, masks, present)
+        """(B, D) as :meth:`ExpertVideoEncoder.forward`; with ``renormalize_weights`` the
+        availabilities (0 or 1, MAN's vector always 1) in m extra last columns."""
+        videos = self.video(features, masks, present)
+        if not self.renormalize_weights:
+            return videos
+        available = present.to(videos.dtype)
+        if self.mixture_experts > available.shape[1]:  # gating+man: MAN's vector, always there
+            available = torch.cat((available, available.new_ones(available.shape[0], 1)), -1)
+        return torch.cat((videos, available), -1)
+
+    def similarity(self, texts: Tensor, videos: Tensor) -> Tensor:
+        """(Q, G) scores of ``texts`` (Q, ...) against ``videos`` (G, ...) from
+        :meth:`embed_texts` and :meth:`embed_videos`: their dot products, or with
+        ``renormalize_weights`` :func:`renormalized_scores`."""
+        scores = self.score_function()
+        return texts @ videos.T if scores is None else scores(texts, videos)
+
+    def score_function(self):
+        """The scorer of :meth:`similarity` as a picklable function of (queries, gallery)
+        for :mod:`polyfuse.metrics.retrieval`; None for plain dot products."""
+        if self.renormalize_weights:
+            return partial(renormalized_scores, experts=self.mixture_experts)
+        return None

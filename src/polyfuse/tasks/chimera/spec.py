@@ -13,7 +13,9 @@ Training follows Table 4's protocol (sec. 4.4): in every training step ``mask_ra
 (20%) of each caption's word pieces are replaced by [MASK] before the encoder reads them
 (the targets of L_T) and as many of each video's steps are dropped
 (:mod:`polyfuse.functional.chimera_masking`), the masks drawn from a generator seeded
-by the run's seed and the epoch (a resumed run draws the same). Validation and test
+by the run's seed and the epoch (a resumed run draws the same). With ``train_shuffle_words``
+the words of every training caption are also shuffled afresh each epoch, as sec. 4.4 says
+(:mod:`polyfuse.tasks.chimera.shuffling`; before the masks are drawn). Validation and test
 read everything unmasked and score every caption against every video of the split
 (the model is a cross-encoder). A batch is distinct videos, one caption each
 (:class:`polyfuse.tasks.ranking.data.DistinctVideoBatches`).
@@ -64,6 +66,8 @@ from polyfuse.progress import Stopwatch, progress_bar, run_display, say
 from polyfuse.seeds import epoch_seed
 from polyfuse.sizes import MAX_SIZE
 from polyfuse.tasks.chimera.lm import encode_ids, lm_head_for, mask_batch, masked_batch, tokenized
+from polyfuse.tasks.chimera.shuffling import shuffle_word_pieces, word_tables
+from polyfuse.tasks.optim import OptimSettings, build_optimizer
 from polyfuse.tasks.ranking.data import (
     CORPUS_SPLITS,
     ONE_PROCESS,
@@ -125,6 +129,12 @@ class ChimeraConfig(RetrievalSourceConfig):
     scalar_lr: Annotated[float, Field(gt=0.0)] | None = Field(
         None, description="learning rate of the scalars omega_t, omega_v, beta, c (no weight decay; null: optim.lr)")
     tlm_temperature: Annotated[float, Field(gt=0.0)] = Field(1.0, description="divisor of L_TLM's inner products (the paper: 1)")
+    tlm_symmetric: bool = Field(
+        True, description="L_TLM averaged over both directions, text to video and video to text (false: the paper's "
+        "Eq. 10, each text against the batch's videos only)")
+    train_shuffle_words: bool = Field(
+        False, description="shuffle the words of every training caption afresh each epoch (sec. 4.4, the protocol of "
+        "Table 4; seeded by seed, epoch and caption)")
     shuffled_test: bool = Field(True, description="after the test, score the test split again with each caption's words shuffled (EX2)")
 
     @model_validator(mode="after")
@@ -215,10 +225,16 @@ class ChimeraTask(RankingTask):
 
     def __init__(self, model: ChimeraRetrievalModel, *, switches: Mapping[str, bool], lr: float = 1e-3,
                  weight_decay: float = 1e-4, scalar_lr: float | None = None, mask_rate: float = 0.2,
-                 tlm_temperature: float = 1.0, seed: int = 0, encoder=None) -> None:
+                 tlm_temperature: float = 1.0, tlm_symmetric: bool = True, train_shuffle_words: bool = False,
+                 seed: int = 0, encoder=None, optim: OptimSettings | None = None) -> None:
         super().__init__()
+        self.optim_settings = optim if optim is not None else OptimSettings()  # optimiser and schedule
         if mask_rate > 0 and encoder is None:
             raise ValueError("mask_rate > 0 needs the text encoder (masked captions are encoded every step)")
+        if train_shuffle_words and encoder is None:
+            raise ValueError("train_shuffle_words needs the text encoder (shuffled captions are encoded every step)")
+        self.tlm_symmetric, self.train_shuffle_words = bool(tlm_symmetric), bool(train_shuffle_words)
+        self._word_tables = None  # (fixed ids, continuation), read from the tokenizer when first needed
         self.model = model
         self.switches = dict(switches)
         self.lr, self.weight_decay, self.scalar_lr = float(lr), float(weight_decay), scalar_lr
@@ -251,7 +267,8 @@ class ChimeraTask(RankingTask):
             share = self.model.topic_lm_loss(text, ids, masked, head) * masked.sum()
             terms["topic_lm"] = gather_sum(self, share, len(sizes)) / total
         if self.switches["tlm"] and text.topics is not None:
-            terms["topic_matching"] = topic_matching_loss(every(text.topics), every(video.topics), symmetric=True,
+            terms["topic_matching"] = topic_matching_loss(every(text.topics), every(video.topics),
+                                                          symmetric=self.tlm_symmetric,
                                                           temperature=self.tlm_temperature)  # Eq. 10
         if text.points is not None and (self.switches["hlm"] or self.switches["distortion"]):
             word_points, region_points = every(text.points), every(video.points)
@@ -263,6 +280,18 @@ class ChimeraTask(RankingTask):
                                                                   every(video.tangents), word_mask, region_mask)
         return chimera_objective(**terms), terms  # Eq. 13 with the paper's weights
 
+    def training_ids(self, batch: Mapping[str, Any]) -> Tensor:
+        """The global batch's word-piece ids, with ``train_shuffle_words`` each caption's
+        words shuffled for this epoch (:func:`~polyfuse.tasks.chimera.shuffling.shuffle_word_pieces`,
+        seeded by the run's seed, the epoch and the caption's row); else ``batch["ids"]`` itself."""
+        if not self.train_shuffle_words:
+            return batch["ids"]
+        if self._word_tables is None:
+            self._word_tables = word_tables(self.encoder.tokenizer)
+        fixed, continuation = self._word_tables
+        return shuffle_word_pieces(batch["ids"], batch["id_mask"], batch["caption_rows"], fixed_ids=fixed,
+                                   continuation=continuation, seed=self.seed, epoch=self.current_epoch)
+
     def training_step(self, batch: Mapping[str, Any], batch_index: int) -> Tensor:
         """The objective of the global batch (the masks drawn for it; under DDP this
         process embeds its share, ``batch["shard"]``, and gathers the rest)."""
@@ -270,14 +299,19 @@ class ChimeraTask(RankingTask):
         size = len(video_mask)
         start, stop = batch.get("shard", (0, size))
         sizes = batch.get("shard_sizes") or [size]
-        if self.mask_rate > 0:  # Table 4's protocol: mask words and regions
-            masked_ids, text_mask, ids, masked = mask_batch(self.encoder, batch["ids"], batch["id_mask"],
+        if self.mask_rate > 0:  # Table 4's protocol: mask words and regions (the words shuffled first, if asked)
+            masked_ids, text_mask, ids, masked = mask_batch(self.encoder, self.training_ids(batch), batch["id_mask"],
                                                             self.mask_rate, self._masks)
             video_mask = drop_regions(video_mask, self.mask_rate, self._masks)
             share_mask = text_mask[start:stop]
             text = self.model.texts(encode_ids(self.encoder, masked_ids[start:stop], share_mask), share_mask)
             if self.lm_head is not None:
                 masked_words = (ids[start:stop], masked[start:stop], self.lm_head, masked.sum())
+        elif "ids" in batch:  # shuffled words, unmasked: the share's captions encoded afresh
+            text_mask = batch["id_mask"]
+            share_mask = text_mask[start:stop]
+            text = self.model.texts(encode_ids(self.encoder, self.training_ids(batch)[start:stop], share_mask),
+                                    share_mask)
         else:  # the token states of the share, cut to the global batch's longest caption
             text_mask = batch["text_mask"]
             text = self.model.texts(batch["tokens"], text_mask[start:stop])
@@ -344,12 +378,15 @@ class ChimeraTask(RankingTask):
         self.add_chunk(batch)
         return {}
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
+        """``optim``'s optimiser and schedule (:func:`~polyfuse.tasks.optim.build_optimizer`) over the
+        model's parameters at ``optim.lr`` and ``optim.weight_decay`` (biases included), the scalars at
+        ``scalar_lr`` without weight decay when it is set; a schedule scales each group's rate."""
         groups = [{"params": list(self.model.parameters())}]
         if self.scalar_lr is not None:  # the scalars in their own group: no weight decay pulls them to 0
             groups = own_group(groups, [p for p in self.model.parameters() if p.numel() == 1], lr=self.scalar_lr,
                                weight_decay=0.0)
-        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay)
+        return build_optimizer(groups, self.optim_settings, lr=self.lr, weight_decay=self.weight_decay)
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -395,7 +432,8 @@ class _Batches:
         rows, captions = [v for v, _ in pairs], [c for _, c in pairs]
         start, stop = shard.bounds(len(pairs))
         out: dict[str, Any] = {"steps": video.gather(rows[start:stop], video.steps)[0], "video_mask": video.step_mask(rows),
-                               "shard": (start, stop), "shard_sizes": shard.sizes(len(pairs))}
+                               "shard": (start, stop), "shard_sizes": shard.sizes(len(pairs)),
+                               "caption_rows": torch.tensor(captions, dtype=torch.long)}
         if self.prepared.train_ids is not None:
             ids, id_mask = self.prepared.train_ids[0][captions], self.prepared.train_ids[1][captions]
             length = int(id_mask.sum(1).max())
@@ -416,7 +454,7 @@ def _encoder(section: Mapping[str, Any]):
 def prepare_chimera(config: Mapping[str, Any], encoder, split_names: Sequence[str],
                     display: tuple[bool, bool] = (False, False)) -> ChimeraData:
     """The splits ``split_names`` of the configuration's corpus, their captions' token states encoded
-    once (the training captions only tokenised when they are masked afresh each epoch).
+    once (the training captions only tokenised when they are masked or shuffled afresh each epoch).
     ``display``: a progress bar of the captions encoded (on a terminal) and a final line
     on stderr (:func:`polyfuse.progress.run_display`)."""
     section = config["chimera"]
@@ -425,7 +463,8 @@ def prepare_chimera(config: Mapping[str, Any], encoder, split_names: Sequence[st
     if expert not in corpus.experts:
         raise ValueError(f"chimera.expert: unknown expert {expert!r}; the corpus has {', '.join(corpus.experts)}")
     selected = select_splits(corpus, split, split_names)
-    masked_training = "train" in selected and section["mask_rate"] > 0
+    # masked or shuffled afresh every step: the training captions are only tokenised
+    masked_training = "train" in selected and (section["mask_rate"] > 0 or section.get("train_shuffle_words", False))
     encoded = {name: split_name for name, split_name in selected.items() if not (name == "train" and masked_training)}
     show_bar, show_line = display
     watch, total = Stopwatch(), sum(len(split_name.captions) for split_name in encoded.values())
@@ -444,7 +483,9 @@ def _module(config: Mapping[str, Any], text_dim: int, video_dim: int, encoder) -
     return ChimeraTask(model, switches={k: section[k] for k in ("tlm", "hlm", "distortion", "topic_lm")},
                        lr=config["optim"]["lr"], weight_decay=config["optim"]["weight_decay"],
                        scalar_lr=section["scalar_lr"], mask_rate=section["mask_rate"],
-                       tlm_temperature=section["tlm_temperature"], seed=config["seed"], encoder=encoder)
+                       tlm_temperature=section["tlm_temperature"], tlm_symmetric=section.get("tlm_symmetric", True),
+                       train_shuffle_words=section.get("train_shuffle_words", False), seed=config["seed"],
+                       encoder=encoder, optim=OptimSettings.from_config(config))
 
 
 @register_task
@@ -509,7 +550,7 @@ class ChimeraSpec(RankingSpec):
 
     def module_from_extras(self, extras: Mapping[str, Any]) -> ChimeraTask:
         config = extras["config"]
-        return _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0}},
+        return _module({**config, "chimera": {**config["chimera"], "mask_rate": 0.0, "train_shuffle_words": False}},
                        int(extras["label_info"]["text_dim"]), int(extras["input_dims"][0]), None)
 
     def split_data(self, extras: Mapping[str, Any], split_name: str, encoder=None) -> TaskData[ChimeraData]:

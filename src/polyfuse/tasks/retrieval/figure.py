@@ -20,7 +20,7 @@ __all__ = ["embed_videos", "video_scores"]
 
 @torch.no_grad()
 def embed_videos(model: RetrievalModel, corpus: RetrievalCorpus, batch_size: int = 64) -> Tensor:
-    """(N, D) video embeddings of a corpus, ``batch_size`` videos at a time."""
+    """(N, D) video embeddings of a corpus (with the model's extra columns, if any), ``batch_size`` videos at a time."""
     videos = []
     for start in range(0, len(corpus.video_ids), batch_size):
         batch = video_batch(corpus, torch.arange(start, min(start + batch_size, len(corpus.video_ids))))
@@ -32,4 +32,4 @@ def embed_videos(model: RetrievalModel, corpus: RetrievalCorpus, batch_size: int
 def video_scores(model: RetrievalModel, corpus: RetrievalCorpus, query_vector: Tensor) -> Tensor:
     """(N,) scores of one (1, d_t) sentence vector against every video of ``corpus``, in eval mode."""
     model.eval()
-    return (model.embed_texts(query_vector) @ embed_videos(model, corpus).T)[0]
+    return model.similarity(model.embed_texts(query_vector), embed_videos(model, corpus))[0]

@@ -23,7 +23,7 @@ Validation and test compute in float32 whatever ``trainer.precision`` is (the
 bf16-mixed autocast covers the training steps only).
 
 Configuration: the ``retrieval`` section (:class:`RetrievalConfig`) beside the shared
-``seed``, ``optim.lr``, ``optim.weight_decay``, ``trainer.*``, ``data.batch_size``,
+``seed``, ``optim.*``, ``trainer.*``, ``data.batch_size``,
 ``data.eval_batch_size`` and ``model.options.man`` (MAN's constructor options). ``model.fusion`` names the video
 fusion, one of :data:`~polyfuse.nn.models.retrieval.VIDEO_FUSIONS` (the spec's
 ``fusions``): mean of experts, collaborative gating, concatenation, MAN, and MAN as a
@@ -48,6 +48,7 @@ from polyfuse.nn.models.retrieval import VIDEO_FUSIONS, RetrievalModel
 from polyfuse.progress import Stopwatch, progress_bar, run_display, say
 from polyfuse.sizes import SizeInt
 from polyfuse.tasks import building
+from polyfuse.tasks.optim import OptimSettings, build_optimizer
 from polyfuse.tasks.ranking.data import (
     CORPUS_SPLITS,
     ONE_PROCESS,
@@ -93,6 +94,9 @@ class RetrievalConfig(RetrievalSourceConfig):
         None, description="layer-normalise MAN's fused vector (null: on for gating+man and mean+man, off for man)")
     man_zero_init: bool | None = Field(
         None, description="mean+man: MAN's branch starts at zero (null: on for mean+man; docs/RETRIEVAL.md)")
+    renormalize_weights: bool = Field(
+        False, description="gating, gating+man: renormalise the mixture weights over the experts each video has, "
+        "as collaborative experts does (off: an absent expert adds 0 to the score, the weights stay as they are)")
     chunk_size: Annotated[int, Field(ge=1)] = Field(1024, description="queries ranked at a time (memory: chunk x gallery)")
     shuffled_test: bool = Field(True, description="after the test, rank the test split again with each caption's words shuffled (EX2)")
 
@@ -119,13 +123,15 @@ def split_man_branch(groups: list[dict], model: RetrievalModel, man_lr: float | 
 
 
 def rank_metrics(texts: Tensor, videos: Tensor, caption_videos: Sequence[str], video_ids: Sequence[str], *,
-                 chunk_size: int = 1024, chance: bool = False) -> dict[str, float]:
+                 chunk_size: int = 1024, chance: bool = False, similarity=None) -> dict[str, float]:
     """R@1/5/10, MedR, MeanR of text-to-video (``t2v_``) and video-to-text (``v2t_``) over
     (C, D) caption and (N, D) video embeddings (:func:`~polyfuse.metrics.retrieval.text_video_retrieval`),
-    ``rsum`` the sum of the six recalls, and with ``chance`` the chance recalls."""
+    ``rsum`` the sum of the six recalls, and with ``chance`` the chance recalls. ``similarity``:
+    the model's scorer (:meth:`~polyfuse.nn.models.retrieval.RetrievalModel.score_function`; None: dot products)."""
     row_of = {video: i for i, video in enumerate(video_ids)}
     caption_video = torch.tensor([row_of[v] for v in caption_videos], dtype=torch.long)
-    out = text_video_retrieval(caption_video, texts=texts, videos=videos, chunk_size=chunk_size, chance=chance)
+    out = text_video_retrieval(caption_video, texts=texts, videos=videos, chunk_size=chunk_size, chance=chance,
+                               similarity=similarity)
     out["rsum"] = recall_sum(out)
     return out
 
@@ -139,8 +145,9 @@ class RetrievalTask(RankingTask):
     def __init__(self, model: RetrievalModel, *, lr: float = 1e-3, weight_decay: float = 1e-4,
                  loss: str = "margin", margin: float = 0.2, temperature: float = 0.05,
                  text_lr: float | None = None, man_lr: float | None = None, text_encoder=None,
-                 chunk_size: int = 1024) -> None:
+                 chunk_size: int = 1024, optim: OptimSettings | None = None) -> None:
         super().__init__()
+        self.optim_settings = optim if optim is not None else OptimSettings()  # optimiser and schedule
         if loss not in ("margin", "infonce"):
             raise ValueError(f"unknown loss {loss!r}; expected 'margin' or 'infonce'")
         if text_lr is not None and text_encoder is None:
@@ -173,7 +180,7 @@ class RetrievalTask(RankingTask):
         videos = self.model.embed_videos(batch["features"], batch["masks"], batch["present"])
         sizes = batch.get("shard_sizes") or [len(batch["present"])]
         texts, videos = gather_rows(self, texts, sizes), gather_rows(self, videos, sizes)  # (B, D) each
-        loss = self._loss(texts @ videos.T)
+        loss = self._loss(self.model.similarity(texts, videos))
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=sum(sizes), sync_dist=True)
         return loss
 
@@ -190,7 +197,8 @@ class RetrievalTask(RankingTask):
 
     # ---- ranking a split (polyfuse.tasks.ranking.module) -------------------------------
     def start_split(self, *, chance: bool, gather: bool) -> None:
-        metric = TextVideoRetrieval(chunk_size=self.chunk_size, chance=chance, sync_on_compute=gather)
+        metric = TextVideoRetrieval(chunk_size=self.chunk_size, chance=chance, sync_on_compute=gather,
+                                    similarity=self.model.score_function())
         object.__setattr__(self, "_split", metric.to(self.device))  # not a submodule: no state of the model
 
     def add_chunk(self, chunk: Mapping[str, Any]) -> None:
@@ -211,10 +219,13 @@ class RetrievalTask(RankingTask):
         return self.embed_chunk(batch)
 
     # ---- optimiser ------------------------------------------------------------------------
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
+        """``optim``'s optimiser and schedule (:func:`~polyfuse.tasks.optim.build_optimizer`) over the
+        model's parameters at ``optim.lr`` and ``optim.weight_decay`` (biases included), the fine-tuned
+        text encoder's at ``text_lr`` and MAN's branch at ``man_lr``; a schedule scales each group's rate."""
         groups = split_man_branch(parameter_groups(self.model, self.text_encoder, self.text_lr), self.model,
                                   self.man_lr)
-        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay)
+        return build_optimizer(groups, self.optim_settings, lr=self.lr, weight_decay=self.weight_decay)
 
 
 # ---- data ----------------------------------------------------------------------------------
@@ -316,7 +327,8 @@ def _model(config: Mapping[str, Any], text_dim: int, expert_dims: Sequence[int])
         options.setdefault("seed", int(config["seed"]))
     return RetrievalModel(text_dim, list(expert_dims), embed_dim=section["embed_dim"], fusion=fusion,
                           hidden_dim=section["hidden_dim"], fusion_options=options,
-                          man_layer_norm=section["man_layer_norm"], man_zero_init=section["man_zero_init"])
+                          man_layer_norm=section["man_layer_norm"], man_zero_init=section["man_zero_init"],
+                          renormalize_weights=bool(section.get("renormalize_weights", False)))
 
 
 def _task(config: Mapping[str, Any], model: RetrievalModel, encoder) -> RetrievalTask:
@@ -325,7 +337,8 @@ def _task(config: Mapping[str, Any], model: RetrievalModel, encoder) -> Retrieva
     return RetrievalTask(model, lr=config["optim"]["lr"], weight_decay=config["optim"]["weight_decay"],
                          loss=section["loss"], margin=section["margin"], temperature=section["temperature"],
                          text_lr=section["text_lr"], man_lr=section["man_lr"],
-                         text_encoder=encoder if fine_tune else None, chunk_size=section["chunk_size"])
+                         text_encoder=encoder if fine_tune else None, chunk_size=section["chunk_size"],
+                         optim=OptimSettings.from_config(config))
 
 
 @register_task
@@ -349,6 +362,9 @@ class RetrievalSpec(RankingSpec):
             raise ValueError(f"retrieval.man_lr applies to MAN as a branch (model.fusion gating+man, mean+man), not to {fusion}")
         if section.man_zero_init and fusion != "mean+man":
             raise ValueError(f"retrieval.man_zero_init applies to model.fusion mean+man only, not {fusion}")
+        if section.renormalize_weights and fusion not in ("gating", "gating+man"):
+            raise ValueError(f"retrieval.renormalize_weights applies to the mixture weights of model.fusion gating "
+                             f"and gating+man, not to {fusion}")
 
     def build_data(self, config: Mapping[str, Any]) -> TaskData[RetrievalData]:
         split_names = (*CORPUS_SPLITS, SHUFFLED) if config["retrieval"]["shuffled_test"] else CORPUS_SPLITS
@@ -398,7 +414,7 @@ class RetrievalSpec(RankingSpec):
                      corpus: RetrievalCorpus) -> tuple[Tensor, list[str], list[str]]:
         texts = torch.cat([o["texts"] for o in outputs if o["texts"] is not None])
         videos = torch.cat([o["videos"] for o in outputs if o["videos"] is not None])
-        return texts @ videos.T, list(corpus.caption_video), list(corpus.video_ids)
+        return module.model.similarity(texts, videos), list(corpus.caption_video), list(corpus.video_ids)
 
     def query_scores(self, module: RetrievalTask, extras: Mapping[str, Any], data: TaskData[RetrievalData], text: str,
                      caption: int | None) -> Tensor:

@@ -211,6 +211,8 @@ class TabularSpec(TaskSpec):
             "scheduler": config["optim"]["scheduler"],
             "optimizer": config["optim"]["optimizer"],
             "max_epochs": config["trainer"]["max_epochs"],
+            "decay_rate": config["optim"].get("decay_rate"),
+            "decay_every": config["optim"].get("decay_every"),
             **self.task_options(config, label_info),
         }
         return self.task(build_backbone(config, input_dims, names), **options)

@@ -42,10 +42,12 @@ from polyfuse.data.loading import epoch_to_draw, loader_options
 from polyfuse.text import normalize_answer, vqa_accuracy
 
 __all__ = [
+    "ANSWER_SOURCES",
     "IN_MEMORY_BYTES",
     "VQAData",
     "VQADataModule",
     "VQASplit",
+    "answer_questions",
     "answer_table",
     "build_vqa_data",
     "encode_split",
@@ -297,6 +299,24 @@ def encode_split(
     )
 
 
+#: ``data.vqa.answers_from``: whose answers form the answer vocabulary
+ANSWER_SOURCES = ("train", "train+val")
+
+
+def answer_questions(answers_from: str, train: Sequence[VQAQuestion], valid: Sequence[VQAQuestion],
+                     test: Sequence[VQAQuestion]) -> list[VQAQuestion]:
+    """The questions whose answers :func:`~polyfuse.data.formats.vqa.answer_vocabulary`
+    counts (``data.vqa.answers_from``): ``train`` the training split alone; ``train+val``
+    ban-vqa's rule, VQA 2.0's train2014 and val2014 annotations together
+    (``tools/compute_softscore.py``: 3,129 answers at 9): every annotated question of the
+    run, the training and validation splits (``train_annotations``) and the test split
+    (``test_annotations``, val2014 in the layout of docs/VQA.md), so that the test split's
+    answers shape the vocabulary, as in ban-vqa."""
+    if answers_from not in ANSWER_SOURCES:
+        raise ValueError(f"answers_from {answers_from!r} is not one of {', '.join(ANSWER_SOURCES)}")
+    return [*train] if answers_from == "train" else [*train, *valid, *test]
+
+
 def build_vqa_data(
     config: Mapping[str, Any],
     *,
@@ -315,19 +335,23 @@ def build_vqa_data(
     train_questions, valid_questions = split_by_image(
         read_vqa_questions(section, "train"), float(config["data"]["validation_fraction"]), int(config["data"]["split_seed"])
     ) if reads_training else ([], [])  # fmt: skip
-    test_questions = read_vqa_questions(section, "test") if "test" in splits else []
+    answers_from = section.get("answers_from", "train")
+    counts_test = vocabulary is None and answers_from == "train+val"
+    test_questions = read_vqa_questions(section, "test") if "test" in splits or counts_test else []
     train_features = read_split_features(section, "train") if reads_training else None
     test_features = read_split_features(section, "test") if "test" in splits else None
     breakdown = section["breakdown"]
     if vocabulary is None:
         words = word_vocabulary(train_questions, min_count=int(section["min_word_count"]))
         answers = answer_vocabulary(
-            train_questions, min_count=int(section["min_answer_count"]), count=section["answer_count"]
+            answer_questions(answers_from, train_questions, valid_questions, test_questions),
+            min_count=int(section["min_answer_count"]), count=section["answer_count"],
         )
         if not answers:
             raise ValueError(
-                f"no answer occurs data.vqa.min_answer_count = {section['min_answer_count']} times in the training "
-                f"annotations (counted as data.vqa.answer_count = {section['answer_count']})"
+                f"no answer occurs data.vqa.min_answer_count = {section['min_answer_count']} times in the "
+                f"annotations of data.vqa.answers_from = {answers_from} (counted as data.vqa.answer_count = "
+                f"{section['answer_count']})"
             )
         type_names = sorted({_type_of(q, breakdown) for q in train_questions})
         pca = None

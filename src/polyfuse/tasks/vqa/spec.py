@@ -23,8 +23,9 @@ from polyfuse.extract.images import feature_settings
 from polyfuse.metrics.vqa import VQAScore
 from polyfuse.nn.models.vqa import BanVQA, FusionVQA
 from polyfuse.sizes import SizeInt
-from polyfuse.tasks.base import FusionTask, StagedEvaluation, check_optimizer, log_attention_modes
+from polyfuse.tasks.base import StagedEvaluation, log_attention_modes
 from polyfuse.tasks.building import fusion_options
+from polyfuse.tasks.optim import OptimSettings, build_optimizer
 from polyfuse.tasks.registry import TaskData, TaskSpec, register_task
 from polyfuse.tasks.vqa.data import VQAData, VQADataModule, build_vqa_data
 from polyfuse.tasks.vqa.new_questions import NEW_SPLIT, new_questions_data
@@ -48,7 +49,7 @@ class VQATask(StagedEvaluation):
     ``<stage>/loss``, ``<stage>/acc`` (official VQA accuracy) and ``<stage>/acc/<type>``.
 
     ``forward(batch)`` returns (logits (B, A), attention (B, G, O, L) or None).
-    Optimiser and checkpoint extras as :class:`~polyfuse.tasks.base.FusionTask`.
+    Optimiser (:meth:`configure_optimizers`) and checkpoint extras as :class:`~polyfuse.tasks.base.FusionTask`.
     """
 
     task_type = "vqa"
@@ -66,12 +67,13 @@ class VQATask(StagedEvaluation):
         scheduler: str = "none",
         max_epochs: int | None = None,
         optimizer: str = "adamw",
+        decay_rate: float | None = None,
+        decay_every: int | None = None,
     ) -> None:
         super().__init__()
-        check_optimizer(optimizer, scheduler, max_epochs)
+        self.optim_settings = OptimSettings(optimizer, scheduler, max_epochs, decay_rate, decay_every)
         self.model = model
-        self.lr, self.weight_decay, self.scheduler, self.max_epochs = float(lr), float(weight_decay), scheduler, max_epochs
-        self.optimizer_name = optimizer
+        self.lr, self.weight_decay = float(lr), float(weight_decay)
         self.stage_metrics = nn.ModuleDict({"val": VQAScore(type_names), "test": VQAScore(type_names)})
 
     def forward(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor | None]:
@@ -104,9 +106,11 @@ class VQATask(StagedEvaluation):
         answers, scores = answers[:, : self.predict_top_k], torch.sigmoid(ranked[:, : self.predict_top_k])
         return {"row": batch["row"], "answer": answers[:, 0], "score": scores[:, 0], "answers": answers, "scores": scores}
 
-    # The same optimiser (AdamW or ban-vqa's Adamax, no decay on biases), schedule and
-    # checkpoint extras as every task.
-    configure_optimizers = FusionTask.configure_optimizers
+    def configure_optimizers(self) -> Any:
+        """The optimiser and schedule of ``optim`` (:func:`~polyfuse.tasks.optim.build_optimizer`;
+        AdamW by default, ban-vqa's Adamax and warm-up with ``adamax`` and ``ban_warmup``), no
+        weight decay on biases, as the tabular tasks."""
+        return build_optimizer(self, self.optim_settings, lr=self.lr, weight_decay=self.weight_decay)
 
 
 # -- configuration: data.vqa and model.vqa -----------------------------------------------
@@ -136,6 +140,9 @@ class VQADataConfig(_VQASection):
     min_answer_count: Annotated[int, Field(ge=1)] = Field(9, description="answers counted at least this many times (answer_count) form the answer vocabulary (the paper, ban-vqa: 9)")
     answer_count: Literal["multiple_choice", "all_answers"] = Field(
         "multiple_choice", description="multiple_choice: count the questions whose multiple-choice answer it is (the paper, ban-vqa); all_answers: count every human answer"
+    )
+    answers_from: Literal["train", "train+val"] = Field(
+        "train", description="whose answers are counted: train (the training split) | train+val (ban-vqa's train2014 + val2014: train_annotations and test_annotations, every split; the test split's answers then shape the vocabulary)"
     )
     soft_score: Literal["ban_vqa", "min_third"] = Field(
         "ban_vqa", description="training target of an answer n humans gave: ban_vqa 0.3/0.6/0.9/1 for n = 1/2/3/4+ (ban-vqa's; the paper gives none); min_third min(n/3, 1)"
@@ -223,6 +230,7 @@ def build_vqa_task(config: Mapping[str, Any], vocabulary: Mapping[str, Any], ima
         model, type_names=vocabulary["type_names"], lr=config["optim"]["lr"],
         weight_decay=config["optim"]["weight_decay"], scheduler=config["optim"]["scheduler"],
         max_epochs=config["trainer"]["max_epochs"], optimizer=config["optim"]["optimizer"],
+        decay_rate=config["optim"].get("decay_rate"), decay_every=config["optim"].get("decay_every"),
     )  # fmt: skip
 
 
