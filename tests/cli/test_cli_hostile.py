@@ -226,10 +226,10 @@ def test_a_bad_image_found_mid_run_keeps_the_checkpoint_and_resume_continues(tmp
     import yaml
     from lightning.pytorch.callbacks import Callback
 
-    import polyfuse.tasks.vqa.data as vqa_data
+    import polyfuse.data.formats.features as region_features
     from polyfuse.engine import train
 
-    monkeypatch.setattr(vqa_data, "IN_MEMORY_BYTES", 0)  # read per batch, as a large file is
+    monkeypatch.setattr(region_features, "IN_MEMORY_BYTES", 0)  # read per batch, as a large file is
 
     folder = _vqa_folder(tmp_path)
     features = folder / "train.h5"
@@ -267,10 +267,10 @@ def test_a_file_truncated_mid_run_is_named_and_resume_continues_once_restored(tm
     import yaml
     from lightning.pytorch.callbacks import Callback
 
-    import polyfuse.tasks.vqa.data as vqa_data
+    import polyfuse.data.formats.features as region_features
     from polyfuse.engine import train
 
-    monkeypatch.setattr(vqa_data, "IN_MEMORY_BYTES", 0)  # read per batch, as a large file is
+    monkeypatch.setattr(region_features, "IN_MEMORY_BYTES", 0)  # read per batch, as a large file is
     folder = _vqa_folder(tmp_path)
     features = folder / "train.h5"
     whole = features.read_bytes()

@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from polyfuse.data.loading import epoch_to_draw
+from polyfuse.data.loading import epoch_to_draw, loader_options
 from polyfuse.data.prepare import Features, Split, TabularData
 
-__all__ = ["FusionDataModule", "ShardedShuffleSampler", "SplitDataset", "collate_rows"]
+__all__ = ["FusionDataModule", "ShardedShuffleSampler", "SplitBatchesDataModule", "SplitDataset", "collate_rows"]
 
 
 class SplitDataset(Dataset):
@@ -216,3 +216,50 @@ class FusionDataModule(L.LightningDataModule):
         if not 0 <= index < len(split):
             raise ValueError(f"sample {index} outside the {len(split)} samples of {key!r}")
         return collate_rows(self._tensors, split, [index])
+
+
+def _split_batch(split: Any, indices: list[int]) -> Any:
+    return split.batch(torch.as_tensor(indices, dtype=torch.long))
+
+
+class SplitBatchesDataModule(L.LightningDataModule):
+    """Serves ``data.splits``, each an object that reads its own batches
+    (``len(split)`` items, ``split.batch(indices)``: VQA's and grounding's splits, whose
+    batches read region features in the loader's workers). Training batches in a fresh
+    order per epoch drawn from ``seed`` and the epoch (:class:`ShardedShuffleSampler`,
+    made at the epoch it draws: :func:`~polyfuse.data.loading.epoch_to_draw`), each
+    process its share of the global ``batch_size``; ``loader``: further
+    :class:`~torch.utils.data.DataLoader` keywords (:func:`polyfuse.data.loading.loader_options`)."""
+
+    def __init__(self, data: Any, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0,
+                 loader: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.data, self.batch_size, self.eval_batch_size, self.seed = data, int(batch_size), int(eval_batch_size), int(seed)
+        self.options = dict(loader or loader_options(None))
+
+    def loader(self, key: str, *, train: bool = False) -> DataLoader:
+        if key not in self.data.splits:
+            raise ValueError(f"no {key!r} split; have {', '.join(self.data.splits)}")
+        split = self.data.splits[key]
+        rank, world = (0, 1) if self.trainer is None else (self.trainer.global_rank, self.trainer.world_size)
+        if train and self.batch_size % world:
+            raise ValueError(f"data.batch_size {self.batch_size} must be divisible by the {world} processes")
+        sampler = ShardedShuffleSampler(len(split), seed=self.seed, rank=rank, world=world, shuffle=train)
+        sampler.set_epoch(epoch_to_draw(self.trainer))  # workers draw on creation
+        return DataLoader(
+            list(range(len(split))), batch_size=self.batch_size // world if train else self.eval_batch_size,
+            sampler=sampler, collate_fn=partial(_split_batch, split),  # reads the features: in the workers
+            # A loader without a generator draws its base seed from the global RNG, which
+            # would shift dropout after a resume; this one never touches it.
+            generator=torch.Generator().manual_seed(self.seed),
+            **self.options,
+        )  # fmt: skip
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")

@@ -216,7 +216,7 @@ def test_bans_options_reach_the_vqa_model_and_its_size_is_the_question_encoders(
 
 @pytest.mark.parametrize("feature_dim", [None, 3])
 def test_streamed_and_in_memory_features_give_the_same_predictions(tmp_path, monkeypatch, feature_dim):
-    import polyfuse.tasks.vqa.data as vqa_data
+    import polyfuse.data.formats.features as region_features
     from polyfuse.data.formats.features import RegionFeatures
     from polyfuse.tasks.vqa.spec import build_vqa_model
 
@@ -224,7 +224,7 @@ def test_streamed_and_in_memory_features_give_the_same_predictions(tmp_path, mon
     config["data"]["vqa"]["feature_dim"] = feature_dim
     config = resolve_config(config)
     held = build_vqa_data(config)
-    monkeypatch.setattr(vqa_data, "IN_MEMORY_BYTES", 0)  # every file read per batch
+    monkeypatch.setattr(region_features, "IN_MEMORY_BYTES", 0)  # every file read per batch
     streamed = build_vqa_data(config)
     assert isinstance(streamed.splits["test"].features, RegionFeatures)
     assert isinstance(held.splits["test"].features, ImageFeatures)

@@ -26,6 +26,7 @@ pickle.load(open(sys.argv[1], 'rb')).items()}, open(sys.argv[2], 'w'))" in.pkl o
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,8 @@ from polyfuse.data.formats.jsonfile import read_json
 from polyfuse.data.rows import H5File
 
 __all__ = [
-    "BOX_DATASETS", "ImageFeatures", "RegionFeatures", "check_image_ids", "is_bottom_up", "load_bottom_up_features",
-    "load_image_features",
+    "BOX_DATASETS", "IN_MEMORY_BYTES", "ImageFeatures", "RegionFeatures", "check_image_ids", "is_bottom_up",
+    "load_bottom_up_features", "load_image_features", "served",
 ]
 
 
@@ -194,6 +195,20 @@ class RegionFeatures:
         parts = [self.read(np.arange(start, min(start + 1024, self.images)), pad_to=self.max_boxes)
                  for start in range(0, self.images, 1024)]
         return ImageFeatures(torch.cat([f for f, _ in parts]), torch.cat([b for _, b in parts]), self.rows, self.source)
+
+
+#: a features file of at most this many bytes as float32, padded, is read whole by
+#: :func:`served`; a larger one is read per batch (``POLYFUSE_IN_MEMORY_FEATURE_BYTES``)
+IN_MEMORY_BYTES = int(os.environ.get("POLYFUSE_IN_MEMORY_FEATURE_BYTES", str(512 << 20)))
+
+
+def served(features: RegionFeatures) -> RegionFeatures | ImageFeatures:
+    """What batches read: a file of at most :data:`IN_MEMORY_BYTES` (float32, padded to its
+    most boxes) whole in memory, gathered from there (a small set, as easy-VQA); a larger
+    one as it is, read per batch."""
+    if features.images * features.max_boxes * features.dim * 4 > IN_MEMORY_BYTES:
+        return features
+    return features.load()
 
 
 def load_image_features(path: str | Path) -> ImageFeatures:

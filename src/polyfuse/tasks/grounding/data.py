@@ -29,43 +29,27 @@ bool, ``targets`` (B, P, O) float (1 at boxes with IoU >= 0.5) and ``row`` (B,).
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from polyfuse.data.datamodule import ShardedShuffleSampler
-from polyfuse.data.formats.features import ImageFeatures, RegionFeatures, is_bottom_up
+from polyfuse.data.datamodule import SplitBatchesDataModule
+from polyfuse.data.formats.features import ImageFeatures, RegionFeatures, is_bottom_up, served
 from polyfuse.data.formats.flickr30k import parse_boxes, parse_sentence
 from polyfuse.data.formats.vqa import UNKNOWN_WORD
-from polyfuse.data.loading import epoch_to_draw, loader_options
 from polyfuse.metrics.grounding import box_targets
 
 __all__ = [
-    "IN_MEMORY_BYTES", "GroundingData", "GroundingDataModule", "GroundingItem", "GroundingPhrase", "GroundingSplit",
+    "GroundingData", "GroundingDataModule", "GroundingItem", "GroundingPhrase", "GroundingSplit",
     "build_grounding_data", "encode_words", "read_image_ids", "read_items", "word_vocabulary",
 ]
 
 SPLITS = ("train", "val", "test")
-
-#: a features file of at most this many bytes as float32, padded, is read whole; a larger
-#: one per batch (``POLYFUSE_IN_MEMORY_FEATURE_BYTES``, the same bound as VQA's)
-IN_MEMORY_BYTES = int(os.environ.get("POLYFUSE_IN_MEMORY_FEATURE_BYTES", str(512 << 20)))
-
-
-def _served(features: RegionFeatures) -> RegionFeatures | ImageFeatures:
-    if features.images * features.max_boxes * features.dim * 4 > IN_MEMORY_BYTES:
-        return features
-    return features.load()
-
 
 @dataclass(frozen=True)
 class GroundingPhrase:
@@ -253,15 +237,15 @@ def build_grounding_data(config: Mapping[str, Any], *, vocabulary: Mapping[str, 
         features, key = _features(section, split)
         ident = (str(features.source), section.get(f"{key}_index"))
         if ident not in opened:
-            opened[ident] = (_served(features), features.box_name == "image_bb")
-        served, pixels = opened[ident]
+            opened[ident] = (served(features), features.box_name == "image_bb")
+        reader, pixels = opened[ident]
         image_ids = [item.image_id for item in items[split]]
-        served.check_ids(image_ids, f"{split} captions of {entities}")
+        reader.check_ids(image_ids, f"{split} captions of {entities}")
         data.splits[split] = GroundingSplit(
             items[split], encode_words(items[split], words, max_length),
-            torch.tensor([served.rows[i] for i in image_ids], dtype=torch.long), served, pixels, section["match"],
+            torch.tensor([reader.rows[i] for i in image_ids], dtype=torch.long), reader, pixels, section["match"],
         )  # fmt: skip
-        data.image_dim = int(served.dim)
+        data.image_dim = int(reader.dim)
     if counts:
         skipped = {k: v for k, v in counts.items() if k != "phrases"}
         data.notes.append(f"{counts['phrases']} phrases read; skipped: " + (
@@ -275,43 +259,6 @@ def build_grounding_data(config: Mapping[str, Any], *, vocabulary: Mapping[str, 
     return data
 
 
-def _collate(split: GroundingSplit, indices: list[int]) -> dict[str, Tensor]:
-    return split.batch(torch.as_tensor(indices, dtype=torch.long))
-
-
-class GroundingDataModule(L.LightningDataModule):
-    """Serves the splits of a :class:`GroundingData` as batches of the module docstring;
-    training batches in a fresh order per epoch drawn from ``seed`` and the epoch
-    (:class:`~polyfuse.data.datamodule.ShardedShuffleSampler`, made at the epoch it draws:
-    :func:`~polyfuse.data.loading.epoch_to_draw`), each process its share."""
-
-    def __init__(self, data: GroundingData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0,
-                 loader: Mapping[str, Any] | None = None) -> None:
-        super().__init__()
-        self.data, self.batch_size, self.eval_batch_size, self.seed = data, int(batch_size), int(eval_batch_size), int(seed)
-        self.options = dict(loader or loader_options(None))
-
-    def loader(self, key: str, *, train: bool = False) -> DataLoader:
-        if key not in self.data.splits:
-            raise ValueError(f"no {key!r} split; have {', '.join(self.data.splits)}")
-        split = self.data.splits[key]
-        rank, world = (0, 1) if self.trainer is None else (self.trainer.global_rank, self.trainer.world_size)
-        if train and self.batch_size % world:
-            raise ValueError(f"data.batch_size {self.batch_size} must be divisible by the {world} processes")
-        sampler = ShardedShuffleSampler(len(split), seed=self.seed, rank=rank, world=world, shuffle=train)
-        sampler.set_epoch(epoch_to_draw(self.trainer))  # workers draw on creation
-        return DataLoader(
-            list(range(len(split))), batch_size=self.batch_size // world if train else self.eval_batch_size,
-            sampler=sampler, collate_fn=partial(_collate, split),  # reads the features: in the workers
-            generator=torch.Generator().manual_seed(self.seed),  # never the global generator
-            **self.options,
-        )  # fmt: skip
-
-    def train_dataloader(self) -> DataLoader:
-        return self.loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self.loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self.loader("test")
+class GroundingDataModule(SplitBatchesDataModule):
+    """Serves the splits of a :class:`GroundingData` as batches of the module docstring
+    (:class:`~polyfuse.data.datamodule.SplitBatchesDataModule`)."""

@@ -14,22 +14,18 @@ question's position in its split.
 
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from polyfuse.data.datamodule import ShardedShuffleSampler
-from polyfuse.data.formats.features import ImageFeatures, RegionFeatures, is_bottom_up
+from polyfuse.data.datamodule import SplitBatchesDataModule
+from polyfuse.data.formats.features import ImageFeatures, RegionFeatures, is_bottom_up, served
 from polyfuse.data.formats.vqa import (
     VQAQuestion,
     answer_vocabulary,
@@ -38,12 +34,10 @@ from polyfuse.data.formats.vqa import (
     soft_score_of,
     word_vocabulary,
 )
-from polyfuse.data.loading import epoch_to_draw, loader_options
 from polyfuse.text import normalize_answer, vqa_accuracy
 
 __all__ = [
     "ANSWER_SOURCES",
-    "IN_MEMORY_BYTES",
     "VQAData",
     "VQADataModule",
     "VQASplit",
@@ -229,21 +223,16 @@ def read_split_features(section: Mapping[str, Any], split: str) -> RegionFeature
     return RegionFeatures(path)
 
 
-#: the most bytes of a features file held in memory (``POLYFUSE_IN_MEMORY_FEATURE_BYTES``)
-IN_MEMORY_BYTES = int(os.environ.get("POLYFUSE_IN_MEMORY_FEATURE_BYTES", str(512 << 20)))
-
-
 def hold_in_memory(
     features: RegionFeatures, pca: tuple[Tensor, Tensor] | None
 ) -> tuple[RegionFeatures | ImageFeatures, tuple[Tensor, Tensor] | None]:
-    """The features batches read and the projection still to apply to them: a file of at
-    most :data:`IN_MEMORY_BYTES` as float32, padded, is read whole and projected once (a
-    small set, as easy-VQA: batches are gathered from memory, and the projection is one
+    """The features batches read and the projection still to apply to them: a file that
+    :func:`~polyfuse.data.formats.features.served` holds in memory is projected once (one
     matrix product over every image, as before features were streamed, so that earlier
     runs reproduce to the bit); a larger one is read per batch and projected there."""
-    if features.images * features.max_boxes * features.dim * 4 > IN_MEMORY_BYTES:
+    held = served(features)
+    if held is features:
         return features, pca
-    held = features.load()
     if pca is not None:
         held.features = project_features(held.features, *pca)
     return held, None
@@ -384,49 +373,6 @@ def build_vqa_data(
     return data
 
 
-def _collate(split: VQASplit, indices: list[int]) -> dict[str, Tensor]:
-    return split.batch(torch.as_tensor(indices, dtype=torch.long))
-
-
-class VQADataModule(L.LightningDataModule):
-    """Serves the splits of a :class:`VQAData` as batches of the module docstring;
-    training batches in a fresh order per epoch drawn from ``seed`` and the epoch
-    (:class:`~polyfuse.data.datamodule.ShardedShuffleSampler`)."""
-
-    def __init__(self, data: VQAData, *, batch_size: int, eval_batch_size: int = 256, seed: int = 0,
-                 loader: Mapping[str, Any] | None = None) -> None:
-        super().__init__()
-        self.data = data
-        self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size)
-        self.seed = int(seed)
-        self.options = dict(loader or loader_options(None))  # DataLoader's workers, pinning, prefetching
-
-    def loader(self, key: str, *, train: bool = False) -> DataLoader:
-        if key not in self.data.splits:
-            raise ValueError(f"no {key!r} split; have {', '.join(self.data.splits)}")
-        split = self.data.splits[key]
-        rank, world = (0, 1) if self.trainer is None else (self.trainer.global_rank, self.trainer.world_size)
-        if train and self.batch_size % world:
-            raise ValueError(f"data.batch_size {self.batch_size} must be divisible by the {world} processes")
-        sampler = ShardedShuffleSampler(len(split), seed=self.seed, rank=rank, world=world, shuffle=train)
-        sampler.set_epoch(epoch_to_draw(self.trainer))  # workers draw on creation
-        return DataLoader(
-            list(range(len(split))),
-            batch_size=self.batch_size // world if train else self.eval_batch_size,
-            sampler=sampler,
-            collate_fn=partial(_collate, split),  # reads the images: in the workers
-            # A loader without a generator draws its base seed from the global RNG, which
-            # would shift dropout after a resume; this one never touches it.
-            generator=torch.Generator().manual_seed(self.seed),
-            **self.options,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self.loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self.loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self.loader("test")
+class VQADataModule(SplitBatchesDataModule):
+    """Serves the splits of a :class:`VQAData` as batches of the module docstring
+    (:class:`~polyfuse.data.datamodule.SplitBatchesDataModule`)."""
