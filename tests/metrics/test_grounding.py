@@ -68,3 +68,22 @@ def test_parse_boxes(tmp_path):
     assert boxes == {18: [(1, 2, 30, 40), (5, 6, 7, 8)], 21: [(5, 6, 7, 8)]}
     with pytest.raises(FileNotFoundError):
         parse_boxes(tmp_path / "2.xml")
+
+
+def test_box_targets_any_union_and_the_threshold_by_hand():
+    from polyfuse.metrics.grounding import box_targets
+
+    truth = torch.tensor([[0.0, 0.0, 10.0, 10.0], [20.0, 0.0, 30.0, 10.0]])  # union box (0, 0, 30, 10), area 300
+    candidates = torch.tensor([
+        [0.0, 0.0, 30.0, 10.0],   # the union box: IoU 1 with it, 1/3 with each truth box
+        [0.0, 0.0, 10.0, 10.0],   # the first truth box: IoU 1 with it, 1/3 with the union
+        [0.0, 0.0, 10.0, 20.0],   # IoU exactly 100 / 200 = 0.5 with the first truth box: counts
+        [0.0, 0.0, 0.0, 0.0],     # padding never matches
+    ])
+    assert box_targets(candidates, truth).tolist() == [False, True, True, False]
+    assert box_targets(candidates, truth, merge="union").tolist() == [True, False, False, False]
+    assert box_targets(candidates, truth[:1], iou_threshold=0.51).tolist() == [False, True, False, False]
+    with pytest.raises(ValueError, match="without a ground-truth box"):
+        box_targets(candidates, torch.zeros(0, 4))
+    with pytest.raises(ValueError, match="merge must be"):
+        box_targets(candidates, truth, merge="max")

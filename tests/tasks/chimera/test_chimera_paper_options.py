@@ -9,7 +9,7 @@ import torch
 from tests.tiny.chimera import write_corpus_files, write_tiny_bert
 
 from polyfuse.engine.config import resolve_config
-from polyfuse.tasks.chimera.shuffling import item_seed, shuffle_word_pieces
+from polyfuse.tasks.chimera.shuffling import item_seed, shuffle_word_pieces, word_tables
 from polyfuse.tasks.chimera.spec import _Batches
 from polyfuse.tasks.ranking.data import Shard
 from polyfuse.tasks.registry import task_spec
@@ -57,6 +57,42 @@ def test_shuffled_words_are_a_permutation_and_special_tokens_stay():
                                         epoch=e)[0].tolist()) for e in range(4)}
     assert len(epochs) > 1  # drawn afresh each epoch
     assert item_seed(0, 1, 5) != item_seed(0, 0, 5) != item_seed(1, 0, 5) != item_seed(0, 0, 6)
+
+
+def _orders(ids, rows=(0,), seeds=range(24)):
+    """The distinct outputs of shuffling ``ids`` (B, N) under several run seeds."""
+    mask = ids != PAD
+    return {tuple(map(tuple, shuffle_word_pieces(ids, mask, list(rows), fixed_ids=FIXED, continuation=CONTINUATION,
+                                                 seed=s, epoch=0).tolist())) for s in seeds}
+
+
+def test_two_words_swap_and_every_row_of_a_batch_is_shuffled():
+    two = torch.tensor([[CLS, 10, 11, SEP]])
+    assert _orders(two) == {((CLS, 10, 11, SEP),), ((CLS, 11, 10, SEP),)}  # both orders of two words occur
+    # a row with one word first does not stop the rows after it
+    batch = torch.tensor([[CLS, 10, SEP, PAD], [CLS, 12, 13, 14]])
+    assert len({order[1] for order in _orders(batch, rows=(0, 1))}) > 1
+
+
+def test_word_boundaries_at_the_edges_of_the_vocabulary_and_of_the_caption():
+    # a caption whose first movable piece is a "##" piece: that piece is a word of its own
+    stray = torch.tensor([[CLS, 30, 10, 11, SEP]])
+    assert any(order[0][2] != 10 for order in _orders(stray))
+    # the vocabulary's last id continues a word: it never leaves the word before it
+    last = torch.tensor([[CLS, 10, 39, 11, 12, SEP]])
+    for order in _orders(last):
+        row = list(order[0])
+        assert row[row.index(10) + 1] == 39
+
+
+def test_word_tables_of_a_wordpiece_tokenizer():
+    from transformers import BertTokenizerFast
+
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "play", "##ing", "dog", "##s"]
+    tokenizer = BertTokenizerFast(vocab={word: i for i, word in enumerate(vocabulary)})
+    fixed, continuation = word_tables(tokenizer)
+    assert fixed == [0, 2, 3, 4]  # the special ids but [UNK], which stands for a word
+    assert continuation.tolist() == [False, False, False, False, False, False, True, False, True]
 
 
 def test_shuffling_reads_no_global_generator():
