@@ -73,17 +73,47 @@ def test_parse_boxes(tmp_path):
 def test_box_targets_any_union_and_the_threshold_by_hand():
     from polyfuse.metrics.grounding import box_targets
 
-    truth = torch.tensor([[0.0, 0.0, 10.0, 10.0], [20.0, 0.0, 30.0, 10.0]])  # union box (0, 0, 30, 10), area 300
+    # A (2, 1, 10, 11), area 80; B (20, 1, 30, 11), area 100; their union box U (2, 1, 30, 11), area 280
+    truth = torch.tensor([[2.0, 1.0, 10.0, 11.0], [20.0, 1.0, 30.0, 11.0]])
     candidates = torch.tensor([
-        [0.0, 0.0, 30.0, 10.0],   # the union box: IoU 1 with it, 1/3 with each truth box
-        [0.0, 0.0, 10.0, 10.0],   # the first truth box: IoU 1 with it, 1/3 with the union
-        [0.0, 0.0, 10.0, 20.0],   # IoU exactly 100 / 200 = 0.5 with the first truth box: counts
+        [2.0, 1.0, 30.0, 11.0],   # U: IoU 1 with U; 80 / 280 with A, 100 / 280 with B
+        [2.0, 1.0, 10.0, 11.0],   # A: IoU 1 with A; 80 / 280 with U
+        [2.0, 1.0, 10.0, 21.0],   # IoU exactly 80 / 160 = 0.5 with A (counts); 80 / 360 with U
+        [2.0, 1.0, 16.0, 11.0],   # IoU exactly 140 / 280 = 0.5 with U; 80 / 140 = 0.57 with A
         [0.0, 0.0, 0.0, 0.0],     # padding never matches
     ])
-    assert box_targets(candidates, truth).tolist() == [False, True, True, False]
-    assert box_targets(candidates, truth, merge="union").tolist() == [True, False, False, False]
-    assert box_targets(candidates, truth[:1], iou_threshold=0.51).tolist() == [False, True, False, False]
+    assert box_targets(candidates, truth).tolist() == [False, True, True, True, False]
+    assert box_targets(candidates, truth, merge="union").tolist() == [True, False, False, True, False]
+    assert box_targets(candidates, truth[:1], iou_threshold=0.51).tolist() == [False, True, False, True, False]
     with pytest.raises(ValueError, match="without a ground-truth box"):
         box_targets(candidates, torch.zeros(0, 4))
     with pytest.raises(ValueError, match="merge must be"):
         box_targets(candidates, truth, merge="max")
+    # grounding_recall applies the same rules: the union box first makes it a hit at 1, box A a miss
+    scores = torch.tensor([[5.0, 1.0, 0.0, 0.0, -1.0]])
+    assert grounding_recall(scores, candidates, [truth], ks=(1,), merge="union") == {1: 1.0}
+    assert grounding_recall(scores, candidates, [truth], ks=(1, 2)) == {1: 0.0, 2: 1.0}
+
+
+def test_recall_counts_by_hand_with_ties_and_k_beyond_the_phrases():
+    from polyfuse.metrics.grounding import recall_counts
+
+    # 2 captions x 3 phrase slots x 4 boxes; caption 1's last slot is padding
+    scores = torch.tensor([
+        [[4.0, 3.0, 2.0, 1.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 2.0, 3.0]],
+        [[0.0, 0.0, 0.0, 0.0], [9.0, 8.0, 7.0, 6.0], [0.0, 0.0, 0.0, 0.0]],
+    ])
+    correct = torch.zeros(2, 3, 4, dtype=torch.bool)
+    correct[0, 0, 3] = True   # the 4th best box: a hit at K >= 4 only
+    correct[0, 1, 1] = True   # tied with box 0 for the best score: the lower index ranks first, so a hit at 2
+    correct[0, 2, 3] = True   # the same box as phrase (0, 0)'s, its best: a hit at 1
+    correct[1, 0, 2] = True   # all tied: rank 3
+    correct[1, 2, 0] = True   # a padded slot: never counted
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    hits, bound, count = recall_counts(scores, correct, mask, ks=(1, 2, 3, 5))
+    # phrase (1, 1) has no correct box; K = 5 > 3 phrases still ranks all 4 boxes
+    assert hits.tolist() == [1, 2, 3, 4]
+    assert int(bound) == 4 and int(count) == 5  # phrases with a correct box (3 distinct boxes)
+    single = grounding_recall(scores[0, :1], torch.zeros(4, 4) + torch.tensor([0.0, 0.0, 1.0, 1.0]),
+                              [torch.tensor([[0.0, 0.0, 1.0, 1.0]])], ks=(1,))
+    assert single == {1: 1.0}  # one phrase is enough
