@@ -75,9 +75,10 @@ BOTTOM_UP = "vqa-bottom-up"
 TASKS = (*DDP_TASKS, BOTTOM_UP)
 #: N of each task: the ``scale`` of :func:`polyfuse.bench.ddp.task_config` (the training items at
 #: scale 1: tabular 2240, vqa 2880 questions, captioning 1728 caption pairs, retrieval 7680
-#: videos, chimera 960 pairs), or for ``vqa-bottom-up`` the training images (5 questions each)
+#: videos, chimera 960 pairs, grounding 600 images of 5 captions), or for ``vqa-bottom-up`` the
+#: training images (5 questions each)
 BASE_SIZES: dict[str, float] = {"sentiment": 1.0, "traits": 1.0, "classification": 1.0, "vqa": 1.0,
-                                "captioning": 1.0, "retrieval": 0.25, "chimera": 1.0, BOTTOM_UP: 500}
+                                "captioning": 1.0, "retrieval": 0.25, "chimera": 1.0, "grounding": 1.0, BOTTOM_UP: 500}
 FACTORS = (1, 4)  # the sizes measured: N and 4N
 _MIB = 1024 * 1024
 
