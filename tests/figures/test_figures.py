@@ -110,3 +110,18 @@ def test_benchmark_figures_write_their_files(tmp_path):
     assert benchmarks.draw_captioning_bench(decoder, tmp_path) == [tmp_path / "captioning_decoder_step.png"]
     for path in tmp_path.glob("*.png"):
         _png(path)
+
+
+def test_ban_maps_label_the_steps_with_the_given_words(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(attention, "save_figure", lambda figure, out, dpi: figures.append(figure) or out)
+    maps = np.full((1, 2, 3), 1 / 6)
+    words = ["one", "dog", "runs"]
+    attention.draw_ban_maps({"maps": maps, "names": ["box", "word"], "labels": [["0", "1"], words]},
+                            tmp_path / "x.png", title="a caption " * 20)
+    axis = figures[0].axes[0]
+    assert [label.get_text() for label in axis.get_xticklabels()] == words
+    assert [label.get_text() for label in axis.get_yticklabels()] == ["0", "1"]
+    assert "\n" in figures[0]._suptitle.get_text()  # a long title is wrapped to the figure, not cut
+    with pytest.raises(ValueError, match="labels for"):
+        attention.draw_ban_maps({"maps": maps, "names": ["box", "word"], "labels": [["0"], words]}, tmp_path / "y.png")

@@ -7,6 +7,7 @@ The inputs are what :func:`polyfuse.tasks.attention_figure.fusion_attention` ret
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -46,21 +47,36 @@ def draw_man_attention(attention: dict[str, Any], out: str | Path, *, title: str
 
 
 def draw_ban_maps(attention: dict[str, Any], out: str | Path, *, title: str = "") -> Path:
-    """One heat map T_x by T_y per glimpse."""
+    """One heat map T_x by T_y per glimpse; ``attention["labels"]`` (optional): the T_x and
+    T_y tick labels (the words of a caption), else the steps are numbered."""
+    from matplotlib.ticker import MaxNLocator
+
     maps, names = np.asarray(attention["maps"]), attention["names"]
     if maps.ndim != 3:
         raise ValueError(f"draw_ban_maps: maps must be (glimpses, T_x, T_y), got shape {maps.shape}")
+    labels = attention.get("labels")
+    if labels is not None and [len(labels[0]), len(labels[1])] != list(maps.shape[1:]):
+        raise ValueError(f"draw_ban_maps: labels for {[len(side) for side in labels]} steps, maps of {maps.shape[1:]}")
     plt = pyplot()
     glimpses = maps.shape[0]
-    figure, axes = plt.subplots(1, glimpses, figsize=(3.4 * glimpses, 3.2), squeeze=False)
+    width = max(3.4, 0.28 * maps.shape[2] + 2.0 if labels is not None else 0.0)  # one glimpse
+    figure, axes = plt.subplots(1, glimpses, figsize=(width * glimpses, 3.2), squeeze=False)
     for g in range(glimpses):
         axis = axes[0, g]
         image = axis.imshow(maps[g], aspect="auto", cmap="magma", interpolation="nearest")
         axis.set_title(f"glimpse {g}")
-        axis.set_xlabel(f"{names[1]} step")
-        axis.set_ylabel(f"{names[0]} step")
+        if labels is not None:
+            axis.set_yticks(range(len(labels[0])), labels[0], fontsize=7)
+            axis.set_xticks(range(len(labels[1])), labels[1], rotation=90, fontsize=7)
+        else:
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+            axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_xlabel(names[1] if labels is not None else f"{names[1]} step")
+        axis.set_ylabel(names[0] if labels is not None else f"{names[0]} step")
         figure.colorbar(image, ax=axis, fraction=0.046)
-    figure.suptitle(title or "BAN bilinear attention maps")
+    # the title wrapped to the figure's width (about 11 characters an inch), not cut at its edges
+    figure.suptitle(textwrap.fill(" ".join((title or "BAN bilinear attention maps").split()),
+                                  width=max(30, int(11 * width * glimpses))), fontsize=9)
     figure.tight_layout()
     return save_figure(figure, out, dpi=110)
 

@@ -280,6 +280,6 @@ class GroundingSpec(TaskSpec):
             maps = module.model.attention(batch["tokens"], batch["image"])[0]  # (G, O, L)
         boxes, words = int(_boxes_mask(batch)[0].sum()), min(len(item.words), maps.shape[-1])
         attention = {"kind": "ban", "maps": maps[:, :boxes, :words].float().numpy(), "names": ["box", "word"],
-                     "lengths": [boxes, words]}
+                     "lengths": [boxes, words], "labels": [[str(o) for o in range(boxes)], list(item.words[:words])]}
         title = f"{split} caption {sample} (image {item.image_id}, line {item.caption}): {' '.join(item.words)}"
         return [draw_fusion_attention(attention, out, title=title)]
