@@ -18,7 +18,7 @@ Schedules, each a multiple of every group's own base rate:
 - ``ban_warmup``: ban-vqa's warm-up and decay, stepped per epoch (:func:`ban_warmup_factor`).
 - ``step``: ``decay_rate ** (k // decay_every)`` at optimiser step k (0-based: the rate of
   the update that follows k updates), ``torch.optim.lr_scheduler.StepLR`` stepped per
-  optimiser step (:func:`step_decay_factor`). MAN section 3.3 (retrieval) and Collaborative
+  optimiser step. MAN section 3.3 (retrieval) and Collaborative
   Experts: Adam at 5e-5, decayed by 0.95 every 1,000 optimisation steps.
 """
 
@@ -33,7 +33,7 @@ from torch import nn
 
 __all__ = [
     "OPTIMIZERS", "SCHEDULERS", "OptimSettings", "ban_warmup_factor", "build_optimizer", "check_optimizer",
-    "parameter_groups_of", "step_decay_factor",
+    "parameter_groups_of",
 ]
 
 OPTIMIZERS = ("adamw", "adam", "adamax")
@@ -57,13 +57,6 @@ def ban_warmup_factor(epoch: int) -> float:
         return _BAN_WARMUP[epoch]
     decays = sum(1 for decay_epoch in _BAN_DECAY_EPOCHS if decay_epoch <= epoch)
     return _BAN_WARMUP[-1] * _BAN_DECAY_RATE**decays
-
-
-def step_decay_factor(step: int, rate: float, every: int) -> float:
-    """``rate ** (step // every)``: the multiple of the base rate after ``step`` optimiser
-    steps under the ``step`` schedule (``StepLR`` multiplies the rate by ``rate`` at every
-    ``every``-th step, which is this up to rounding)."""
-    return float(rate) ** (int(step) // int(every))
 
 
 def check_optimizer(optimizer: str, scheduler: str, max_epochs: int | None, *,
@@ -108,8 +101,8 @@ class OptimSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> OptimSettings:
-        """The settings of a configuration (``optim`` and ``trainer.max_epochs``); a key it lacks
-        (a configuration written before the key existed, or a partial one) takes its default."""
+        """The settings of a configuration (``optim`` and ``trainer.max_epochs``); a key that a
+        partial configuration (one not validated, as in tests) lacks takes its default."""
         optim, trainer = config.get("optim") or {}, config.get("trainer") or {}
         return cls(optimizer=optim.get("optimizer", "adamw"), scheduler=optim.get("scheduler", "none"),
                    max_epochs=trainer.get("max_epochs"), decay_rate=optim.get("decay_rate"),

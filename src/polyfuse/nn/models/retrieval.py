@@ -327,7 +327,7 @@ class RetrievalModel(nn.Module):
         self.mixture_experts = len(expert_dims) + (fusion == "gating+man")  # m; gating+man: MAN's vector too
         self.branches = 2 if fusion == "mean+man" else 1
         self.text_head = (
-            ExpertTextHead(text_dim, len(expert_dims) + (fusion == "gating+man"), embed_dim)
+            ExpertTextHead(text_dim, self.mixture_experts, embed_dim)
             if self.gating
             else nn.Linear(text_dim, self.branches * embed_dim)
         )
