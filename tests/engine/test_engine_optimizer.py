@@ -12,7 +12,7 @@ from tests.tiny.tasks import TINY
 from polyfuse.engine.checkpoints import read_checkpoint
 from polyfuse.engine.config import resolve_config
 from polyfuse.engine.run import train
-from polyfuse.tasks.optim import OptimSettings, build_optimizer
+from polyfuse.tasks.optim import OptimSettings, ban_warmup_factor, build_optimizer
 from polyfuse.tasks.registry import task_spec
 
 
@@ -127,6 +127,32 @@ def test_step_decay_keys_in_python_are_checked():
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
         OptimSettings("sgd")
     assert resolve_config({"optim": {"scheduler": "step", "decay_rate": 1, "decay_every": 10}})["optim"]["decay_rate"] == 1.0
+
+
+def test_ban_warmup_factor_by_hand_over_twenty_epochs():
+    # ban-vqa's train.py: 0.5, 1, 1.5, 2 x lr in epochs 0-3, then x 0.25 at epochs 10, 12, 14, 16, 18
+    expected = [0.5, 1.0, 1.5, 2.0] + [2.0] * 6 + [0.5] * 2 + [0.125] * 2 + [0.03125] * 2 + [0.0078125] * 2
+    expected += [0.001953125] * 3
+    assert [ban_warmup_factor(epoch) for epoch in range(21)] == pytest.approx(expected, rel=1e-12)
+
+
+def test_cosine_schedule_and_the_defaults_by_hand():
+    weight = torch.nn.Parameter(torch.zeros(1))
+    configured = build_optimizer([{"params": [weight]}], OptimSettings("adamw", "cosine", max_epochs=4), lr=0.1)
+    assert configured["lr_scheduler"]["interval"] == "epoch"
+    # cosine annealing: lr_e = 0.1 (1 + cos(pi e / 4)) / 2
+    assert [_lr_after(1, configured) for _ in range(4)] == pytest.approx(
+        [0.1 * (1 + math.cos(math.pi * e / 4)) / 2 for e in range(1, 5)], abs=1e-12)
+    plain = build_optimizer([{"params": [weight]}], lr=0.1)  # groups without their own decay: none
+    assert type(plain) is torch.optim.AdamW and plain.param_groups[0]["weight_decay"] == 0.0
+    assert OptimSettings.from_config({}) == OptimSettings("adamw", "none")  # a partial configuration
+    assert OptimSettings("adam", "step", decay_rate=1.0, decay_every=1).decay_rate == 1.0  # the bounds are allowed
+    with pytest.raises(ValueError, match=r"decay_rate must lie in \(0, 1\]"):
+        OptimSettings("adam", "step", decay_rate=0.0, decay_every=1)
+    with pytest.raises(ValueError, match="decay_every must be an integer >= 1"):
+        OptimSettings("adam", "step", decay_rate=0.5, decay_every=0)
+    with pytest.raises(ValueError, match="the step scheduler needs decay_rate"):
+        OptimSettings("adam", "step", decay_every=3)
 
 
 # ---- every task type -------------------------------------------------------------------------------
