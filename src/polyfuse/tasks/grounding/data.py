@@ -51,7 +51,7 @@ __all__ = [
 
 SPLITS = ("train", "val", "test")
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroundingPhrase:
     """A phrase with boxes: its words, entity, types, last word and ground truth (n, 4) in pixels."""
 
@@ -62,7 +62,7 @@ class GroundingPhrase:
     truth: tuple[tuple[float, float, float, float], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroundingItem:
     """One caption: its image, its line in ``Sentences/<image id>.txt`` (0-based), its
     words (markup removed), its phrases with boxes and the image size (width, height)."""
